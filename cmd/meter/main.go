@@ -1,0 +1,71 @@
+// Command meter consumes usage events from Kafka as a consumer group and writes one exact
+// row per event into PostgreSQL, committing Kafka offsets only after the rows are committed.
+//
+// Configuration comes from environment variables, each mirrored by a flag (meter -h lists
+// them); -validate checks it and exits; -migrate applies pending database migrations first.
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/metergate/metergate/migrations"
+	"github.com/metergate/metergate/pkg/config"
+	"github.com/metergate/metergate/pkg/ops"
+	"github.com/metergate/metergate/pkg/topic"
+)
+
+func main() {
+	var cfg config.Meter
+	config.LoadOrExit(&cfg, "meter")
+	log := cfg.Log.Logger(os.Stderr).With("service", "meter")
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("meter failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
+	pool, err := cfg.Postgres.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if cfg.Migrate {
+		applied, err := migrations.Up(ctx, pool)
+		if err != nil {
+			return err
+		}
+		log.Info("migrations applied", "versions", applied)
+	}
+
+	kc := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 5 * time.Second}
+	probes := &ops.Probes{}
+	probes.Add("postgres", pool.Ping)
+	probes.Add("kafka", func(ctx context.Context) error {
+		_, err := kc.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{cfg.Kafka.Topic}})
+		return err
+	})
+	reg := ops.NewRegistry()
+	mux := http.NewServeMux()
+	probes.Mount(mux, reg)
+
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
+	g.Go(func() error {
+		_ = topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()) // ends only with ctx
+		return nil
+	})
+	return g.Wait()
+}

@@ -1,0 +1,342 @@
+#!/usr/bin/env bash
+# The local stack without Docker: Redis, a 3-master Redis Cluster, PostgreSQL and a
+# single-node Apache Kafka (KRaft) broker, all on loopback, all state under .run/.
+#
+#   stack.sh up           Redis :6379 (AOF on), PostgreSQL :5432 (db metergate), Kafka :9092
+#   stack.sh up-cluster   also a 3-master Redis Cluster on :7000-7002
+#   stack.sh down         stops, by pid, everything the two above started
+#   stack.sh status       what is running
+#
+# Installs what is missing (apt-get when root; the Kafka jars from Maven Central through
+# `mvn dependency:copy-dependencies` into .cache/), reuses services that already run, waits
+# until each answers, and writes .run/env to be sourced.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+RUN=${METERGATE_RUN_DIR:-$ROOT/.run}
+CACHE=${METERGATE_CACHE_DIR:-$ROOT/.cache}
+KAFKA_VERSION=${KAFKA_VERSION:-4.4.0}
+REDIS_PORT=${REDIS_PORT:-6379}
+PG_PORT=${PG_PORT:-5432}
+KAFKA_PORT=${KAFKA_PORT:-9092}
+KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-9093}
+CLUSTER_PORTS=(7000 7001 7002)
+PG_USER=metergate
+PG_DB=metergate
+WAIT_S=${STACK_WAIT_S:-120}
+
+log() { printf '[stack] %s\n' "$*" >&2; }
+die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
+
+is_root() { [ "$(id -u)" = 0 ]; }
+
+# alive PIDFILE: the process named in PIDFILE runs.
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# port_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# wait_for DESCRIPTION COMMAND...: polls COMMAND until it succeeds or WAIT_S passes.
+wait_for() {
+  local what=$1; shift
+  local deadline=$((SECONDS + WAIT_S))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || die "$what did not come up within ${WAIT_S}s"
+    sleep 0.2
+  done
+}
+
+# ---------------------------------------------------------------------------------------
+# Installation
+
+apt_updated=
+apt_install() {
+  is_root || die "missing $*: install it (Debian: apt-get install $*) or run as root"
+  if [ -z "$apt_updated" ]; then
+    log "apt-get update"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    apt_updated=1
+  fi
+  # Keep the packages' own init scripts from starting system-wide services on our ports.
+  local policy=/usr/sbin/policy-rc.d created=
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; created=1
+  fi
+  log "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+  [ -z "$created" ] || rm -f "$policy"
+}
+
+pg_bindir() {
+  local d
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+    [ -x "$d/initdb" ] && [ -x "$d/postgres" ] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+
+install_missing() {
+  local pkgs=()
+  command -v redis-server >/dev/null || pkgs+=(redis-server)
+  command -v redis-cli >/dev/null || pkgs+=(redis-tools)
+  pg_bindir >/dev/null || pkgs+=(postgresql)
+  command -v psql >/dev/null || pkgs+=(postgresql-client)
+  command -v java >/dev/null || pkgs+=(default-jre-headless)
+  command -v mvn >/dev/null || pkgs+=(maven)
+  [ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
+}
+
+kafka_libs() { echo "$CACHE/kafka-$KAFKA_VERSION/libs"; }
+
+fetch_kafka() {
+  local libs; libs=$(kafka_libs)
+  if [ -f "$libs/kafka_2.13-$KAFKA_VERSION.jar" ] && [ -f "$libs/.complete" ]; then
+    return 0
+  fi
+  log "fetching Apache Kafka $KAFKA_VERSION from Maven Central into $libs"
+  rm -rf "$libs"; mkdir -p "$libs"
+  mvn -q -B -f "$ROOT/deploy/local/kafka-pom.xml" dependency:copy-dependencies \
+    -Dkafka.version="$KAFKA_VERSION" -DincludeScope=runtime -DoutputDirectory="$libs" >&2 ||
+    die "mvn could not fetch org.apache.kafka:kafka_2.13:$KAFKA_VERSION"
+  [ -f "$libs/kafka_2.13-$KAFKA_VERSION.jar" ] || die "kafka_2.13-$KAFKA_VERSION.jar missing after fetch"
+  touch "$libs/.complete"
+}
+
+# ---------------------------------------------------------------------------------------
+# Redis
+
+redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]; }
+
+# start_redis NAME PORT [extra redis-server args...]
+start_redis() {
+  local name=$1 port=$2; shift 2
+  local dir="$RUN/$name" pidfile="$RUN/$name/redis.pid"
+  mkdir -p "$dir"
+  if alive "$pidfile" && redis_ping "$port"; then
+    log "$name already running on :$port (pid $(cat "$pidfile"))"; return 0
+  fi
+  if port_open "$port"; then
+    redis_ping "$port" || die "port $port is taken by something that is not Redis"
+    log "$name: reusing a Redis on :$port that this stack did not start"; return 0
+  fi
+  redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --daemonize yes \
+    --pidfile "$pidfile" --logfile "$dir/redis.log" --save "" \
+    --appendonly yes --appendfsync everysec "$@" >/dev/null
+  wait_for "$name on :$port" redis_ping "$port"
+  log "$name up on :$port"
+}
+
+cluster_ok() { redis-cli -p "${CLUSTER_PORTS[0]}" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; }
+
+cluster_has_three_masters() {
+  [ "$(redis-cli -p "${CLUSTER_PORTS[0]}" cluster nodes 2>/dev/null | grep -c master)" = 3 ]
+}
+
+up_cluster_nodes() {
+  local port
+  for port in "${CLUSTER_PORTS[@]}"; do
+    start_redis "redis-cluster/$port" "$port" --cluster-enabled yes \
+      --cluster-config-file "$RUN/redis-cluster/$port/nodes.conf" --cluster-node-timeout 5000
+  done
+  if ! cluster_has_three_masters; then
+    log "creating the Redis Cluster (3 masters)"
+    local addrs=()
+    for port in "${CLUSTER_PORTS[@]}"; do addrs+=("127.0.0.1:$port"); done
+    redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes >"$RUN/redis-cluster/create.log" 2>&1 ||
+      die "redis-cli --cluster create failed: $(tail -5 "$RUN/redis-cluster/create.log")"
+  fi
+  wait_for "Redis Cluster state ok" cluster_ok
+  log "Redis Cluster up on :${CLUSTER_PORTS[*]}"
+}
+
+# ---------------------------------------------------------------------------------------
+# PostgreSQL (refuses to run as root: as root it runs as the system user postgres)
+
+PGDATA_DIR() { echo "$RUN/postgres/data"; }
+
+as_pg() {
+  if is_root; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_ready() { "$(pg_bindir)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; }
+
+up_postgres() {
+  local bin data sock
+  bin=$(pg_bindir) || die "no PostgreSQL server binaries found under /usr/lib/postgresql"
+  data=$(PGDATA_DIR); sock="$RUN/postgres/sock"
+  mkdir -p "$RUN/postgres" "$sock"
+  if is_root; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir /var/lib/postgresql --shell /bin/false postgres
+    chown postgres "$RUN/postgres" "$sock"
+  fi
+  if [ -s "$data/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    log "PostgreSQL already running on :$PG_PORT"
+  elif port_open "$PG_PORT"; then
+    pg_ready || die "port $PG_PORT is taken by something that is not PostgreSQL"
+    log "reusing a PostgreSQL on :$PG_PORT that this stack did not start"
+    return 0
+  else
+    if [ ! -s "$data/PG_VERSION" ]; then
+      log "initdb $data"
+      as_pg "$bin/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 >"$RUN/postgres/initdb.log" 2>&1 ||
+        as_pg "$bin/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --no-locale >"$RUN/postgres/initdb.log" 2>&1 ||
+        die "initdb failed: $(tail -5 "$RUN/postgres/initdb.log")"
+    fi
+    as_pg "$bin/pg_ctl" -D "$data" -l "$RUN/postgres/postgres.log" -w -t "$WAIT_S" start \
+      -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $sock -c fsync=on -c max_connections=200" >/dev/null ||
+      die "PostgreSQL did not start: $(tail -5 "$RUN/postgres/postgres.log")"
+  fi
+  wait_for "PostgreSQL on :$PG_PORT" pg_ready
+  local psql=(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt)
+  if [ "$("${psql[@]}" -c "select 1 from pg_roles where rolname='$PG_USER'")" != 1 ]; then
+    "${psql[@]}" -c "create role $PG_USER login password '$PG_USER'"
+  fi
+  if [ "$("${psql[@]}" -c "select 1 from pg_database where datname='$PG_DB'")" != 1 ]; then
+    "${psql[@]}" -c "create database $PG_DB owner $PG_USER"
+  fi
+  log "PostgreSQL $("${psql[@]}" -c 'show server_version') up on :$PG_PORT, database $PG_DB"
+}
+
+# ---------------------------------------------------------------------------------------
+# Apache Kafka: one KRaft node (broker + controller) on the machine's JDK
+
+kafka_started() { port_open "$KAFKA_PORT" && grep -q 'Kafka Server started' "$RUN/kafka/kafka.log"; }
+
+up_kafka() {
+  local dir="$RUN/kafka" libs; libs=$(kafka_libs)
+  local pidfile="$dir/kafka.pid"
+  mkdir -p "$dir/data"
+  if alive "$pidfile" && port_open "$KAFKA_PORT"; then
+    log "Kafka already running on :$KAFKA_PORT (pid $(cat "$pidfile"))"; return 0
+  fi
+  if port_open "$KAFKA_PORT"; then
+    log "reusing a Kafka broker on :$KAFKA_PORT that this stack did not start"; return 0
+  fi
+  fetch_kafka
+  cat >"$dir/server.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$dir/data
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=12
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+log.flush.interval.messages=1
+EOF
+  cat >"$dir/log4j2.properties" <<'EOF'
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.clients.name = org.apache.kafka
+logger.clients.level = WARN
+EOF
+  local java_cmd=(java -Xms256m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$libs/*")
+  if [ ! -s "$dir/data/meta.properties" ]; then
+    [ -s "$dir/cluster-id" ] || "${java_cmd[@]}" kafka.tools.StorageTool random-uuid >"$dir/cluster-id"
+    log "formatting Kafka storage (cluster id $(cat "$dir/cluster-id"))"
+    "${java_cmd[@]}" kafka.tools.StorageTool format -t "$(cat "$dir/cluster-id")" \
+      -c "$dir/server.properties" >"$dir/format.log" 2>&1 || die "kafka storage format failed: $(tail -5 "$dir/format.log")"
+  fi
+  : >"$dir/kafka.log"
+  nohup "${java_cmd[@]}" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 </dev/null &
+  echo $! >"$pidfile"
+  wait_for "Kafka $KAFKA_VERSION on :$KAFKA_PORT (log: $dir/kafka.log)" kafka_started
+  log "Kafka $KAFKA_VERSION up on :$KAFKA_PORT (pid $(cat "$pidfile"))"
+}
+
+# ---------------------------------------------------------------------------------------
+
+write_env() {
+  mkdir -p "$RUN"
+  {
+    echo "# written by deploy/local/stack.sh; source it: . .run/env"
+    echo "export REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+    echo "export DATABASE_URL=postgres://$PG_USER:$PG_USER@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
+    echo "export KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
+    if cluster_ok; then
+      local addrs=() port
+      for port in "${CLUSTER_PORTS[@]}"; do addrs+=("127.0.0.1:$port"); done
+      echo "export REDIS_CLUSTER_ADDRS=$(IFS=,; echo "${addrs[*]}")"
+    fi
+  } >"$RUN/env.tmp"
+  mv "$RUN/env.tmp" "$RUN/env"
+}
+
+# stop_pid NAME PIDFILE: SIGTERM, wait up to 60 s, then SIGKILL.
+stop_pid() {
+  local name=$1 pidfile=$2 pid
+  alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+  pid=$(cat "$pidfile")
+  kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + 60))
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      log "$name (pid $pid) ignored SIGTERM for 60s: SIGKILL"; kill -KILL "$pid" 2>/dev/null || true
+    fi
+    sleep 0.2
+  done
+  rm -f "$pidfile"
+  log "$name stopped"
+}
+
+down() {
+  stop_pid kafka "$RUN/kafka/kafka.pid"
+  local port
+  for port in "${CLUSTER_PORTS[@]}"; do stop_pid "redis-cluster/$port" "$RUN/redis-cluster/$port/redis.pid"; done
+  stop_pid redis "$RUN/redis/redis.pid"
+  local data; data=$(PGDATA_DIR)
+  if [ -s "$data/postmaster.pid" ]; then
+    local bin; bin=$(pg_bindir)
+    as_pg "$bin/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+    # pg_ctl only stops a server whose pid file is current; make sure by pid as well.
+    if [ -s "$data/postmaster.pid" ]; then
+      head -1 "$data/postmaster.pid" >"$RUN/postgres/postmaster.pid"
+      stop_pid postgres "$RUN/postgres/postmaster.pid"
+    fi
+    log "postgres stopped"
+  fi
+}
+
+status() {
+  local port
+  alive "$RUN/redis/redis.pid" && echo "redis        pid $(cat "$RUN/redis/redis.pid") :$REDIS_PORT" || echo "redis        down"
+  for port in "${CLUSTER_PORTS[@]}"; do
+    alive "$RUN/redis-cluster/$port/redis.pid" && echo "redis-$port   pid $(cat "$RUN/redis-cluster/$port/redis.pid")" || echo "redis-$port   down"
+  done
+  [ -s "$(PGDATA_DIR)/postmaster.pid" ] && echo "postgres     pid $(head -1 "$(PGDATA_DIR)/postmaster.pid") :$PG_PORT" || echo "postgres     down"
+  alive "$RUN/kafka/kafka.pid" && echo "kafka        pid $(cat "$RUN/kafka/kafka.pid") :$KAFKA_PORT" || echo "kafka        down"
+}
+
+case "${1:-}" in
+  up)
+    install_missing
+    start_redis redis "$REDIS_PORT"
+    up_postgres
+    up_kafka
+    write_env
+    ;;
+  up-cluster)
+    install_missing
+    up_cluster_nodes
+    write_env
+    ;;
+  down) down ;;
+  status) status ;;
+  env) write_env; cat "$RUN/env" ;;
+  *) echo "usage: $0 up|up-cluster|down|status|env" >&2; exit 2 ;;
+esac

@@ -1,0 +1,55 @@
+// Package migrations holds metergate's PostgreSQL schema as goose SQL migrations, embedded
+// in the binaries. An applied migration is never edited: a change is a new file.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// FS is the folder of migrations, for goose.NewProvider.
+var FS fs.FS = files
+
+// NewProvider returns a goose provider over db. Runs take a PostgreSQL advisory lock, so
+// binaries started together with -migrate apply each migration once.
+func NewProvider(db *sql.DB) (*goose.Provider, error) {
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return nil, fmt.Errorf("goose session locker: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, FS, goose.WithSessionLocker(locker))
+	if err != nil {
+		return nil, fmt.Errorf("goose provider: %w", err)
+	}
+	return p, nil
+}
+
+// Up applies every pending migration through pool and returns the versions it applied.
+func Up(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := NewProvider(db)
+	if err != nil {
+		return nil, err
+	}
+	results, err := p.Up(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("apply migrations: %w", err)
+	}
+	versions := make([]int64, 0, len(results))
+	for _, r := range results {
+		versions = append(versions, r.Source.Version)
+	}
+	return versions, nil
+}

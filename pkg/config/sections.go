@@ -1,0 +1,211 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/metergate/metergate/pkg/topic"
+)
+
+// Log chooses the level and format of a binary's slog output.
+type Log struct {
+	Level  string
+	Format string
+}
+
+// Register adds LOG_LEVEL and LOG_FORMAT.
+func (c *Log) Register(l *Loader) {
+	l.String(&c.Level, "LOG_LEVEL", "info", "log level: debug, info, warn or error")
+	l.String(&c.Format, "LOG_FORMAT", "json", "log format: json or text")
+}
+
+// Validate reports a bad level or format.
+func (c Log) Validate() error {
+	var errs []error
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.Level)); err != nil {
+		errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", c.Level))
+	}
+	if c.Format != "json" && c.Format != "text" {
+		errs = append(errs, fmt.Errorf("LOG_FORMAT=%q: want json or text", c.Format))
+	}
+	return prefix("log", errs)
+}
+
+// Logger returns a logger writing to w as configured. Call it after Validate.
+func (c Log) Logger(w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.Level)) // validated; the zero value is info
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.Format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// Redis locates Redis: one server by URL, or a Redis Cluster by its seed addresses.
+type Redis struct {
+	URL          string
+	ClusterAddrs []string
+}
+
+// Register adds REDIS_URL and REDIS_CLUSTER_ADDRS.
+func (c *Redis) Register(l *Loader) {
+	l.String(&c.URL, "REDIS_URL", "redis://127.0.0.1:6379/0", "Redis server URL (ignored when REDIS_CLUSTER_ADDRS is set)")
+	l.List(&c.ClusterAddrs, "REDIS_CLUSTER_ADDRS", nil, "comma-separated host:port seeds of a Redis Cluster; when set, Redis Cluster is used")
+}
+
+// Validate reports an unparsable URL or seed address.
+func (c Redis) Validate() error {
+	var errs []error
+	if len(c.ClusterAddrs) == 0 {
+		if _, err := redis.ParseURL(c.URL); err != nil {
+			errs = append(errs, fmt.Errorf("REDIS_URL: %w", err))
+		}
+	}
+	for _, a := range c.ClusterAddrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("REDIS_CLUSTER_ADDRS: %q is not host:port", a))
+		}
+	}
+	return prefix("redis", errs)
+}
+
+// Open returns a client for the configured server or cluster. It does not dial.
+func (c Redis) Open() (redis.UniversalClient, error) {
+	if len(c.ClusterAddrs) > 0 {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.ClusterAddrs}), nil
+	}
+	opts, err := redis.ParseURL(c.URL)
+	if err != nil {
+		return nil, fmt.Errorf("REDIS_URL: %w", err)
+	}
+	return redis.NewClient(opts), nil
+}
+
+// Postgres locates the billing database.
+type Postgres struct {
+	URL      string
+	MaxConns int
+}
+
+// Register adds DATABASE_URL and DATABASE_MAX_CONNS.
+func (c *Postgres) Register(l *Loader) {
+	l.String(&c.URL, "DATABASE_URL", "postgres://metergate:metergate@127.0.0.1:5432/metergate?sslmode=disable", "PostgreSQL connection URL")
+	l.Int(&c.MaxConns, "DATABASE_MAX_CONNS", 10, "largest number of pooled PostgreSQL connections")
+}
+
+// Validate reports an unparsable URL or a pool size below 1.
+func (c Postgres) Validate() error {
+	var errs []error
+	if _, err := pgxpool.ParseConfig(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
+	}
+	if c.MaxConns < 1 {
+		errs = append(errs, fmt.Errorf("DATABASE_MAX_CONNS=%d: want at least 1", c.MaxConns))
+	}
+	return prefix("postgres", errs)
+}
+
+// Open returns a connection pool. Connections are made lazily: it does not wait for the server.
+func (c Postgres) Open(ctx context.Context) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(c.URL)
+	if err != nil {
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	pc.MaxConns = int32(c.MaxConns) //nolint:gosec // validated ≥ 1, and a pool of 2^31 is not a thing
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres pool: %w", err)
+	}
+	return pool, nil
+}
+
+// Kafka locates the brokers and names the usage topic.
+type Kafka struct {
+	Brokers           []string
+	Topic             string
+	Partitions        int
+	ReplicationFactor int
+}
+
+// Register adds KAFKA_BROKERS, KAFKA_TOPIC, KAFKA_TOPIC_PARTITIONS and KAFKA_TOPIC_REPLICATION.
+func (c *Kafka) Register(l *Loader) {
+	l.List(&c.Brokers, "KAFKA_BROKERS", []string{"127.0.0.1:9092"}, "comma-separated host:port of Kafka brokers")
+	l.String(&c.Topic, "KAFKA_TOPIC", "usage.events", "topic of usage events")
+	l.Int(&c.Partitions, "KAFKA_TOPIC_PARTITIONS", 12, "partitions of the topic when it is created")
+	l.Int(&c.ReplicationFactor, "KAFKA_TOPIC_REPLICATION", 1, "replication factor of the topic when it is created")
+}
+
+var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// Validate reports missing brokers, a bad topic name or a bad topic shape.
+func (c Kafka) Validate() error {
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("KAFKA_BROKERS: at least one broker is needed"))
+	}
+	for _, b := range c.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			errs = append(errs, fmt.Errorf("KAFKA_BROKERS: %q is not host:port", b))
+		}
+	}
+	if !topicName.MatchString(c.Topic) || c.Topic == "." || c.Topic == ".." {
+		errs = append(errs, fmt.Errorf("KAFKA_TOPIC=%q: want 1-249 of [a-zA-Z0-9._-]", c.Topic))
+	}
+	if c.Partitions < 1 {
+		errs = append(errs, fmt.Errorf("KAFKA_TOPIC_PARTITIONS=%d: want at least 1", c.Partitions))
+	}
+	if c.ReplicationFactor < 1 {
+		errs = append(errs, fmt.Errorf("KAFKA_TOPIC_REPLICATION=%d: want at least 1", c.ReplicationFactor))
+	}
+	return prefix("kafka", errs)
+}
+
+// Spec is the shape the topic is created with.
+func (c Kafka) Spec() topic.Spec {
+	return topic.Spec{Name: c.Topic, Partitions: c.Partitions, ReplicationFactor: c.ReplicationFactor}
+}
+
+// Server is a binary's HTTP listener (API and/or /healthz, /readyz, /metrics).
+type Server struct {
+	Addr            string
+	ShutdownTimeout time.Duration
+
+	addrEnv string
+}
+
+// register adds <ENV>_ADDR-style settings under the given variable names.
+func (c *Server) register(l *Loader, addrEnv, defAddr string) {
+	l.String(&c.Addr, addrEnv, defAddr, "HTTP listen address")
+	l.Duration(&c.ShutdownTimeout, "SHUTDOWN_TIMEOUT", 15*time.Second, "how long a graceful shutdown may take")
+	c.addrEnv = addrEnv
+}
+
+// Validate reports a bad listen address or shutdown timeout.
+func (c Server) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		errs = append(errs, fmt.Errorf("%s=%q: not host:port", c.addrEnv, c.Addr))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("SHUTDOWN_TIMEOUT=%s: want more than 0", c.ShutdownTimeout))
+	}
+	return prefix("server", errs)
+}
+
+func prefix(section string, errs []error) error {
+	for i, err := range errs {
+		errs[i] = fmt.Errorf("%s: %w", section, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,81 @@
+package testenv
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/testcontainers/testcontainers-go"
+	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
+)
+
+// RedisImage is the image testcontainers-go starts when REDIS_URL is unset.
+const RedisImage = "redis:7"
+
+var redisContainer container[string]
+
+// RedisURL returns the URL of the test Redis.
+func RedisURL(tb testing.TB) string {
+	tb.Helper()
+	if u := os.Getenv("REDIS_URL"); u != "" {
+		return u
+	}
+	if !dockerAvailable() {
+		unavailable(tb, "Redis", "REDIS_URL", "REDIS_URL unset and no Docker daemon")
+	}
+	u, err := redisContainer.get(func(ctx context.Context) (string, testcontainers.Container, error) {
+		c, err := tcredis.Run(ctx, RedisImage)
+		if err != nil {
+			return "", c, err
+		}
+		u, err := c.ConnectionString(ctx)
+		return u, c, err
+	})
+	if err != nil {
+		unavailable(tb, "Redis", "REDIS_URL", "testcontainers: "+err.Error())
+	}
+	return u
+}
+
+// Redis returns a client of the test Redis that answers PING; it is closed when the test
+// ends. Share the server with other tests through Prefix.
+func Redis(tb testing.TB) *redis.Client {
+	tb.Helper()
+	opts, err := redis.ParseURL(RedisURL(tb))
+	if err != nil {
+		tb.Fatalf("REDIS_URL: %v", err)
+	}
+	c := redis.NewClient(opts)
+	tb.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(Context(tb, 10*time.Second)).Err(); err != nil {
+		unavailable(tb, "Redis", "REDIS_URL", err.Error())
+	}
+	return c
+}
+
+// RedisCluster returns a client of the test Redis Cluster (REDIS_CLUSTER_ADDRS) once the
+// cluster reports state ok. There is no container fallback: `make up-cluster` starts one.
+func RedisCluster(tb testing.TB) *redis.ClusterClient {
+	tb.Helper()
+	env := os.Getenv("REDIS_CLUSTER_ADDRS")
+	if env == "" {
+		unavailable(tb, "Redis Cluster", "REDIS_CLUSTER_ADDRS", "REDIS_CLUSTER_ADDRS unset")
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(env, ",")})
+	tb.Cleanup(func() { _ = c.Close() })
+	info, err := c.ClusterInfo(Context(tb, 10*time.Second)).Result()
+	if err != nil {
+		unavailable(tb, "Redis Cluster", "REDIS_CLUSTER_ADDRS", err.Error())
+	}
+	if !strings.Contains(info, "cluster_state:ok") {
+		unavailable(tb, "Redis Cluster", "REDIS_CLUSTER_ADDRS", "cluster_state is not ok")
+	}
+	return c
+}
+
+// Prefix returns a Redis key prefix unique to this test, "t:<name>:". Put a hash tag after
+// it ("t:x:{3}:...") where keys must share a Redis Cluster slot.
+func Prefix(tb testing.TB) string { return "t:" + Name(tb) + ":" }
