@@ -1,0 +1,109 @@
+package config_test
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/config"
+)
+
+func envMap(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestDefaults(t *testing.T) {
+	var c config.Admit
+	validateOnly, err := config.Load(&c, "admit", nil, envMap(nil), io.Discard)
+	require.NoError(t, err)
+	require.False(t, validateOnly)
+	require.Equal(t, "127.0.0.1:8080", c.Server.Addr)
+	require.Equal(t, "usage.events", c.Kafka.Topic)
+	require.Equal(t, 12, c.Kafka.Partitions)
+	require.Equal(t, []string{"127.0.0.1:9092"}, c.Kafka.Brokers)
+	require.Equal(t, 15*time.Second, c.Server.ShutdownTimeout)
+
+	var m config.Meter
+	_, err = config.Load(&m, "meter", nil, envMap(nil), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:8081", m.Server.Addr)
+}
+
+func TestEnvironmentAndFlags(t *testing.T) {
+	env := envMap(map[string]string{
+		"KAFKA_BROKERS":    " a:1, b:2 ,,",
+		"KAFKA_TOPIC":      "from-env",
+		"MIGRATE":          "true",
+		"SHUTDOWN_TIMEOUT": "3s",
+	})
+	var c config.Admit
+	validateOnly, err := config.Load(&c, "admit", []string{"-kafka-topic", "from-flag", "-validate"}, env, io.Discard)
+	require.NoError(t, err)
+	require.True(t, validateOnly)
+	require.Equal(t, []string{"a:1", "b:2"}, c.Kafka.Brokers)
+	require.Equal(t, "from-flag", c.Kafka.Topic, "a flag wins over its variable")
+	require.True(t, c.Migrate)
+	require.Equal(t, 3*time.Second, c.Server.ShutdownTimeout)
+}
+
+func TestEveryBadSettingIsNamed(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{"unparsable values", map[string]string{"KAFKA_TOPIC_PARTITIONS": "twelve", "SHUTDOWN_TIMEOUT": "soon", "MIGRATE": "perhaps"},
+			nil, []string{"KAFKA_TOPIC_PARTITIONS", "SHUTDOWN_TIMEOUT", "MIGRATE"}},
+		{"invalid values", map[string]string{"ADMIT_ADDR": "nonsense", "LOG_LEVEL": "loud", "LOG_FORMAT": "xml",
+			"REDIS_URL": "http://x", "DATABASE_URL": "::::", "KAFKA_BROKERS": "nohostport", "KAFKA_TOPIC": "bad topic!"},
+			nil, []string{"ADMIT_ADDR", "LOG_LEVEL", "LOG_FORMAT", "REDIS_URL", "DATABASE_URL", "KAFKA_BROKERS", "KAFKA_TOPIC"}},
+		{"bad flag", nil, []string{"-kafka-topic-partitions", "0"}, []string{"KAFKA_TOPIC_PARTITIONS=0"}},
+		{"unknown flag", nil, []string{"-no-such-thing"}, []string{"no-such-thing"}},
+		{"stray argument", nil, []string{"extra"}, []string{"unexpected arguments"}},
+		{"cluster seeds", map[string]string{"REDIS_CLUSTER_ADDRS": "127.0.0.1:7000,bad"}, nil, []string{`REDIS_CLUSTER_ADDRS: "bad"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c config.Admit
+			_, err := config.Load(&c, "admit", tt.args, envMap(tt.env), io.Discard)
+			require.Error(t, err)
+			for _, w := range tt.want {
+				require.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestSectionPrefixes(t *testing.T) {
+	var c config.Meter
+	_, err := config.Load(&c, "meter", nil, envMap(map[string]string{"METER_GROUP": "", "KAFKA_TOPIC": ""}), io.Discard)
+	require.Error(t, err)
+	lines := strings.Split(err.Error(), "\n")
+	require.Contains(t, lines, "meter: METER_GROUP: must not be empty")
+	require.Contains(t, lines, `kafka: KAFKA_TOPIC="": want 1-249 of [a-zA-Z0-9._-]`)
+}
+
+func TestHelp(t *testing.T) {
+	var c config.Reconcile
+	var out strings.Builder
+	_, err := config.Load(&c, "reconcile", []string{"-h"}, envMap(nil), &out)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	require.Contains(t, out.String(), "-database-url")
+	require.Contains(t, out.String(), "(env DATABASE_URL)")
+}
+
+func TestNames(t *testing.T) {
+	l := config.NewLoader("meter", envMap(nil), io.Discard)
+	(&config.Meter{}).Register(l)
+	names := l.Names()
+	for _, want := range []string{"METER_ADDR", "DATABASE_URL", "KAFKA_BROKERS", "KAFKA_TOPIC", "METER_GROUP", "MIGRATE", "LOG_LEVEL"} {
+		require.Contains(t, names, want)
+	}
+	require.NotContains(t, names, "REDIS_URL", "meter does not use Redis")
+	require.Equal(t, "kafka-topic-partitions", config.FlagName("KAFKA_TOPIC_PARTITIONS"))
+}

@@ -1,0 +1,156 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ReexecEnv is set in the environment of a test binary started by StartMain: the test's
+// TestMain then runs the command's main instead of the tests (see MainOrTests).
+const ReexecEnv = "METERGATE_TEST_RUN_MAIN"
+
+// MainOrTests runs main when this test binary was started by StartMain and m's tests
+// otherwise. Call it from the TestMain of a command: os.Exit(testenv.MainOrTests(m, main)).
+func MainOrTests(m *testing.M, main func()) int {
+	if os.Getenv(ReexecEnv) == "1" {
+		main()
+		return 0
+	}
+	return Run(m)
+}
+
+// Process is a command's main running in a child process.
+type Process struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// StartMain starts this test binary again as the command (see MainOrTests) with args and
+// the extra environment variables env ("K=V") on top of the test's own. The process is
+// killed when the test ends if it still runs.
+func StartMain(tb testing.TB, env []string, args ...string) *Process {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(append(os.Environ(), ReexecEnv+"=1"), env...)
+	p := &Process{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start %s: %v", os.Args[0], err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	tb.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+		if tb.Failed() {
+			tb.Logf("output of %v:\n%s", args, p.out.String())
+		}
+	})
+	return p
+}
+
+// Output is what the process wrote to stdout and stderr so far.
+func (p *Process) Output() string { return p.out.String() }
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Wait waits up to d for the process to exit and returns its exit code.
+func (p *Process) Wait(d time.Duration) (int, error) {
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		return -1, fmt.Errorf("process still running after %s", d)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode(), nil
+	}
+	if p.err != nil {
+		return -1, p.err
+	}
+	return 0, nil
+}
+
+// FreeAddr returns a loopback address with a port that was free a moment ago.
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("listen: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// WaitHTTP polls url until it answers with status want or ctx ends, and returns the body.
+func WaitHTTP(ctx context.Context, url string, want int) (string, error) {
+	var last string
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			var b bytes.Buffer
+			_, _ = b.ReadFrom(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == want {
+				return b.String(), nil
+			}
+			last = fmt.Sprintf("status %d: %s", resp.StatusCode, b.String())
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("GET %s: want %d, last: %s: %w", url, want, last, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// WithSearchPath returns the database URL with its search_path set to schema, so a process
+// given it works inside that schema.
+func WithSearchPath(tb testing.TB, dbURL, schema string) string {
+	tb.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		tb.Fatalf("DATABASE_URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
