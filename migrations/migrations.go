@@ -22,9 +22,10 @@ var files embed.FS
 var FS fs.FS = files
 
 // NewProvider returns a goose provider over db. Runs take a PostgreSQL advisory lock, so
-// binaries started together with -migrate apply each migration once.
+// binaries started together with -migrate apply each migration once; a waiting run polls
+// for the lock every second, for up to five minutes.
 func NewProvider(db *sql.DB) (*goose.Provider, error) {
-	locker, err := lock.NewPostgresSessionLocker()
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return nil, fmt.Errorf("goose session locker: %w", err)
 	}

@@ -24,7 +24,7 @@ import (
 
 func main() {
 	var cfg config.Admit
-	config.LoadOrExit(&cfg, "admit")
+	config.LoadOrExit(&cfg, "admit", os.Args[1:])
 	log := cfg.Log.Logger(os.Stderr).With("service", "admit")
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -25,7 +25,7 @@ import (
 
 func main() {
 	var cfg config.Meter
-	config.LoadOrExit(&cfg, "meter")
+	config.LoadOrExit(&cfg, "meter", os.Args[1:])
 	log := cfg.Log.Logger(os.Stderr).With("service", "meter")
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -95,7 +95,7 @@ fetch_kafka() {
   fi
   log "fetching Apache Kafka $KAFKA_VERSION from Maven Central into $libs"
   rm -rf "$libs"; mkdir -p "$libs"
-  mvn -q -B -f "$ROOT/deploy/local/kafka-pom.xml" dependency:copy-dependencies \
+  mvn -q -B -Dstyle.color=never -f "$ROOT/deploy/local/kafka-pom.xml" dependency:copy-dependencies \
     -Dkafka.version="$KAFKA_VERSION" -DincludeScope=runtime -DoutputDirectory="$libs" >&2 ||
     die "mvn could not fetch org.apache.kafka:kafka_2.13:$KAFKA_VERSION"
   [ -f "$libs/kafka_2.13-$KAFKA_VERSION.jar" ] || die "kafka_2.13-$KAFKA_VERSION.jar missing after fetch"
@@ -322,6 +322,20 @@ status() {
   alive "$RUN/kafka/kafka.pid" && echo "kafka        pid $(cat "$RUN/kafka/kafka.pid") :$KAFKA_PORT" || echo "kafka        down"
 }
 
+# verify_down: fails if any process started by this stack still runs (by recorded pid, or
+# by a command line that names the state folder).
+verify_down() {
+  local left
+  left=$(pgrep -af -- "$RUN" | grep -v -e "stack.sh" -e pgrep || true)
+  [ -z "$left" ] || die "still running after down:
+$left"
+  local port
+  for port in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$PG_PORT" "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+    ! port_open "$port" || die "port $port still answers after down"
+  done
+  log "nothing started by the stack is running"
+}
+
 case "${1:-}" in
   up)
     install_missing
@@ -336,7 +350,8 @@ case "${1:-}" in
     write_env
     ;;
   down) down ;;
+  verify-down) verify_down ;;
   status) status ;;
   env) write_env; cat "$RUN/env" ;;
-  *) echo "usage: $0 up|up-cluster|down|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up|up-cluster|down|verify-down|status|env" >&2; exit 2 ;;
 esac

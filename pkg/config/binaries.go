@@ -112,10 +112,11 @@ func Load(cfg Config, name string, args []string, env func(string) (string, bool
 	return validateOnly, cfg.Validate()
 }
 
-// LoadOrExit is Load for a main: it reads os.Args and the environment, exits 0 after -h
-// or after a valid -validate, and prints every problem and exits 2 on a bad setting.
-func LoadOrExit(cfg Config, name string) {
-	validateOnly, err := Load(cfg, name, os.Args[1:], os.LookupEnv, os.Stderr)
+// LoadOrExit is Load for a main, over args (os.Args[1:] less any subcommand) and the
+// environment: it exits 0 after -h or after a valid -validate, and prints every problem
+// and exits 2 on a bad setting.
+func LoadOrExit(cfg Config, name string, args []string) {
+	validateOnly, err := Load(cfg, name, args, os.LookupEnv, os.Stderr)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		os.Exit(0)

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"os"
 	"sync"
 	"time"
 
@@ -9,6 +10,9 @@ import (
 )
 
 var dockerOnce = sync.OnceValue(func() bool {
+	if os.Getenv("METERGATE_NO_DOCKER") == "1" {
+		return false
+	}
 	p, err := testcontainers.NewDockerProvider()
 	if err != nil {
 		return false
@@ -20,6 +24,7 @@ var dockerOnce = sync.OnceValue(func() bool {
 })
 
 // dockerAvailable reports whether a Docker daemon answers, so testcontainers-go can be used.
+// METERGATE_NO_DOCKER=1 says no without asking.
 func dockerAvailable() bool { return dockerOnce() }
 
 // startOnce starts one container per test process the first time it is asked for and
