@@ -1,0 +1,77 @@
+// Package admission decides whether a request may proceed against every limit of every
+// level of its account path, in one Redis script call: token buckets or sliding windows per
+// unit, concurrency leases and quotas, all-or-nothing, with the idempotency record and the
+// outbox event written by the same script.
+package admission
+
+import (
+	"errors"
+	"time"
+
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// Request is one decision to take.
+type Request struct {
+	// EventID identifies the usage event if the request is admitted; NewEventID makes one.
+	EventID string
+	// IdempotencyKey, when set, makes a retry return the first decision and charge nothing.
+	IdempotencyKey string
+	// Units is what the request would consume; every value ≥ 0.
+	Units map[policy.Unit]int64
+	// Policy is the effective policy of the account the request is charged to.
+	Policy   policy.Resolved
+	APIKeyID string
+	Tool     string
+	// Source names the admit node (the CloudEvents source).
+	Source string
+}
+
+// Result is the outcome of a decision.
+type Result string
+
+// Results.
+const (
+	Allow         Result = "allow"
+	RateLimited   Result = "rate_limited"
+	QuotaExceeded Result = "quota_exceeded"
+)
+
+// ConcurrentRequests is the unit named by a decision blocked by a concurrency cap.
+const ConcurrentRequests = "concurrent-requests"
+
+// Blocker names the limit that denied a request.
+type Blocker struct {
+	Account string      `json:"account"`
+	Level   policy.Kind `json:"level"`
+	Unit    string      `json:"unit"`
+}
+
+// LimitState is where one limit stands after a decision, for the RateLimit fields.
+type LimitState struct {
+	Account   string
+	Unit      string
+	Quota     bool          // a quota (true) or a rate limit (false)
+	Limit     int64         // bucket burst, window limit or quota
+	Window    time.Duration // time for an empty bucket to fill, the window, or the quota period
+	Remaining int64
+	Reset     time.Duration // until the limit is whole again (bucket full, window clear, period end)
+}
+
+// Decision is the answer to a Request.
+type Decision struct {
+	Result     Result
+	EventID    string // of the admitted (or replayed) request
+	Period     string // billing period charged, "YYYY-MM", chosen by Redis TIME
+	Blocked    *Blocker
+	RetryAfter time.Duration // when denied by a rate or concurrency limit
+	Replayed   bool          // the idempotency key was seen: nothing was charged now
+	Limits     []LimitState
+	Time       time.Time // Redis time of the decision
+}
+
+// ErrIdempotencyKeyReused is returned when an idempotency key comes back with other units.
+var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different units")
+
+// ErrUnknownEvent is returned for an outcome whose event id is malformed.
+var ErrUnknownEvent = errors.New("unknown event id")

@@ -1,0 +1,207 @@
+// Package policy holds who may use how much: plans, the account tree (org → team → user →
+// agent), per-node limit overrides and API keys, with PostgreSQL as the source of truth and
+// an in-memory cache that admit decides from.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+)
+
+// Unit is what a limit counts.
+type Unit string
+
+// The units a request may carry.
+const (
+	Requests   Unit = "requests"
+	Tokens     Unit = "tokens"
+	Credits    Unit = "credits"     // tool-weighted cost (see ToolCredits)
+	CostMicros Unit = "cost_micros" // money, in millionths of the currency unit
+)
+
+// Units lists every unit in a fixed order.
+var Units = []Unit{Requests, Tokens, Credits, CostMicros}
+
+// Valid reports whether u is a known unit.
+func (u Unit) Valid() bool {
+	for _, k := range Units {
+		if u == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Algorithm is how a rate limit is enforced.
+type Algorithm string
+
+// Rate-limit algorithms.
+const (
+	// TokenBucket refills RatePerS units per second up to Burst.
+	TokenBucket Algorithm = "token_bucket"
+	// SlidingWindow allows at most Limit units in any WindowS seconds, exactly: for small
+	// limits such as "10 per 30 minutes".
+	SlidingWindow Algorithm = "sliding_window"
+)
+
+// QuotaPeriod is the calendar period of a quota, in UTC.
+type QuotaPeriod string
+
+// Quota periods.
+const (
+	Month QuotaPeriod = "month"
+	Day   QuotaPeriod = "day"
+)
+
+// Uncapped is the quota that never runs out.
+const Uncapped int64 = -1
+
+// Limit is what one account node allows of one unit. A zero rate part means no rate limit
+// at this node; a nil Quota means no quota at this node.
+//
+// A token bucket is written either as RatePerS and Burst, or as Limit per WindowS (meaning
+// Burst = Limit and RatePerS = Limit / WindowS); Normalize turns the second form into the
+// first.
+type Limit struct {
+	Algorithm   Algorithm   `json:"algorithm,omitempty"`
+	RatePerS    float64     `json:"rate_per_s,omitempty"`
+	Burst       int64       `json:"burst,omitempty"`
+	Limit       int64       `json:"limit,omitempty"`
+	WindowS     int64       `json:"window_s,omitempty"`
+	Quota       *int64      `json:"quota,omitempty"`
+	QuotaPeriod QuotaPeriod `json:"quota_period,omitempty"`
+}
+
+// HasRate reports whether the limit has a rate part.
+func (l Limit) HasRate() bool {
+	if l.Algorithm == SlidingWindow {
+		return l.Limit > 0
+	}
+	return l.Burst > 0
+}
+
+// HasQuota reports whether the limit has a quota that can run out.
+func (l Limit) HasQuota() bool { return l.Quota != nil && *l.Quota != Uncapped }
+
+// Normalize fills defaults: the token-bucket algorithm, Burst and RatePerS from Limit per
+// WindowS, and the monthly quota period.
+func (l Limit) Normalize() Limit {
+	if l.Algorithm == "" {
+		l.Algorithm = TokenBucket
+	}
+	if l.Algorithm == TokenBucket && l.Limit > 0 && l.WindowS > 0 && l.Burst == 0 && l.RatePerS == 0 {
+		l.Burst = l.Limit
+		l.RatePerS = float64(l.Limit) / float64(l.WindowS)
+	}
+	if l.Quota != nil && l.QuotaPeriod == "" {
+		l.QuotaPeriod = Month
+	}
+	return l
+}
+
+// Validate reports every inconsistency of a normalized limit.
+func (l Limit) Validate() error {
+	var errs []error
+	switch l.Algorithm {
+	case TokenBucket:
+		if l.RatePerS < 0 || l.Burst < 0 {
+			errs = append(errs, errors.New("rate_per_s and burst must not be negative"))
+		}
+		if (l.RatePerS > 0) != (l.Burst > 0) {
+			errs = append(errs, errors.New("a token bucket needs both rate_per_s and burst (or limit and window_s)"))
+		}
+	case SlidingWindow:
+		if l.Limit <= 0 || l.WindowS <= 0 {
+			errs = append(errs, errors.New("a sliding window needs limit > 0 and window_s > 0"))
+		}
+		if l.WindowS > 31*24*3600 {
+			errs = append(errs, errors.New("window_s must be at most 31 days"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("unknown algorithm %q (want token_bucket or sliding_window)", l.Algorithm))
+	}
+	if l.Quota != nil && *l.Quota < Uncapped {
+		errs = append(errs, errors.New("quota must be -1 (uncapped) or at least 0"))
+	}
+	if l.Quota != nil && l.QuotaPeriod != Month && l.QuotaPeriod != Day {
+		errs = append(errs, fmt.Errorf("unknown quota_period %q (want month or day)", l.QuotaPeriod))
+	}
+	return errors.Join(errs...)
+}
+
+// Kind is the place of a node in the account tree.
+type Kind string
+
+// Node kinds, from the root down. A path may skip levels (org → agent).
+const (
+	Org   Kind = "org"
+	Team  Kind = "team"
+	User  Kind = "user"
+	Agent Kind = "agent"
+)
+
+// Depth orders kinds: a child's kind is deeper than its parent's.
+func (k Kind) Depth() int {
+	switch k {
+	case Org:
+		return 0
+	case Team:
+		return 1
+	case User:
+		return 2
+	case Agent:
+		return 3
+	}
+	return -1
+}
+
+// idPattern is what an account id, API key id or idempotency-free identifier may look like
+// before it becomes part of a Redis key.
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// ValidID reports whether s may be an account id: 1-64 of [A-Za-z0-9._-], starting with a
+// letter or digit.
+func ValidID(s string) bool { return idPattern.MatchString(s) }
+
+// Level is one node of a resolved path with the limits that apply at that node.
+type Level struct {
+	Account     string         `json:"account"`
+	Kind        Kind           `json:"kind"`
+	Plan        string         `json:"plan,omitempty"`
+	Limits      map[Unit]Limit `json:"limits"`
+	Concurrency int            `json:"concurrency"`
+}
+
+// Resolved is the effective policy of one account: the path from its org down to it, each
+// level with its effective limits. It is what admission decides against.
+type Resolved struct {
+	Org  string  `json:"org"`
+	Plan string  `json:"plan"`
+	Path []Level `json:"path"` // org first, the account itself last
+}
+
+// Account is the node the policy was resolved for.
+func (r Resolved) Account() string { return r.Path[len(r.Path)-1].Account }
+
+// HasQuota reports whether any level caps any unit with a quota: such accounts fail closed
+// when Redis is unavailable.
+func (r Resolved) HasQuota() bool {
+	for _, lv := range r.Path {
+		for _, l := range lv.Limits {
+			if l.HasQuota() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ToolCredits is the default credit cost of the tools named in a request's "tool" field;
+// admit's configuration may replace it.
+var ToolCredits = map[string]int64{
+	"web_search":     1,
+	"llm_call":       3,
+	"code_execute":   5,
+	"image_generate": 10,
+}
