@@ -1,0 +1,81 @@
+// Package event defines metergate's usage events as they travel on Kafka: CloudEvents 1.0
+// in structured JSON mode, one per admitted request and one per reported outcome.
+package event
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Event types.
+const (
+	TypeAdmitted = "io.metergate.usage.admitted.v1"
+	TypeOutcome  = "io.metergate.usage.outcome.v1"
+)
+
+// PathNode is one level of the account path an event was charged to.
+type PathNode struct {
+	Account string `json:"account"`
+	Kind    string `json:"kind"`
+}
+
+// Admitted is the data of a usage.admitted event.
+type Admitted struct {
+	Org            string           `json:"org"`
+	Account        string           `json:"account"`
+	Path           []PathNode       `json:"path"`
+	APIKeyID       string           `json:"api_key_id,omitempty"`
+	IdempotencyKey string           `json:"idempotency_key,omitempty"`
+	Units          map[string]int64 `json:"units"`
+	// Period is the billing period whose quota counters were charged ("YYYY-MM").
+	Period string `json:"period"`
+	Plan   string `json:"plan"`
+	Tool   string `json:"tool,omitempty"`
+	// FailOpen marks an admission decided without Redis (rate-only accounts while Redis was
+	// unavailable); its period comes from the admit node's clock.
+	FailOpen bool `json:"fail_open,omitempty"`
+}
+
+// Outcome is the data of a usage.outcome event: how the admitted request ended upstream.
+type Outcome struct {
+	EventID string           `json:"event_id"`
+	Status  int              `json:"status"`
+	Units   map[string]int64 `json:"units,omitempty"` // actual units, e.g. tokens used
+}
+
+// CloudEvent is a CloudEvents 1.0 envelope in structured JSON mode.
+type CloudEvent struct {
+	SpecVersion     string          `json:"specversion"`
+	ID              string          `json:"id"`
+	Source          string          `json:"source"`
+	Type            string          `json:"type"`
+	Subject         string          `json:"subject,omitempty"`
+	Time            time.Time       `json:"time"`
+	DataContentType string          `json:"datacontenttype"`
+	Data            json.RawMessage `json:"data"`
+}
+
+// New wraps data in an envelope.
+func New(id, source, typ, subject string, t time.Time, data any) (CloudEvent, error) {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return CloudEvent{}, fmt.Errorf("marshal %s data: %w", typ, err)
+	}
+	return CloudEvent{
+		SpecVersion: "1.0", ID: id, Source: source, Type: typ, Subject: subject,
+		Time: t.UTC(), DataContentType: "application/json", Data: raw,
+	}, nil
+}
+
+// Subject is the account path as a CloudEvents subject: "acme/engineering/alice/agent-1".
+func Subject(path []PathNode) string {
+	s := ""
+	for i, n := range path {
+		if i > 0 {
+			s += "/"
+		}
+		s += n.Account
+	}
+	return s
+}
