@@ -1,0 +1,280 @@
+// Package client calls admit from Go services, and wraps an http.Handler so that every
+// request is admitted first: denials are forwarded with their headers, and the handler's
+// status is reported back as the request's outcome.
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Client calls one admit service.
+type Client struct {
+	// BaseURL of admit, e.g. "http://127.0.0.1:8080".
+	BaseURL string
+	// Token is the service token (ADMIT_SERVICE_TOKEN).
+	Token string
+	// HTTP is the client used; http.DefaultClient when nil.
+	HTTP *http.Client
+	// MaxWait enables the "queue" burst policy: a request denied by a rate limit whose
+	// retry_after_ms fits in what is left of MaxWait waits and is retried (with the same
+	// idempotency key, so it is charged once). Zero rejects at once.
+	MaxWait time.Duration
+	// Log receives outcome-reporting failures; slog.Default when nil.
+	Log *slog.Logger
+}
+
+// Request is what to admit.
+type Request struct {
+	APIKey         string           `json:"api_key,omitempty"`
+	Account        string           `json:"account,omitempty"`
+	IdempotencyKey string           `json:"idempotency_key,omitempty"`
+	Units          map[string]int64 `json:"units,omitempty"`
+	Tool           string           `json:"tool,omitempty"`
+}
+
+// Blocker names the limit that denied a request.
+type Blocker struct {
+	Account string `json:"account"`
+	Level   string `json:"level"`
+	Unit    string `json:"unit"`
+}
+
+// Decision is admit's answer.
+type Decision struct {
+	Status       int      `json:"-"`
+	Decision     string   `json:"decision"`
+	EventID      string   `json:"event_id"`
+	Account      string   `json:"account"`
+	Org          string   `json:"org"`
+	Period       string   `json:"period"`
+	Replayed     bool     `json:"replayed"`
+	BlockedBy    *Blocker `json:"blocked_by"`
+	RetryAfterMS *int64   `json:"retry_after_ms"`
+	// Header holds the reply's RateLimit, RateLimit-Policy and Retry-After fields.
+	Header http.Header `json:"-"`
+	// Body is the raw reply.
+	Body []byte `json:"-"`
+}
+
+// Allowed reports whether the request may proceed.
+func (d Decision) Allowed() bool { return d.Status == http.StatusOK }
+
+// APIError is a reply other than a decision (400, 401, 403, 422, 503, ...).
+type APIError struct {
+	Status  int
+	Code    string
+	Message string
+	Header  http.Header
+	Body    []byte
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("admit: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+func (c *Client) http() *http.Client {
+	if c.HTTP != nil {
+		return c.HTTP
+	}
+	return http.DefaultClient
+}
+
+func (c *Client) log() *slog.Logger {
+	if c.Log != nil {
+		return c.Log
+	}
+	return slog.Default()
+}
+
+func (c *Client) post(ctx context.Context, path string, body any) (*http.Response, []byte, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode %s: %w", path, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(c.BaseURL, "/")+path, bytes.NewReader(raw))
+	if err != nil {
+		return nil, nil, fmt.Errorf("build %s: %w", path, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	resp, err := c.http().Do(req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("call %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s reply: %w", path, err)
+	}
+	return resp, b, nil
+}
+
+// Admit asks for a decision. 200, 429 and 402 are decisions; anything else is an *APIError.
+// With MaxWait set, rate-limited requests are retried while the wait fits.
+func (c *Client) Admit(ctx context.Context, r Request) (Decision, error) {
+	if c.MaxWait > 0 && r.IdempotencyKey == "" {
+		r.IdempotencyKey = newKey() // so a retry is charged once
+	}
+	deadline := time.Now().Add(c.MaxWait)
+	for {
+		d, err := c.admitOnce(ctx, r)
+		if err != nil || d.Status != http.StatusTooManyRequests || d.RetryAfterMS == nil || *d.RetryAfterMS < 0 {
+			return d, err
+		}
+		wait := time.Duration(*d.RetryAfterMS) * time.Millisecond
+		if c.MaxWait <= 0 || time.Now().Add(wait).After(deadline) {
+			return d, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return d, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Client) admitOnce(ctx context.Context, r Request) (Decision, error) {
+	resp, body, err := c.post(ctx, "/v1/admit", r)
+	if err != nil {
+		return Decision{}, err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusTooManyRequests, http.StatusPaymentRequired:
+		d := Decision{Status: resp.StatusCode, Header: resp.Header, Body: body}
+		if err := json.Unmarshal(body, &d); err != nil {
+			return Decision{}, fmt.Errorf("decode admit reply: %w", err)
+		}
+		return d, nil
+	}
+	return Decision{}, apiError(resp, body)
+}
+
+func apiError(resp *http.Response, body []byte) error {
+	var e struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	_ = json.Unmarshal(body, &e) // a non-JSON reply keeps the status alone
+	return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message, Header: resp.Header, Body: body}
+}
+
+// Outcome reports how an admitted request ended upstream (its HTTP status and, optionally,
+// the units it really used, e.g. tokens).
+func (c *Client) Outcome(ctx context.Context, eventID string, status int, units map[string]int64) error {
+	resp, body, err := c.post(ctx, "/v1/outcomes", map[string]any{"event_id": eventID, "status": status, "units": units})
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusAccepted {
+		return apiError(resp, body)
+	}
+	return nil
+}
+
+func newKey() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // never fails
+	return "mgc-" + hex.EncodeToString(b)
+}
+
+// Identify tells the middleware what to admit for an incoming request (the caller's API
+// key, the estimated tokens, the tool). An error answers 400 with its text.
+type Identify func(*http.Request) (Request, error)
+
+// Middleware admits every request before next serves it: a 429 or 402 is forwarded with
+// admit's body, RateLimit fields and Retry-After; an allowed request runs, and its status is
+// reported to admit as the outcome (in the background, so it adds no latency). When admit
+// cannot be reached the request gets 503, unless failOpen.
+func (c *Client) Middleware(identify Identify, failOpen bool) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			req, err := identify(r)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			d, err := c.Admit(r.Context(), req)
+			var apiErr *APIError
+			switch {
+			case errors.As(err, &apiErr):
+				copyHeaders(w.Header(), apiErr.Header)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(apiErr.Status)
+				_, _ = w.Write(apiErr.Body)
+				return
+			case err != nil && failOpen:
+				c.log().Warn("admit unreachable: serving fail-open", "err", err)
+				next.ServeHTTP(w, r)
+				return
+			case err != nil:
+				w.Header().Set("Retry-After", "1")
+				http.Error(w, "admission unavailable", http.StatusServiceUnavailable)
+				return
+			case !d.Allowed():
+				copyHeaders(w.Header(), d.Header)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(d.Status)
+				_, _ = w.Write(d.Body)
+				return
+			}
+			copyHeaders(w.Header(), d.Header)
+			rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+			defer func() {
+				status := rec.status
+				if v := recover(); v != nil {
+					status = http.StatusInternalServerError
+					defer panic(v)
+				}
+				go func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					if err := c.Outcome(ctx, d.EventID, status, nil); err != nil {
+						c.log().Warn("report outcome", "event_id", d.EventID, "status", status, "err", err)
+					}
+				}()
+			}()
+			next.ServeHTTP(rec, r)
+		})
+	}
+}
+
+func copyHeaders(dst, src http.Header) {
+	for _, k := range []string{"Ratelimit", "Ratelimit-Policy", "Retry-After"} {
+		if v := src.Get(k); v != "" {
+			dst.Set(k, v)
+		}
+	}
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status  int
+	written bool
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if !s.written {
+		s.status, s.written = code, true
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	s.written = true
+	return s.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer (Flush, deadlines).
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
