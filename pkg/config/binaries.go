@@ -41,7 +41,7 @@ type Meter struct {
 	Postgres Postgres
 	Kafka    Kafka
 	// Group is the Kafka consumer group of the meters.
-	Group        string
+	Group   string
 	Migrate bool
 }
 
@@ -66,10 +66,10 @@ func (c Meter) Validate() error {
 
 // Reconcile is the configuration of cmd/reconcile, a run-once job.
 type Reconcile struct {
-	Log          Log
-	Redis        Redis
-	Postgres     Postgres
-	Migrate bool
+	Log      Log
+	Redis    Redis
+	Postgres Postgres
+	Migrate  bool
 }
 
 // Register adds every setting of reconcile to l.
