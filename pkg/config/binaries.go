@@ -6,17 +6,102 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
+	"time"
 )
 
 // Admit is the configuration of cmd/admit.
 type Admit struct {
-	Server   Server
-	Log      Log
-	Redis    Redis
-	Postgres Postgres
-	Kafka    Kafka
+	Server    Server
+	Log       Log
+	Redis     Redis
+	Postgres  Postgres
+	Kafka     Kafka
+	Admission Admission
 	// Migrate applies pending migrations before serving.
 	Migrate bool
+}
+
+// Admission is how admit decides and whom it serves.
+type Admission struct {
+	ServiceToken   string
+	AdminToken     string
+	Node           string
+	Shards         int
+	IdempotencyTTL time.Duration
+	LeaseTTL       time.Duration
+	PolicyReload   time.Duration
+	RedisTimeout   time.Duration
+	// RedisDownRateOnly and RedisDownQuota are "open" or "closed".
+	RedisDownRateOnly string
+	RedisDownQuota    string
+	// ToolCredits prices tools in credits, "name=credits,...".
+	ToolCredits map[string]int64
+	toolsRaw    []string
+}
+
+// Register adds the ADMIT_* decision settings.
+func (c *Admission) Register(l *Loader) {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "admit"
+	}
+	l.String(&c.ServiceToken, "ADMIT_SERVICE_TOKEN", "", "bearer token of calling services (at least 16 characters)")
+	l.String(&c.AdminToken, "ADMIT_ADMIN_TOKEN", "", "bearer token of the admin API (at least 16 characters, not the service token)")
+	l.String(&c.Node, "ADMIT_NODE", host, "this node's name: the CloudEvents source of its events")
+	l.Int(&c.Shards, "ADMIT_SHARDS", 16, "Redis hash-tag shards; fixed for the life of a deployment")
+	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", 24*time.Hour, "how long an idempotency key is remembered (at least 24h)")
+	l.Duration(&c.LeaseTTL, "ADMIT_LEASE_TTL", time.Minute, "how long a concurrency slot is held when no outcome releases it")
+	l.Duration(&c.PolicyReload, "ADMIT_POLICY_RELOAD", 30*time.Second, "full policy reload period (changes arrive sooner through LISTEN/NOTIFY)")
+	l.Duration(&c.RedisTimeout, "ADMIT_REDIS_TIMEOUT", 500*time.Millisecond, "how long a decision waits for Redis before the Redis-down policy applies")
+	l.String(&c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_RATE_ONLY", "open", "while Redis is down, accounts without quotas: open (admit, record straight to Kafka) or closed (503)")
+	l.String(&c.RedisDownQuota, "ADMIT_REDIS_DOWN_QUOTA", "closed", "while Redis is down, accounts with quotas: closed (503) or open")
+	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
+}
+
+// Validate reports every bad decision setting.
+func (c *Admission) Validate() error {
+	var errs []error
+	if len(c.ServiceToken) < 16 {
+		errs = append(errs, errors.New("ADMIT_SERVICE_TOKEN: must be set, at least 16 characters"))
+	}
+	if len(c.AdminToken) < 16 {
+		errs = append(errs, errors.New("ADMIT_ADMIN_TOKEN: must be set, at least 16 characters"))
+	}
+	if c.AdminToken != "" && c.AdminToken == c.ServiceToken {
+		errs = append(errs, errors.New("ADMIT_ADMIN_TOKEN: must differ from ADMIT_SERVICE_TOKEN"))
+	}
+	if c.Node == "" {
+		errs = append(errs, errors.New("ADMIT_NODE: must not be empty"))
+	}
+	if c.Shards < 1 || c.Shards > 1024 {
+		errs = append(errs, fmt.Errorf("ADMIT_SHARDS=%d: want 1-1024", c.Shards))
+	}
+	if c.IdempotencyTTL < 24*time.Hour {
+		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL=%s: want at least 24h", c.IdempotencyTTL))
+	}
+	for name, d := range map[string]time.Duration{"ADMIT_LEASE_TTL": c.LeaseTTL, "ADMIT_POLICY_RELOAD": c.PolicyReload, "ADMIT_REDIS_TIMEOUT": c.RedisTimeout} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s=%s: want more than 0", name, d))
+		}
+	}
+	for name, v := range map[string]string{"ADMIT_REDIS_DOWN_RATE_ONLY": c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_QUOTA": c.RedisDownQuota} {
+		if v != "open" && v != "closed" {
+			errs = append(errs, fmt.Errorf("%s=%q: want open or closed", name, v))
+		}
+	}
+	c.ToolCredits = make(map[string]int64, len(c.toolsRaw))
+	for _, item := range c.toolsRaw {
+		name, credits, ok := strings.Cut(item, "=")
+		n, err := strconv.ParseInt(strings.TrimSpace(credits), 10, 64)
+		if !ok || err != nil || n < 0 || strings.TrimSpace(name) == "" {
+			errs = append(errs, fmt.Errorf("ADMIT_TOOL_CREDITS: %q is not name=credits with credits ≥ 0", item))
+			continue
+		}
+		c.ToolCredits[strings.TrimSpace(name)] = n
+	}
+	return prefix("admission", errs)
 }
 
 // Register adds every setting of admit to l.
@@ -26,12 +111,13 @@ func (c *Admit) Register(l *Loader) {
 	c.Redis.Register(l)
 	c.Postgres.Register(l)
 	c.Kafka.Register(l)
+	c.Admission.Register(l)
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 }
 
 // Validate reports every problem of the configuration, one per line, prefixed by section.
-func (c Admit) Validate() error {
-	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), c.Kafka.Validate())
+func (c *Admit) Validate() error {
+	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), c.Kafka.Validate(), c.Admission.Validate())
 }
 
 // Meter is the configuration of cmd/meter.

@@ -12,8 +12,16 @@ import (
 	"github.com/metergate/metergate/pkg/config"
 )
 
+// envMap serves m, with valid admit tokens unless m sets them.
 func envMap(m map[string]string) func(string) (string, bool) {
-	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	base := map[string]string{"ADMIT_SERVICE_TOKEN": "service-token-0123456789", "ADMIT_ADMIN_TOKEN": "admin-token-0123456789"}
+	return func(k string) (string, bool) {
+		if v, ok := m[k]; ok {
+			return v, true
+		}
+		v, ok := base[k]
+		return v, ok
+	}
 }
 
 func TestDefaults(t *testing.T) {
@@ -95,6 +103,24 @@ func TestHelp(t *testing.T) {
 	require.ErrorIs(t, err, flag.ErrHelp)
 	require.Contains(t, out.String(), "-database-url")
 	require.Contains(t, out.String(), "(env DATABASE_URL)")
+}
+
+func TestAdmission(t *testing.T) {
+	var c config.Admit
+	_, err := config.Load(&c, "admit", nil, envMap(map[string]string{"ADMIT_TOOL_CREDITS": "web_search=2, deep_think=40"}), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{"web_search": 2, "deep_think": 40}, c.Admission.ToolCredits)
+	require.Equal(t, 16, c.Admission.Shards)
+
+	_, err = config.Load(&c, "admit", nil, envMap(map[string]string{
+		"ADMIT_SERVICE_TOKEN": "short", "ADMIT_ADMIN_TOKEN": "short", "ADMIT_SHARDS": "0",
+		"ADMIT_IDEMPOTENCY_TTL": "1h", "ADMIT_REDIS_DOWN_QUOTA": "maybe", "ADMIT_TOOL_CREDITS": "x=-1,y",
+	}), io.Discard)
+	require.Error(t, err)
+	for _, want := range []string{"ADMIT_SERVICE_TOKEN", "ADMIT_ADMIN_TOKEN: must be set", "must differ", "ADMIT_SHARDS=0",
+		"ADMIT_IDEMPOTENCY_TTL=1h0m0s", "ADMIT_REDIS_DOWN_QUOTA", `"x=-1"`, `"y"`} {
+		require.Contains(t, err.Error(), want)
+	}
 }
 
 func TestNames(t *testing.T) {

@@ -26,7 +26,7 @@ func CheckConfigErrors(t *testing.T, addrEnv string) {
 			t.Errorf("bad settings: output does not name %s:\n%s", name, bad.Output())
 		}
 	}
-	good := StartMain(t, []string{addrEnv + "=127.0.0.1:1"}, "-validate")
+	good := StartMain(t, append(AdmitTokens(), addrEnv+"=127.0.0.1:1"), "-validate")
 	if code, err := good.Wait(time.Minute); err != nil || code != 0 {
 		t.Fatalf("-validate on good settings: exit %d (%v), want 0; output:\n%s", code, err, good.Output())
 	}
@@ -48,16 +48,16 @@ func CheckServiceLifecycle(t *testing.T, addrEnv string, readyChecks ...string) 
 		_ = topic.Delete(cctx, brokers, topicName)
 	})
 	addr := FreeAddr(t)
-	p := StartMain(t, []string{
-		addrEnv + "=" + addr,
-		"REDIS_URL=" + RedisURL(t),
+	p := StartMain(t, append(AdmitTokens(),
+		addrEnv+"="+addr,
+		"REDIS_URL="+RedisURL(t),
 		"REDIS_CLUSTER_ADDRS=",
-		"DATABASE_URL=" + WithSearchPath(t, DatabaseURL(t), schema),
-		"KAFKA_BROKERS=" + strings.Join(brokers, ","),
-		"KAFKA_TOPIC=" + topicName,
+		"DATABASE_URL="+WithSearchPath(t, DatabaseURL(t), schema),
+		"KAFKA_BROKERS="+strings.Join(brokers, ","),
+		"KAFKA_TOPIC="+topicName,
 		"KAFKA_TOPIC_PARTITIONS=3",
 		"LOG_FORMAT=text",
-	}, "-migrate")
+	), "-migrate")
 
 	base := "http://" + addr
 	if _, err := WaitHTTP(ctx, base+"/healthz", 200); err != nil {
@@ -94,6 +94,11 @@ func CheckServiceLifecycle(t *testing.T, addrEnv string, readyChecks ...string) 
 	if !strings.Contains(p.Output(), "http stopped") {
 		t.Errorf("no graceful HTTP shutdown in the output:\n%s", p.Output())
 	}
+}
+
+// AdmitTokens are service and admin tokens for an admit started by a test.
+func AdmitTokens() []string {
+	return []string{"ADMIT_SERVICE_TOKEN=test-service-token-0123456789", "ADMIT_ADMIN_TOKEN=test-admin-token-0123456789"}
 }
 
 func waitPartitions(ctx context.Context, broker, name string) int {
