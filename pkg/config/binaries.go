@@ -32,7 +32,6 @@ type Admission struct {
 	IdempotencyTTL time.Duration
 	LeaseTTL       time.Duration
 	PolicyReload   time.Duration
-	RedisTimeout   time.Duration
 	// RedisDownRateOnly and RedisDownQuota are "open" or "closed".
 	RedisDownRateOnly string
 	RedisDownQuota    string
@@ -54,7 +53,6 @@ func (c *Admission) Register(l *Loader) {
 	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", 24*time.Hour, "how long an idempotency key is remembered (at least 24h)")
 	l.Duration(&c.LeaseTTL, "ADMIT_LEASE_TTL", time.Minute, "how long a concurrency slot is held when no outcome releases it")
 	l.Duration(&c.PolicyReload, "ADMIT_POLICY_RELOAD", 30*time.Second, "full policy reload period (changes arrive sooner through LISTEN/NOTIFY)")
-	l.Duration(&c.RedisTimeout, "ADMIT_REDIS_TIMEOUT", 500*time.Millisecond, "how long a decision waits for Redis before the Redis-down policy applies")
 	l.String(&c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_RATE_ONLY", "open", "while Redis is down, accounts without quotas: open (admit, record straight to Kafka) or closed (503)")
 	l.String(&c.RedisDownQuota, "ADMIT_REDIS_DOWN_QUOTA", "closed", "while Redis is down, accounts with quotas: closed (503) or open")
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
@@ -81,7 +79,7 @@ func (c *Admission) Validate() error {
 	if c.IdempotencyTTL < 24*time.Hour {
 		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL=%s: want at least 24h", c.IdempotencyTTL))
 	}
-	for name, d := range map[string]time.Duration{"ADMIT_LEASE_TTL": c.LeaseTTL, "ADMIT_POLICY_RELOAD": c.PolicyReload, "ADMIT_REDIS_TIMEOUT": c.RedisTimeout} {
+	for name, d := range map[string]time.Duration{"ADMIT_LEASE_TTL": c.LeaseTTL, "ADMIT_POLICY_RELOAD": c.PolicyReload} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s=%s: want more than 0", name, d))
 		}

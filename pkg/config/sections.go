@@ -56,12 +56,16 @@ func (c Log) Logger(w io.Writer) *slog.Logger {
 type Redis struct {
 	URL          string
 	ClusterAddrs []string
+	// Timeout bounds dialing, reading and writing: past it a decision follows the
+	// Redis-down policy instead of hanging its caller.
+	Timeout time.Duration
 }
 
 // Register adds REDIS_URL and REDIS_CLUSTER_ADDRS.
 func (c *Redis) Register(l *Loader) {
 	l.String(&c.URL, "REDIS_URL", "redis://127.0.0.1:6379/0", "Redis server URL (ignored when REDIS_CLUSTER_ADDRS is set)")
 	l.List(&c.ClusterAddrs, "REDIS_CLUSTER_ADDRS", nil, "comma-separated host:port seeds of a Redis Cluster; when set, Redis Cluster is used")
+	l.Duration(&c.Timeout, "REDIS_TIMEOUT", 500*time.Millisecond, "dial, read and write timeout of Redis calls")
 }
 
 // Validate reports an unparsable URL or seed address.
@@ -71,6 +75,9 @@ func (c Redis) Validate() error {
 		if _, err := redis.ParseURL(c.URL); err != nil {
 			errs = append(errs, fmt.Errorf("REDIS_URL: %w", err))
 		}
+	}
+	if c.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("REDIS_TIMEOUT=%s: want more than 0", c.Timeout))
 	}
 	for _, a := range c.ClusterAddrs {
 		if _, _, err := net.SplitHostPort(a); err != nil {
@@ -83,12 +90,14 @@ func (c Redis) Validate() error {
 // Open returns a client for the configured server or cluster. It does not dial.
 func (c Redis) Open() (redis.UniversalClient, error) {
 	if len(c.ClusterAddrs) > 0 {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.ClusterAddrs}), nil
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.ClusterAddrs,
+			DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout}), nil
 	}
 	opts, err := redis.ParseURL(c.URL)
 	if err != nil {
 		return nil, fmt.Errorf("REDIS_URL: %w", err)
 	}
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = c.Timeout, c.Timeout, c.Timeout
 	return redis.NewClient(opts), nil
 }
 
