@@ -1,6 +1,40 @@
 // Package policy holds who may use how much: plans, the account tree (org → team → user →
 // agent), per-node limit overrides and API keys, with PostgreSQL as the source of truth and
 // an in-memory cache that admit decides from.
+//
+// Store writes and reads the tables; Cache loads all of them into memory, resolves every
+// account's effective policy (Resolved) once per load, and reloads when PostgreSQL notifies
+// a change (LISTEN/NOTIFY on Channel) or every reload period.
+//
+// # Resolution
+//
+// An account's Resolved holds one Level per node of its path, from its org (the root) down
+// to the account itself. Admission checks every level.
+//
+//   - Plans. The org's plan is the one it names if that plan exists; otherwise (unknown or
+//     missing) the smallest plan, the one of lowest rank, never the largest. Resolved.Plan
+//     is that plan. A node below the org gets plan limits only if it names a plan itself
+//     (an unknown one again meaning the smallest); otherwise it has only its own overrides:
+//     the org's plan is enforced once, at the org, not again at every level. Level.Plan
+//     names the plan a level's limits start from, empty when none.
+//   - Limits. Per unit, a node's limit is its plan's limit overlaid by its override, field
+//     group by field group: the rate part (algorithm, rate_per_s, burst, limit, window_s) is
+//     replaced as a whole when the override sets any of rate_per_s, burst, limit or
+//     window_s; the quota part (quota, quota_period) when the override sets a quota (-1
+//     lifts the plan's quota at that node). An override cannot remove a plan's rate limit.
+//     Every Limit in a Resolved is normalized.
+//   - Concurrency. A node's own cap if set, else its plan's if it has a plan, else 0 (no
+//     cap).
+//
+// Unknown plans are refused when written through the Store; they reach the cache only if
+// a plan is deleted or a row is written by hand, and then clamp as above. A node whose
+// ancestry cannot be resolved (possible only through hand-written rows: a cycle, a kind not
+// deeper than its parent's) is left out of the cache and logged: its requests are refused
+// rather than admitted with fewer limits than intended. With no plans at all, a load fails
+// and the previous policies stay.
+//
+// Resolved values share their maps and slices with other accounts of the same snapshot
+// (levels with equal plans and overrides share one limits map): they are read-only.
 package policy
 
 import (
