@@ -11,10 +11,16 @@ import (
 //go:embed *.lua
 var files embed.FS
 
-func mustScript(name string) *redis.Script {
-	src, err := files.ReadFile(name)
-	if err != nil {
-		panic("lua: missing embedded script " + name) // a build defect, caught by every test
+// mustScript builds a script from the named files, concatenated in order (a shared chunk
+// such as clock.lua first).
+func mustScript(names ...string) *redis.Script {
+	var src []byte
+	for _, name := range names {
+		b, err := files.ReadFile(name)
+		if err != nil {
+			panic("lua: missing embedded script " + name) // a build defect, caught by every test
+		}
+		src = append(src, b...)
 	}
 	return redis.NewScript(string(src))
 }
@@ -22,3 +28,11 @@ func mustScript(name string) *redis.Script {
 // Adjust applies one correction to one or more counters exactly once, guarded by a marker
 // key written in the same script (see adjust.lua for keys, arguments and reply).
 var Adjust = mustScript("adjust.lua")
+
+// Admit takes one or more admission decisions, each all-or-nothing, and writes the usage
+// event of each admitted request to the shard's outbox (see admit.lua).
+var Admit = mustScript("clock.lua", "admit.lua")
+
+// Outcome releases a request's concurrency leases and appends its outcome event to the
+// outbox (see outcome.lua).
+var Outcome = mustScript("clock.lua", "outcome.lua")

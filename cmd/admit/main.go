@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"os"
@@ -17,8 +18,12 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/metergate/metergate/migrations"
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/config"
 	"github.com/metergate/metergate/pkg/ops"
+	"github.com/metergate/metergate/pkg/outbox"
+	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/topic"
 )
 
@@ -55,14 +60,36 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		log.Info("migrations applied", "versions", applied)
 	}
 
+	a := cfg.Admission
+	reg := ops.NewRegistry()
+	cache := policy.NewCache(pool, log, a.PolicyReload)
+	admitter := admission.New(rdb, admission.Options{
+		Shards: a.Shards, IdempotencyTTL: a.IdempotencyTTL, LeaseTTL: a.LeaseTTL, Registerer: reg,
+	})
+	recorder := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)
+	defer recorder.Close()
+	server := api.New(api.Config{
+		Log: log, Policies: cache, Admin: policy.NewStore(pool), Decider: admitter, Recorder: recorder,
+		ServiceToken: a.ServiceToken, AdminToken: a.AdminToken, Source: a.Node, Tools: a.ToolCredits,
+		RedisDownRateOnly: api.FailPolicy(a.RedisDownRateOnly), RedisDownQuota: api.FailPolicy(a.RedisDownQuota),
+		Registerer: reg,
+	})
+
 	probes := &ops.Probes{}
 	probes.Add("redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 	probes.Add("postgres", pool.Ping)
-	reg := ops.NewRegistry()
+	probes.Add("policy", func(context.Context) error {
+		if !cache.Loaded() {
+			return errors.New("policies not loaded yet")
+		}
+		return nil
+	})
 	mux := http.NewServeMux()
 	probes.Mount(mux, reg)
+	server.Mount(mux)
 
 	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return cache.Run(ctx) })
 	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
 	// Admission does not wait for Kafka (the outbox absorbs an outage), so the topic is
 	// made sure of in the background, retrying until the broker answers.

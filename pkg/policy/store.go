@@ -35,6 +35,7 @@ type InvalidError struct {
 	Message string
 }
 
+// Error returns "field: message".
 func (e *InvalidError) Error() string { return e.Field + ": " + e.Message }
 
 func invalid(field, format string, args ...any) *InvalidError {

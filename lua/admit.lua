@@ -1,0 +1,292 @@
+-- admit.lua: takes one or more admission decisions, each all-or-nothing, in one call.
+--
+-- Every key of a call carries the hash tag of one shard ({N}), so the call touches one
+-- Redis Cluster slot. The clock is Redis TIME. Decisions of a call are taken one after the
+-- other; a decision sees what the ones before it consumed.
+--
+-- KEYS[1]   the shard's outbox stream
+-- KEYS[2..] the keys of each decision, in the order its arguments name them (below)
+--
+-- ARGV[1]   number of decisions
+-- ARGV[2..4]   month bounds, ms since the epoch: start of the current month, start of the
+--              next month, end of the next month
+-- ARGV[5..6]   labels of the current and the next month ("YYYY-MM")
+-- ARGV[7..8]   expiry (ms since the epoch) of quota counters of the current / next month
+-- ARGV[9..11]  day bounds (as for months)
+-- ARGV[12..13] expiry of quota counters of the current / next day
+--
+-- Then per decision (a cursor walks ARGV and KEYS):
+--   event_id, org, has_idem (0/1), units fingerprint, idempotency TTL ms,
+--   n_rate, n_quota, n_conc, lease TTL ms, event JSON head, event JSON middle,
+--   event JSON tail
+--   keys: idempotency record (if has_idem), lease record (if n_conc > 0)
+--   per rate limit:  algorithm ('b' bucket, 'w' sliding window), amount,
+--                    rate per ms (b) or window ms (w), burst (b) or limit (w), idle TTL ms (b)
+--                    key: bucket state string (b) or window sorted set (w)
+--   per quota:       amount, quota (-1 counts without capping), period kind ('m' or 'd')
+--                    keys: counter of the current period, counter of the next period
+--   per concurrency: cap; key: lease sorted set
+--
+-- Reply: {0, sec, usec} when TIME is outside the bounds given (the caller's clock is off:
+-- it recomputes the bounds from sec and calls again); otherwise {1, sec, usec, d_1, ...}
+-- with per decision {code, a, b, replayed, state...}:
+--   code 1 allowed:      a = event id, b = period label charged
+--   code 2 rate-limited: a = index of the blocking limit (rate limits first, then
+--                        concurrency), b = retry after, ms (-1: never at this size)
+--   code 3 over quota:   a = index of the blocking quota, b = its period label
+--   code 4 idempotency key reused with other units
+-- state: per rate limit {remaining, ms until whole}, per quota {used}; after the charge
+-- when allowed, as found when denied.
+
+local time = redis.call('TIME')
+local sec, usec = tonumber(time[1]), tonumber(time[2])
+local now = sec * 1000 + usec / 1000
+
+local m_start, m_next, m_end = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local d_start, d_next, d_end = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+if now < m_start or now >= m_end or now < d_start or now >= d_end then
+  return {0, sec, usec}
+end
+local m_i = now >= m_next and 2 or 1
+local d_i = now >= d_next and 2 or 1
+local period = ARGV[4 + m_i]
+local expiry = {m = tonumber(ARGV[6 + m_i]), d = tonumber(ARGV[11 + d_i])}
+
+local stamp = rfc3339(sec, usec) -- from clock.lua, prepended
+
+-- String keys read once per call (MGET), and the state parsed from them. Buckets and
+-- counters are written back once, at the end, however many decisions changed them.
+local loaded = {}   -- key -> raw value, or false when absent
+local buckets = {}  -- key -> {tokens, ts, ttl, dirty}
+local counters = {} -- key -> {used, expiry, dirty}
+
+local function preload(keys)
+  local missing, seen = {}, {}
+  for _, k in ipairs(keys) do
+    if loaded[k] == nil and not seen[k] then
+      missing[#missing + 1] = k
+      seen[k] = true
+    end
+  end
+  if #missing > 0 then
+    local vals = redis.call('MGET', unpack(missing))
+    for i, k in ipairs(missing) do loaded[k] = vals[i] end
+  end
+end
+
+local function bucket(key, rate, burst)
+  local b = buckets[key]
+  if not b then
+    b = {tokens = burst, ts = now}
+    local raw = loaded[key]
+    if raw then
+      local t, s = string.match(raw, '^(%S+) (%S+)$')
+      t, s = tonumber(t), tonumber(s)
+      if t and s then b.tokens, b.ts = t, s end
+    end
+    buckets[key] = b
+  end
+  if now > b.ts then
+    b.tokens = b.tokens + (now - b.ts) * rate
+    b.ts = now
+  end
+  if b.tokens > burst then b.tokens = burst end -- full, or the burst was lowered
+  return b
+end
+
+local function counter(key, kind)
+  local c = counters[key]
+  if not c then
+    c = {used = tonumber(loaded[key] or '0') or 0, expiry = expiry[kind]}
+    counters[key] = c
+  end
+  return c
+end
+
+-- window returns the units in the sliding window at key and its entries (member, score)
+-- oldest first. A member is "<event id>:<amount>".
+local function window(key, width)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - width))
+  local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local sum = 0
+  for i = 1, #entries, 2 do
+    sum = sum + (tonumber(string.match(entries[i], ':(%d+)$')) or 1)
+  end
+  return sum, entries
+end
+
+local out = {1, sec, usec}
+local a, k = 14, 2 -- cursors into ARGV and KEYS
+
+for _ = 1, tonumber(ARGV[1]) do
+  local event_id, org, has_idem, fingerprint = ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1', ARGV[a + 3]
+  local idem_ttl = tonumber(ARGV[a + 4])
+  local n_rate, n_quota, n_conc = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+  local lease_ttl = tonumber(ARGV[a + 8])
+  local head, middle, tail = ARGV[a + 9], ARGV[a + 10], ARGV[a + 11]
+  a = a + 12
+  local idem_key, lease_key
+  if has_idem then idem_key = KEYS[k]; k = k + 1 end
+  if n_conc > 0 then lease_key = KEYS[k]; k = k + 1 end
+
+  -- Parse the limits, and read every string key of the decision in one MGET.
+  local rates, quotas, concs, reads = {}, {}, {}, {}
+  if idem_key then reads[1] = idem_key end
+  for i = 1, n_rate do
+    local r = {algo = ARGV[a], amount = tonumber(ARGV[a + 1]), param = tonumber(ARGV[a + 2]),
+      cap = tonumber(ARGV[a + 3]), ttl = tonumber(ARGV[a + 4]), key = KEYS[k]}
+    rates[i] = r
+    if r.algo == 'b' then reads[#reads + 1] = r.key end
+    a, k = a + 5, k + 1
+  end
+  for i = 1, n_quota do
+    local kind = ARGV[a + 2]
+    local idx = kind == 'd' and d_i or m_i
+    local q = {amount = tonumber(ARGV[a]), quota = tonumber(ARGV[a + 1]), kind = kind,
+      key = KEYS[k + idx - 1], label = kind == 'd' and '' or period}
+    quotas[i] = q
+    reads[#reads + 1] = q.key
+    a, k = a + 3, k + 2
+  end
+  for i = 1, n_conc do
+    concs[i] = {cap = tonumber(ARGV[a]), key = KEYS[k]}
+    a, k = a + 1, k + 1
+  end
+  preload(reads)
+
+  -- Idempotency: a key seen before returns the first decision and charges nothing.
+  local code, ra, rb, replayed = 0, '', '', 0
+  if idem_key and loaded[idem_key] then
+    local id, p, fp = string.match(loaded[idem_key], '^(%S+) (%S+) (.*)$')
+    if fp == fingerprint then
+      code, ra, rb, replayed = 1, id, p, 1
+    else
+      code = 4
+    end
+  end
+
+  -- Check every limit before consuming anything: rate limits and concurrency (429, the
+  -- longest wait wins), then quotas (402, the highest level wins).
+  local sums = {}
+  if code == 0 then
+    local worst, worst_retry = 0, 0
+    for i, r in ipairs(rates) do
+      local retry = nil
+      if r.algo == 'b' then
+        local b = bucket(r.key, r.param, r.cap)
+        if r.amount > b.tokens then
+          retry = r.amount > r.cap and -1 or math.ceil((r.amount - b.tokens) / r.param)
+        end
+      else
+        local sum, entries = window(r.key, r.param)
+        sums[i] = {sum, entries}
+        if sum + r.amount > r.cap then
+          retry = -1
+          if r.amount <= r.cap then
+            local freed = 0
+            for j = 1, #entries, 2 do
+              freed = freed + (tonumber(string.match(entries[j], ':(%d+)$')) or 1)
+              if sum - freed + r.amount <= r.cap then
+                retry = math.max(1, math.ceil(tonumber(entries[j + 1]) + r.param - now))
+                break
+              end
+            end
+          end
+        end
+      end
+      if retry and (worst == 0 or worst_retry >= 0 and (retry < 0 or retry > worst_retry)) then
+        worst, worst_retry = i, retry
+      end
+    end
+    for i, c in ipairs(concs) do
+      redis.call('ZREMRANGEBYSCORE', c.key, '-inf', now)
+      if redis.call('ZCARD', c.key) >= c.cap then
+        local first = redis.call('ZRANGE', c.key, 0, 0, 'WITHSCORES')
+        local retry = first[2] and math.max(1, math.min(1000, math.ceil(tonumber(first[2]) - now))) or 1000
+        if worst == 0 or worst_retry >= 0 and retry > worst_retry then
+          worst, worst_retry = n_rate + i, retry
+        end
+      end
+    end
+    if worst > 0 then
+      code, ra, rb = 2, worst, worst_retry
+    else
+      for i, q in ipairs(quotas) do
+        local c = counter(q.key, q.kind)
+        if q.quota >= 0 and c.used + q.amount > q.quota then
+          code, ra, rb = 3, i, q.label
+          break
+        end
+      end
+    end
+  end
+
+  -- All passed: consume everything, take the leases, remember the idempotency key and
+  -- write the usage event to the outbox, all in this script.
+  if code == 0 then
+    code, ra, rb = 1, event_id, period
+    for i, r in ipairs(rates) do
+      if r.algo == 'b' then
+        local b = buckets[r.key]
+        b.tokens = b.tokens - r.amount
+        b.ttl, b.dirty = r.ttl, true
+      else
+        redis.call('ZADD', r.key, now, event_id .. ':' .. r.amount)
+        redis.call('PEXPIRE', r.key, math.ceil(r.param) + 1000)
+        sums[i][1] = sums[i][1] + r.amount
+      end
+    end
+    if n_conc > 0 then
+      local held = {}
+      for i, c in ipairs(concs) do
+        redis.call('ZADD', c.key, now + lease_ttl, event_id)
+        redis.call('PEXPIRE', c.key, lease_ttl)
+        held[i] = c.key
+      end
+      redis.call('SET', lease_key, table.concat(held, ' '), 'PX', lease_ttl)
+    end
+    for _, q in ipairs(quotas) do
+      local c = counters[q.key]
+      c.used = c.used + q.amount
+      c.dirty = true
+    end
+    if idem_key then
+      local record = event_id .. ' ' .. period .. ' ' .. fingerprint
+      redis.call('SET', idem_key, record, 'PX', idem_ttl)
+      loaded[idem_key] = record
+    end
+    redis.call('XADD', KEYS[1], '*', 'k', org, 'v', head .. stamp .. middle .. period .. tail)
+  end
+
+  local d = {code, ra, rb, replayed}
+  if code ~= 4 then
+    for i, r in ipairs(rates) do
+      if r.algo == 'b' then
+        local b = bucket(r.key, r.param, r.cap)
+        d[#d + 1] = math.floor(b.tokens)
+        d[#d + 1] = math.ceil((r.cap - b.tokens) / r.param)
+      else
+        local s = sums[i]
+        if not s then s = {window(r.key, r.param)} end
+        d[#d + 1] = math.max(0, r.cap - s[1])
+        d[#d + 1] = s[2][2] and math.ceil(tonumber(s[2][2]) + r.param - now) or 0
+      end
+    end
+    for _, q in ipairs(quotas) do
+      d[#d + 1] = counter(q.key, q.kind).used
+    end
+  end
+  out[#out + 1] = d
+end
+
+for key, b in pairs(buckets) do
+  if b.dirty then
+    redis.call('SET', key, string.format('%.17g %.17g', b.tokens, b.ts), 'PX', b.ttl)
+  end
+end
+for key, c in pairs(counters) do
+  if c.dirty then
+    redis.call('SET', key, c.used, 'PXAT', c.expiry)
+  end
+end
+return out

@@ -1,0 +1,458 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/metergate/metergate/lua"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// Options configure an Admitter. Zero values take the defaults named.
+type Options struct {
+	// KeyPrefix starts every Redis key ("mg").
+	KeyPrefix string
+	// Shards is the number of hash-tag shards (16); fixed for the life of a deployment.
+	Shards int
+	// IdempotencyTTL is how long an idempotency key is remembered (24h).
+	IdempotencyTTL time.Duration
+	// LeaseTTL is how long a concurrency slot is held when no outcome releases it (1m).
+	LeaseTTL time.Duration
+	// QuotaRetention is how long a quota counter outlives its period (35 days), so that
+	// reconcile can still correct it before the period is closed.
+	QuotaRetention time.Duration
+	// MaxBatch is the most decisions of one shard sent in one script call (16). Decisions
+	// are grouped only when they arrive while earlier calls are in flight, so a lone
+	// decision is never delayed.
+	MaxBatch int
+	// Pipeline is the most script calls in flight per shard (4).
+	Pipeline int
+	// CallTimeout bounds one script call (5s); the Redis client's own timeouts apply too.
+	CallTimeout time.Duration
+	// Clock picks the period bounds passed to the script (time.Now). It does not decide:
+	// Redis TIME does, and a clock too far off is corrected from it.
+	Clock func() time.Time
+	// Registerer receives the script's metrics (none when nil).
+	Registerer prometheus.Registerer
+}
+
+// skew is how far behind Redis an admit node's clock may be without a second script call
+// at a period boundary: the bounds passed start this long before the node's now.
+const skew = 5 * time.Minute
+
+// Admitter takes decisions in Redis with the admission script.
+type Admitter struct {
+	rdb     redis.UniversalClient
+	opts    Options
+	keys    Keys
+	queues  []queue
+	metrics *scriptMetrics
+}
+
+// queue holds one shard's decisions waiting for a script call.
+type queue struct {
+	mu      sync.Mutex
+	pending []*call
+	running int
+}
+
+type call struct {
+	req  Request
+	done chan result // buffered: delivery never blocks
+	sent atomic.Bool
+}
+
+type result struct {
+	d   Decision
+	err error
+}
+
+// New returns an Admitter deciding in rdb (a server or a Redis Cluster).
+func New(rdb redis.UniversalClient, o Options) *Admitter {
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "mg"
+	}
+	if o.Shards <= 0 {
+		o.Shards = 16
+	}
+	if o.IdempotencyTTL <= 0 {
+		o.IdempotencyTTL = 24 * time.Hour
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = time.Minute
+	}
+	if o.QuotaRetention <= 0 {
+		o.QuotaRetention = 35 * 24 * time.Hour
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 16
+	}
+	if o.Pipeline <= 0 {
+		o.Pipeline = 4
+	}
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = 5 * time.Second
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	a := &Admitter{
+		rdb: rdb, opts: o, keys: Keys{Prefix: o.KeyPrefix, Shards: o.Shards},
+		queues: make([]queue, o.Shards),
+	}
+	a.metrics = newScriptMetrics(o.Registerer, a)
+	return a
+}
+
+// Keys returns the key names the Admitter uses.
+func (a *Admitter) Keys() Keys { return a.keys }
+
+// NewEventID returns a new event id for a request of org (see Keys.NewEventID).
+func (a *Admitter) NewEventID(org string) string { return a.keys.NewEventID(org) }
+
+// Decide takes one decision. Concurrent decisions of one shard share script calls; each
+// stays atomic. An error means no decision was taken that the caller can know of (Redis
+// unavailable or too slow): the request follows the Redis-down policy.
+func (a *Admitter) Decide(ctx context.Context, r Request) (Decision, error) {
+	if err := r.validate(); err != nil {
+		return Decision{}, err
+	}
+	c := &call{req: r, done: make(chan result, 1)}
+	shard := a.keys.Shard(r.Policy.Org)
+	q := &a.queues[shard]
+	q.mu.Lock()
+	q.pending = append(q.pending, c)
+	run := q.running < a.opts.Pipeline
+	if run {
+		q.running++
+	}
+	q.mu.Unlock()
+	if run {
+		a.drain(shard, c)
+	}
+	select {
+	case res := <-c.done:
+		return res.d, res.err
+	case <-ctx.Done():
+		return Decision{}, fmt.Errorf("decide: %w", ctx.Err())
+	}
+}
+
+// drain sends the shard's waiting decisions in batches until none waits. Once own is
+// decided, the rest is left to a new goroutine, so that a caller's latency is its own
+// batch's, not the whole backlog's.
+func (a *Admitter) drain(shard int, own *call) {
+	q := &a.queues[shard]
+	for {
+		q.mu.Lock()
+		if len(q.pending) == 0 {
+			q.running--
+			q.mu.Unlock()
+			return
+		}
+		if own != nil && own.sent.Load() {
+			q.mu.Unlock()
+			go a.drain(shard, nil)
+			return
+		}
+		n := min(len(q.pending), a.opts.MaxBatch)
+		batch := make([]*call, n)
+		copy(batch, q.pending)
+		q.pending = append(q.pending[:0], q.pending[n:]...)
+		q.mu.Unlock()
+		a.run(shard, batch)
+	}
+}
+
+func deliver(c *call, d Decision, err error) {
+	c.sent.Store(true)
+	c.done <- result{d, err}
+}
+
+// run takes a batch of one shard's decisions in one script call.
+func (a *Admitter) run(shard int, batch []*call) {
+	ctx, cancel := context.WithTimeout(context.Background(), a.opts.CallTimeout)
+	defer cancel()
+	now := a.opts.Clock()
+	for attempt := 0; ; attempt++ {
+		enc := a.encode(shard, batch, now)
+		start := time.Now()
+		raw, err := lua.Admit.Run(ctx, a.rdb, enc.keys, enc.args...).Slice()
+		a.metrics.observe(len(batch), time.Since(start))
+		if err != nil {
+			for _, c := range batch {
+				deliver(c, Decision{}, fmt.Errorf("admission script: %w", err))
+			}
+			return
+		}
+		ok, redisNow, err := replyHeader(raw)
+		if err == nil && !ok && attempt == 0 {
+			now = redisNow // this node's clock is off: take the bounds from Redis TIME
+			continue
+		}
+		if err == nil && !ok {
+			err = fmt.Errorf("redis time %s outside the period bounds given twice", redisNow)
+		}
+		if err == nil && len(raw) != 3+len(batch) {
+			err = fmt.Errorf("admission script: %d replies for %d decisions", len(raw)-3, len(batch))
+		}
+		for i, c := range batch {
+			if err != nil {
+				deliver(c, Decision{}, err)
+				continue
+			}
+			d, derr := enc.plans[i].decision(raw[3+i], redisNow)
+			deliver(c, d, derr)
+		}
+		return
+	}
+}
+
+func replyHeader(raw []any) (ok bool, now time.Time, err error) {
+	if len(raw) < 3 {
+		return false, time.Time{}, fmt.Errorf("admission script: short reply %v", raw)
+	}
+	status, _ := raw[0].(int64)
+	sec, _ := raw[1].(int64)
+	usec, _ := raw[2].(int64)
+	return status == 1, time.Unix(sec, usec*1000).UTC(), nil
+}
+
+// Request validation: what the HTTP layer already refuses, refused again here so that no
+// caller can put a bad value into a key or the script.
+func (r Request) validate() error {
+	if len(r.Policy.Path) == 0 || r.Policy.Org == "" {
+		return errors.New("decide: request without a resolved policy")
+	}
+	if strings.ContainsAny(r.EventID, " ") || r.EventID == "" {
+		return errors.New("decide: request without a valid event id")
+	}
+	if strings.ContainsAny(r.IdempotencyKey, " \t\r\n") {
+		return errors.New("decide: idempotency key with white space")
+	}
+	for u, v := range r.Units {
+		if !u.Valid() || v < 0 {
+			return fmt.Errorf("decide: bad units %s=%d", u, v)
+		}
+	}
+	return nil
+}
+
+// encoded is one script call: its keys and arguments, and how to read each decision's
+// reply.
+type encoded struct {
+	keys  []string
+	args  []any
+	plans []*plan
+}
+
+// plan is what one decision checks, in the order the script reports it.
+type plan struct {
+	req    Request
+	rates  []check
+	quotas []check
+	concs  []policy.Level
+}
+
+type check struct {
+	level  policy.Level
+	unit   policy.Unit
+	limit  policy.Limit
+	amount int64
+}
+
+func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
+	ref := now.Add(-skew)
+	mCur := monthStart(ref)
+	mNext, mEnd := mCur.AddDate(0, 1, 0), mCur.AddDate(0, 2, 0)
+	dCur := dayStart(ref)
+	dNext, dEnd := dCur.AddDate(0, 0, 1), dCur.AddDate(0, 0, 2)
+	keep := a.opts.QuotaRetention
+	e := encoded{
+		keys: []string{a.keys.Outbox(shard)},
+		args: []any{
+			strconv.Itoa(len(batch)),
+			ms(mCur), ms(mNext), ms(mEnd), MonthLabel(mCur), MonthLabel(mNext), ms(mNext.Add(keep)), ms(mEnd.Add(keep)),
+			ms(dCur), ms(dNext), ms(dEnd), ms(dNext.Add(keep)), ms(dEnd.Add(keep)),
+		},
+		plans: make([]*plan, len(batch)),
+	}
+	labels := map[policy.QuotaPeriod][2]string{
+		policy.Month: {MonthLabel(mCur), MonthLabel(mNext)},
+		policy.Day:   {DayLabel(dCur), DayLabel(dNext)},
+	}
+	for i, c := range batch {
+		e.plans[i] = a.encodeOne(&e, shard, c.req, labels)
+	}
+	return e
+}
+
+func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy.QuotaPeriod][2]string) *plan {
+	p := &plan{req: r}
+	pol := r.Policy
+	for _, lv := range pol.Path {
+		for _, u := range policy.Units {
+			l, ok := lv.Limits[u]
+			amount := r.Units[u]
+			if !ok || amount == 0 {
+				continue // nothing to consume, nothing that could deny
+			}
+			if l.HasRate() {
+				p.rates = append(p.rates, check{level: lv, unit: u, limit: l, amount: amount})
+			}
+			if l.Quota != nil {
+				p.quotas = append(p.quotas, check{level: lv, unit: u, limit: l, amount: amount})
+			}
+		}
+		if lv.Concurrency > 0 {
+			p.concs = append(p.concs, lv)
+		}
+	}
+
+	head, middle, tail := admittedEvent(r)
+	hasIdem := "0"
+	if r.IdempotencyKey != "" {
+		hasIdem = "1"
+		e.keys = append(e.keys, a.keys.idempotency(shard, pol.Account(), r.IdempotencyKey))
+	}
+	if len(p.concs) > 0 {
+		e.keys = append(e.keys, a.keys.leaseRecord(shard, r.EventID))
+	}
+	e.args = append(e.args, r.EventID, pol.Org, hasIdem, fingerprint(r.Units),
+		strconv.FormatInt(a.opts.IdempotencyTTL.Milliseconds(), 10),
+		strconv.Itoa(len(p.rates)), strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs)),
+		strconv.FormatInt(a.opts.LeaseTTL.Milliseconds(), 10), head, middle, tail)
+	for _, c := range p.rates {
+		amount := strconv.FormatInt(c.amount, 10)
+		if c.limit.Algorithm == policy.SlidingWindow {
+			e.keys = append(e.keys, a.keys.window(shard, c.level.Account, c.unit))
+			e.args = append(e.args, "w", amount, strconv.FormatInt(c.limit.WindowS*1000, 10),
+				strconv.FormatInt(c.limit.Limit, 10), "0")
+			continue
+		}
+		fill := float64(c.limit.Burst) / c.limit.RatePerS * 1000 // ms for an empty bucket to fill
+		e.keys = append(e.keys, a.keys.bucket(shard, c.level.Account, c.unit))
+		e.args = append(e.args, "b", amount, strconv.FormatFloat(c.limit.RatePerS/1000, 'g', -1, 64),
+			strconv.FormatInt(c.limit.Burst, 10), strconv.FormatInt(int64(math.Min(math.Ceil(fill), 1e12))+1000, 10))
+	}
+	for _, c := range p.quotas {
+		l := labels[c.limit.QuotaPeriod]
+		kind := "m"
+		if c.limit.QuotaPeriod == policy.Day {
+			kind = "d"
+		}
+		e.keys = append(e.keys, a.keys.Quota(pol.Org, c.level.Account, c.unit, l[0]), a.keys.Quota(pol.Org, c.level.Account, c.unit, l[1]))
+		e.args = append(e.args, strconv.FormatInt(c.amount, 10), strconv.FormatInt(*c.limit.Quota, 10), kind)
+	}
+	for _, lv := range p.concs {
+		e.keys = append(e.keys, a.keys.leases(shard, lv.Account))
+		e.args = append(e.args, strconv.Itoa(lv.Concurrency))
+	}
+	return p
+}
+
+// fingerprint identifies a request's units, to tell a retry from a reuse of its
+// idempotency key: "requests=1,tokens=2500".
+func fingerprint(units map[policy.Unit]int64) string {
+	parts := make([]string, 0, len(units))
+	for u, v := range units {
+		parts = append(parts, string(u)+"="+strconv.FormatInt(v, 10))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+// decision reads one decision's reply.
+func (p *plan) decision(raw any, now time.Time) (Decision, error) {
+	d, ok := raw.([]any)
+	if !ok || len(d) < 4 {
+		return Decision{}, fmt.Errorf("admission script: bad decision reply %v", raw)
+	}
+	code, _ := d[0].(int64)
+	out := Decision{Time: now}
+	switch code {
+	case 1:
+		out.Result = Allow
+		out.EventID, _ = d[1].(string)
+		out.Period, _ = d[2].(string)
+		replayed, _ := d[3].(int64)
+		out.Replayed = replayed == 1
+	case 2:
+		idx, _ := d[1].(int64)
+		retry, _ := d[2].(int64)
+		out.Result, out.Period = RateLimited, MonthLabel(now)
+		out.RetryAfter = time.Duration(retry) * time.Millisecond
+		switch i := int(idx) - 1; {
+		case i >= 0 && i < len(p.rates):
+			c := p.rates[i]
+			out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
+		case i >= len(p.rates) && i < len(p.rates)+len(p.concs):
+			lv := p.concs[i-len(p.rates)]
+			out.Blocked = &Blocker{Account: lv.Account, Level: lv.Kind, Unit: ConcurrentRequests}
+		default:
+			return Decision{}, fmt.Errorf("admission script: blocking limit %d of %d", idx, len(p.rates)+len(p.concs))
+		}
+	case 3:
+		idx, _ := d[1].(int64)
+		i := int(idx) - 1
+		if i < 0 || i >= len(p.quotas) {
+			return Decision{}, fmt.Errorf("admission script: blocking quota %d of %d", idx, len(p.quotas))
+		}
+		c := p.quotas[i]
+		out.Result = QuotaExceeded
+		out.Period = periodLabel(c.limit.QuotaPeriod, now)
+		out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
+	case 4:
+		return Decision{}, ErrIdempotencyKeyReused
+	default:
+		return Decision{}, fmt.Errorf("admission script: unknown decision code %v", d[0])
+	}
+
+	state := d[4:]
+	if len(state) != 2*len(p.rates)+len(p.quotas) {
+		return Decision{}, fmt.Errorf("admission script: %d state values for %d rate limits and %d quotas", len(state), len(p.rates), len(p.quotas))
+	}
+	out.Limits = make([]LimitState, 0, len(p.rates)+len(p.quotas))
+	for i, c := range p.rates {
+		remaining, _ := state[2*i].(int64)
+		reset, _ := state[2*i+1].(int64)
+		ls := LimitState{Account: c.level.Account, Unit: string(c.unit), Remaining: remaining,
+			Reset: time.Duration(reset) * time.Millisecond}
+		if c.limit.Algorithm == policy.SlidingWindow {
+			ls.Limit, ls.Window = c.limit.Limit, time.Duration(c.limit.WindowS)*time.Second
+		} else {
+			ls.Limit = c.limit.Burst
+			ls.Window = time.Duration(float64(c.limit.Burst) / c.limit.RatePerS * float64(time.Second))
+		}
+		out.Limits = append(out.Limits, ls)
+	}
+	for i, c := range p.quotas {
+		used, _ := state[2*len(p.rates)+i].(int64)
+		quota := *c.limit.Quota
+		end := periodEnd(c.limit.QuotaPeriod, now)
+		start := monthStart(now)
+		if c.limit.QuotaPeriod == policy.Day {
+			start = dayStart(now)
+		}
+		remaining := int64(-1)
+		if quota >= 0 {
+			remaining = max(0, quota-used)
+		}
+		out.Limits = append(out.Limits, LimitState{Account: c.level.Account, Unit: string(c.unit), Quota: true,
+			Limit: quota, Window: end.Sub(start), Remaining: remaining, Reset: end.Sub(now)})
+	}
+	return out, nil
+}

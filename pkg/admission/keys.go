@@ -1,0 +1,121 @@
+package admission
+
+import (
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// Keys names the Redis keys of a deployment. Every key an org touches carries the hash
+// tag of the org's shard, {N} with N = FNV-1a(org) mod Shards, so one decision touches one
+// Redis Cluster slot; the outbox is one stream per shard. Reconcile uses the same names to
+// correct counters.
+type Keys struct {
+	// Prefix starts every key ("mg" unless set).
+	Prefix string
+	// Shards is fixed for the life of a deployment: changing it moves every org's keys.
+	Shards int
+}
+
+// Shard returns the shard of an org.
+func (k Keys) Shard(org string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(org))
+	return int(h.Sum32() % uint32(k.Shards)) //nolint:gosec // Shards is 1-1024
+}
+
+func (k Keys) tag(shard int) string { return k.Prefix + "{" + strconv.Itoa(shard) + "}:" }
+
+// Outbox is the stream of a shard that the admission script appends usage events to.
+func (k Keys) Outbox(shard int) string { return k.tag(shard) + "outbox" }
+
+// Quota is the counter of what account (of org) used of unit in the period labelled label
+// ("YYYY-MM" for monthly quotas, "YYYY-MM-DD" for daily ones): a plain integer string.
+func (k Keys) Quota(org, account string, unit policy.Unit, label string) string {
+	return k.tag(k.Shard(org)) + "q:" + account + ":" + string(unit) + ":" + label
+}
+
+func (k Keys) bucket(shard int, account string, unit policy.Unit) string {
+	return k.tag(shard) + "b:" + account + ":" + string(unit)
+}
+
+func (k Keys) window(shard int, account string, unit policy.Unit) string {
+	return k.tag(shard) + "w:" + account + ":" + string(unit)
+}
+
+func (k Keys) leases(shard int, account string) string { return k.tag(shard) + "c:" + account }
+
+func (k Keys) leaseRecord(shard int, eventID string) string {
+	return k.tag(shard) + "l:" + eventID
+}
+
+// The idempotency key is scoped by the account charged. It may hold any printable ASCII,
+// braces included: the shard's tag comes first, so it alone picks the Cluster slot.
+func (k Keys) idempotency(shard int, account, key string) string {
+	return k.tag(shard) + "i:" + account + ":" + key
+}
+
+// NewEventID returns a new event id for a request of org: a UUIDv7 (time-ordered), the
+// shard and the org, "<uuid>.<shard>.<org>", so an outcome names its shard and org.
+func (k Keys) NewEventID(org string) string {
+	return uuid.Must(uuid.NewV7()).String() + "." + strconv.Itoa(k.Shard(org)) + "." + org
+}
+
+// ParseEventID returns the shard and org of an event id made by NewEventID, or
+// ErrUnknownEvent.
+func (k Keys) ParseEventID(id string) (shard int, org string, err error) {
+	u, rest, ok := strings.Cut(id, ".")
+	if !ok || len(u) != 36 {
+		return 0, "", fmt.Errorf("event id %q: %w", id, ErrUnknownEvent)
+	}
+	s, org, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, "", fmt.Errorf("event id %q: %w", id, ErrUnknownEvent)
+	}
+	shard, err = strconv.Atoi(s)
+	if _, perr := uuid.Parse(u); perr != nil || err != nil || shard < 0 || shard >= k.Shards ||
+		!policy.ValidID(org) || k.Shard(org) != shard {
+		return 0, "", fmt.Errorf("event id %q: %w", id, ErrUnknownEvent)
+	}
+	return shard, org, nil
+}
+
+// Period bounds of a calendar month or day, UTC.
+
+// MonthLabel is the billing period of t, "YYYY-MM".
+func MonthLabel(t time.Time) string { return t.UTC().Format("2006-01") }
+
+// DayLabel is the daily quota period of t, "YYYY-MM-DD".
+func DayLabel(t time.Time) string { return t.UTC().Format("2006-01-02") }
+
+func monthStart(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+func dayStart(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+}
+
+// periodLabel is the label of the period of kind containing t.
+func periodLabel(p policy.QuotaPeriod, t time.Time) string {
+	if p == policy.Day {
+		return DayLabel(t)
+	}
+	return MonthLabel(t)
+}
+
+// periodEnd is the end of the period of kind containing t.
+func periodEnd(p policy.QuotaPeriod, t time.Time) time.Time {
+	if p == policy.Day {
+		return dayStart(t).AddDate(0, 0, 1)
+	}
+	return monthStart(t).AddDate(0, 1, 0)
+}

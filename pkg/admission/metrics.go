@@ -1,0 +1,69 @@
+package admission
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type scriptMetrics struct {
+	latency prometheus.Histogram
+	batch   prometheus.Histogram
+}
+
+func newScriptMetrics(reg prometheus.Registerer, a *Admitter) *scriptMetrics {
+	m := &scriptMetrics{
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "metergate_admit_script_seconds",
+			Help:    "Duration of one admission script call (one Redis round trip), by wall clock.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .5},
+		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "metergate_admit_script_batch_size",
+			Help:    "Decisions taken per admission script call.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.latency, m.batch, &outboxCollector{a: a})
+	}
+	return m
+}
+
+func (m *scriptMetrics) observe(batch int, took time.Duration) {
+	m.latency.Observe(took.Seconds())
+	m.batch.Observe(float64(batch))
+}
+
+// outboxCollector reads the outbox length of every shard when scraped.
+type outboxCollector struct{ a *Admitter }
+
+var outboxLength = prometheus.NewDesc("metergate_outbox_length",
+	"Usage events in the shard's Redis outbox stream (not yet relayed to Kafka, or relayed and not yet trimmed).",
+	[]string{"shard"}, nil)
+
+var outboxUp = prometheus.NewDesc("metergate_outbox_scrape_ok",
+	"1 when the outbox lengths could be read from Redis at this scrape.", nil, nil)
+
+func (c *outboxCollector) Describe(ch chan<- *prometheus.Desc) { ch <- outboxLength; ch <- outboxUp }
+
+func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	k := c.a.keys
+	pipe := c.a.rdb.Pipeline()
+	lens := make([]interface{ Val() int64 }, k.Shards)
+	for s := range k.Shards {
+		lens[s] = pipe.XLen(ctx, k.Outbox(s))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		ch <- prometheus.MustNewConstMetric(outboxUp, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(outboxUp, prometheus.GaugeValue, 1)
+	for s, l := range lens {
+		ch <- prometheus.MustNewConstMetric(outboxLength, prometheus.GaugeValue, float64(l.Val()), strconv.Itoa(s))
+	}
+}

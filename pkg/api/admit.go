@@ -1,0 +1,186 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+type admitReply struct {
+	Decision     admission.Result   `json:"decision"`
+	EventID      string             `json:"event_id,omitempty"`
+	Account      string             `json:"account"`
+	Org          string             `json:"org"`
+	Period       string             `json:"period,omitempty"`
+	Replayed     bool               `json:"replayed,omitempty"`
+	FailOpen     bool               `json:"fail_open,omitempty"`
+	BlockedBy    *admission.Blocker `json:"blocked_by,omitempty"`
+	RetryAfterMS *int64             `json:"retry_after_ms,omitempty"`
+}
+
+func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	in, e := parseAdmit(r.Body, s.cfg.Tools)
+	if e != nil {
+		s.metrics.rejected(e.Code)
+		writeError(w, e)
+		return
+	}
+	var (
+		pol   policy.Resolved
+		keyID string
+		err   error
+	)
+	if in.APIKey != "" {
+		var key policy.APIKey
+		key, pol, err = s.cfg.Policies.Authenticate(in.APIKey)
+		keyID = key.ID
+		switch {
+		case errors.Is(err, policy.ErrRevoked):
+			s.metrics.rejected("revoked_api_key")
+			writeError(w, &Error{Status: 403, Code: "revoked_api_key", Message: "the API key was revoked"})
+			return
+		case err != nil:
+			s.metrics.rejected("unknown_api_key")
+			writeError(w, &Error{Status: 401, Code: "unknown_api_key", Message: "the API key is not known"})
+			return
+		}
+	} else if pol, err = s.cfg.Policies.Resolve(in.Account); err != nil {
+		s.metrics.rejected("unknown_account")
+		writeError(w, &Error{Status: 401, Code: "unknown_account", Message: fmt.Sprintf("account %q does not exist", in.Account)})
+		return
+	}
+
+	req := admission.Request{
+		EventID:        s.cfg.Decider.NewEventID(pol.Org),
+		IdempotencyKey: in.IdempotencyKey,
+		Units:          in.Units,
+		Policy:         pol,
+		APIKeyID:       keyID,
+		Tool:           in.Tool,
+		Source:         s.cfg.Source,
+	}
+	d, err := s.cfg.Decider.Decide(r.Context(), req)
+	switch {
+	case errors.Is(err, admission.ErrIdempotencyKeyReused):
+		s.metrics.rejected("idempotency_key_reused")
+		writeError(w, &Error{Status: 422, Code: "idempotency_key_reused", Message: "this idempotency key was used with different units"})
+		return
+	case err != nil:
+		s.redisDown(w, r, req, err)
+		return
+	}
+	s.metrics.decided(d, pol, time.Since(start))
+	setRateLimitHeaders(w.Header(), d.Limits)
+	reply := admitReply{Decision: d.Result, Account: pol.Account(), Org: pol.Org}
+	switch d.Result {
+	case admission.Allow:
+		reply.EventID, reply.Period, reply.Replayed = d.EventID, d.Period, d.Replayed
+		writeJSON(w, http.StatusOK, reply)
+	case admission.RateLimited:
+		reply.BlockedBy = d.Blocked
+		ms := d.RetryAfter.Milliseconds()
+		reply.RetryAfterMS = &ms
+		if ms >= 0 {
+			w.Header().Set("Retry-After", retryAfterSeconds(d.RetryAfter))
+		}
+		writeJSON(w, http.StatusTooManyRequests, reply)
+	default:
+		reply.BlockedBy, reply.Period = d.Blocked, d.Period
+		writeJSON(w, http.StatusPaymentRequired, reply)
+	}
+}
+
+// redisDown answers a decision Redis could not take: rate-only accounts fail open (their
+// event goes straight to Kafka, synchronously; if that fails too, deny), quota-bearing
+// accounts fail closed; both as configured.
+func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission.Request, cause error) {
+	pol := req.Policy
+	policyFor := s.cfg.RedisDownRateOnly
+	if pol.HasQuota() {
+		policyFor = s.cfg.RedisDownQuota
+	}
+	log := s.cfg.Log.With("org", pol.Org, "account", pol.Account(), "err", cause)
+	if policyFor == FailOpen && s.cfg.Recorder != nil {
+		now := s.cfg.Clock().UTC()
+		path := make([]event.PathNode, len(pol.Path))
+		for i, lv := range pol.Path {
+			path[i] = event.PathNode{Account: lv.Account, Kind: string(lv.Kind)}
+		}
+		units := make(map[string]int64, len(req.Units))
+		for u, v := range req.Units {
+			units[string(u)] = v
+		}
+		data := event.Admitted{
+			Org: pol.Org, Account: pol.Account(), Path: path, APIKeyID: req.APIKeyID,
+			IdempotencyKey: req.IdempotencyKey, Units: units, Period: now.Format("2006-01"),
+			Plan: pol.Plan, Tool: req.Tool, FailOpen: true,
+		}
+		ev, err := event.New(req.EventID, s.cfg.Source, event.TypeAdmitted, event.Subject(path), now, data)
+		if err == nil {
+			err = s.cfg.Recorder.Record(r.Context(), pol.Org, ev)
+		}
+		if err == nil {
+			log.Warn("redis unavailable: admitted fail-open, event written to kafka", "event_id", req.EventID)
+			s.metrics.failOpen.Inc()
+			writeJSON(w, http.StatusOK, admitReply{Decision: admission.Allow, EventID: req.EventID, Account: pol.Account(),
+				Org: pol.Org, Period: data.Period, FailOpen: true})
+			return
+		}
+		log.Error("redis unavailable and the fail-open event could not be recorded: denying", "record_err", err)
+	} else {
+		log.Warn("redis unavailable: failing closed")
+	}
+	s.metrics.failClosed.Inc()
+	w.Header().Set("Retry-After", retryAfterSeconds(s.cfg.RedisDownRetryAfter))
+	writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "the decision cannot be taken right now; retry later"})
+}
+
+// setRateLimitHeaders writes the IETF draft-10 RateLimit-Policy and RateLimit fields for
+// the rate limit and the quota closest to running out.
+func setRateLimitHeaders(h http.Header, limits []admission.LimitState) {
+	var picked []admission.LimitState
+	for _, quota := range []bool{false, true} {
+		best, found := admission.LimitState{}, false
+		for _, l := range limits {
+			if l.Quota != quota || l.Limit <= 0 {
+				continue
+			}
+			if !found || float64(l.Remaining)/float64(l.Limit) < float64(best.Remaining)/float64(best.Limit) {
+				best, found = l, true
+			}
+		}
+		if found {
+			picked = append(picked, best)
+		}
+	}
+	if len(picked) == 0 {
+		return
+	}
+	sort.SliceStable(picked, func(i, j int) bool { return !picked[i].Quota && picked[j].Quota })
+	var pol, cur []string
+	for _, l := range picked {
+		name := l.Account + "-" + l.Unit
+		if l.Quota {
+			name += "-quota"
+		}
+		pol = append(pol, fmt.Sprintf("%q;q=%d;w=%d", name, l.Limit, ceilSeconds(l.Window)))
+		cur = append(cur, fmt.Sprintf("%q;r=%d;t=%d", name, max(0, l.Remaining), ceilSeconds(l.Reset)))
+	}
+	h.Set("RateLimit-Policy", strings.Join(pol, ", "))
+	h.Set("RateLimit", strings.Join(cur, ", "))
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}

@@ -1,0 +1,233 @@
+// Package api is admit's HTTP interface: the decision API for calling services
+// (POST /v1/admit, POST /v1/outcomes, GET /v1/usage/{account}) and the admin API for
+// accounts and API keys, described by the OpenAPI document served at /openapi.yaml.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+//go:embed openapi.yaml
+var openAPI []byte
+
+// Policies answers who a caller is and what its limits are (policy.Cache).
+type Policies interface {
+	Resolve(account string) (policy.Resolved, error)
+	Authenticate(secret string) (policy.APIKey, policy.Resolved, error)
+}
+
+// Admin changes policies (policy.Store).
+type Admin interface {
+	CreateAccount(ctx context.Context, a policy.Account) (policy.Account, error)
+	UpdateAccount(ctx context.Context, a policy.Account) (policy.Account, error)
+	GetAccount(ctx context.Context, id string) (policy.Account, error)
+	CreateAPIKey(ctx context.Context, account string) (policy.APIKey, string, error)
+	RevokeAPIKey(ctx context.Context, id string) error
+}
+
+// Decider takes decisions in Redis (admission.Admitter).
+type Decider interface {
+	NewEventID(org string) string
+	Decide(ctx context.Context, r admission.Request) (admission.Decision, error)
+	Outcome(ctx context.Context, o admission.Outcome) error
+	Usage(ctx context.Context, p policy.Resolved) (map[policy.Unit]admission.UnitUsage, error)
+}
+
+// Recorder writes an event straight to Kafka, synchronously: the record of an admission
+// decided without Redis.
+type Recorder interface {
+	Record(ctx context.Context, key string, ev event.CloudEvent) error
+}
+
+// FailPolicy says what happens to a kind of account while Redis is unavailable.
+type FailPolicy string
+
+// Fail policies.
+const (
+	FailOpen   FailPolicy = "open"
+	FailClosed FailPolicy = "closed"
+)
+
+// Config assembles a Server.
+type Config struct {
+	Log          *slog.Logger
+	Policies     Policies
+	Admin        Admin
+	Decider      Decider
+	Recorder     Recorder // for fail-open admissions; nil means fail closed for everyone
+	ServiceToken string
+	AdminToken   string
+	Source       string           // this node's name, the CloudEvents source
+	Tools        map[string]int64 // tool → credits; policy.ToolCredits when nil
+	// While Redis is unavailable: rate-only accounts (default open) and quota-bearing
+	// accounts (default closed).
+	RedisDownRateOnly FailPolicy
+	RedisDownQuota    FailPolicy
+	// RedisDownRetryAfter is the Retry-After of a 503 while Redis is unavailable.
+	RedisDownRetryAfter time.Duration
+	Registerer          prometheus.Registerer
+	Clock               func() time.Time
+}
+
+// Server serves the API.
+type Server struct {
+	cfg     Config
+	mux     *http.ServeMux
+	metrics *metrics
+}
+
+// New returns a Server; mount Handler on the listener.
+func New(cfg Config) *Server {
+	if cfg.Tools == nil {
+		cfg.Tools = policy.ToolCredits
+	}
+	if cfg.RedisDownRateOnly == "" {
+		cfg.RedisDownRateOnly = FailOpen
+	}
+	if cfg.RedisDownQuota == "" {
+		cfg.RedisDownQuota = FailClosed
+	}
+	if cfg.RedisDownRetryAfter <= 0 {
+		cfg.RedisDownRetryAfter = time.Second
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), metrics: newMetrics(cfg.Registerer)}
+	s.routes()
+	return s
+}
+
+// Routes lists every route the server answers, as "METHOD /path" patterns.
+var Routes = []string{
+	"POST /v1/admit",
+	"POST /v1/outcomes",
+	"GET /v1/usage/{account}",
+	"POST /v1/admin/accounts",
+	"PUT /v1/admin/accounts/{id}",
+	"GET /v1/admin/accounts/{id}",
+	"POST /v1/admin/api-keys",
+	"DELETE /v1/admin/api-keys/{id}",
+	"GET /openapi.yaml",
+}
+
+func (s *Server) routes() {
+	handlers := map[string]http.HandlerFunc{
+		"POST /v1/admit":                 s.service(s.admit),
+		"POST /v1/outcomes":              s.service(s.outcome),
+		"GET /v1/usage/{account}":        s.service(s.usage),
+		"POST /v1/admin/accounts":        s.admin(s.createAccount),
+		"PUT /v1/admin/accounts/{id}":    s.admin(s.updateAccount),
+		"GET /v1/admin/accounts/{id}":    s.admin(s.getAccount),
+		"POST /v1/admin/api-keys":        s.admin(s.createAPIKey),
+		"DELETE /v1/admin/api-keys/{id}": s.admin(s.revokeAPIKey),
+		"GET /openapi.yaml": func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/yaml")
+			_, _ = w.Write(openAPI)
+		},
+	}
+	for _, pattern := range Routes {
+		s.mux.HandleFunc(pattern, handlers[pattern])
+	}
+}
+
+// Mount adds the API's routes to mux.
+func (s *Server) Mount(mux *http.ServeMux) { mux.Handle("/v1/", s); mux.Handle("GET /openapi.yaml", s) }
+
+// ServeHTTP serves the API; a panic in a handler becomes a logged 500, never a crash.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.cfg.Log.Error("handler panicked", "path", r.URL.Path, "panic", v)
+			writeError(w, &Error{Status: 500, Code: "internal", Message: "internal error"})
+		}
+	}()
+	r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes+1)
+	s.mux.ServeHTTP(w, r)
+}
+
+// bearer checks the Authorization header against token in constant time.
+func bearer(r *http.Request, token string) bool {
+	h := r.Header.Get("Authorization")
+	const p = "Bearer "
+	if len(h) <= len(p) || !strings.EqualFold(h[:len(p)], p) || token == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(h[len(p):]), []byte(token)) == 1
+}
+
+func (s *Server) service(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !bearer(r, s.cfg.ServiceToken) {
+			code := http.StatusUnauthorized
+			if bearer(r, s.cfg.AdminToken) {
+				code = http.StatusForbidden
+			}
+			writeError(w, &Error{Status: code, Code: "unauthorized", Message: "a valid service token is required (Authorization: Bearer …)"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !bearer(r, s.cfg.AdminToken) {
+			code := http.StatusUnauthorized
+			if bearer(r, s.cfg.ServiceToken) {
+				code = http.StatusForbidden // the service token does not open the admin API
+			}
+			writeError(w, &Error{Status: code, Code: "unauthorized", Message: "a valid admin token is required (Authorization: Bearer …)"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v) // a failed write means the client left
+}
+
+func writeError(w http.ResponseWriter, e *Error) {
+	writeJSON(w, e.Status, map[string]*Error{"error": e})
+}
+
+// retryAfterSeconds rounds up to whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	return strconv.FormatInt(max(1, int64(math.Ceil(d.Seconds()))), 10)
+}
+
+// errorFor maps policy errors to client errors; ok is false for anything else (a 5xx).
+func errorFor(err error) (*Error, bool) {
+	var inv *policy.InvalidError
+	switch {
+	case errors.As(err, &inv):
+		return badRequest("invalid_"+strings.ReplaceAll(inv.Field, ".", "_"), "%s", inv.Error()), true
+	case errors.Is(err, policy.ErrNotFound):
+		return &Error{Status: 404, Code: "not_found", Message: err.Error()}, true
+	case errors.Is(err, policy.ErrExists):
+		return &Error{Status: 409, Code: "exists", Message: err.Error()}, true
+	}
+	return nil, false
+}

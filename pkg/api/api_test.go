@@ -1,0 +1,411 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/api"
+	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/outbox"
+	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+const (
+	serviceToken = "svc-token-0123456789abcdef"
+	adminToken   = "adm-token-0123456789abcdef"
+)
+
+type testBundle struct {
+	url    string
+	rdb    redis.UniversalClient
+	store  *policy.Store
+	cache  *policy.Cache
+	prefix string // account-id prefix unique to the test
+	topic  string // set when a Kafka recorder is wired
+}
+
+type options struct {
+	rdb      redis.UniversalClient // defaults to testenv.Redis
+	recorder bool                  // wire a real Kafka recorder on a test topic
+}
+
+func setup(t *testing.T, o options) *testBundle {
+	t.Helper()
+	ctx := testenv.Context(t, 2*time.Minute)
+	pool := testenv.Postgres(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cache := policy.NewCache(pool, log, time.Minute)
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = cache.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for !cache.Loaded() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("policy cache never loaded")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	rdb := o.rdb
+	if rdb == nil {
+		rdb = testenv.Redis(t)
+	}
+	b := &testBundle{rdb: rdb, store: policy.NewStore(pool), cache: cache, prefix: strings.ReplaceAll(testenv.Name(t), "_", "-")}
+	cfg := api.Config{
+		Log: log, Policies: cache, Admin: b.store,
+		Decider:      admission.New(rdb, admission.Options{KeyPrefix: testenv.Prefix(t) + "mg", LeaseTTL: 5 * time.Second}),
+		ServiceToken: serviceToken, AdminToken: adminToken, Source: "test-node",
+	}
+	if o.recorder {
+		b.topic = testenv.Topic(t, 1)
+		w := outbox.NewWriter(testenv.KafkaBrokers(t), b.topic)
+		t.Cleanup(func() { _ = w.Close() })
+		cfg.Recorder = w
+	}
+	srv := httptest.NewServer(api.New(cfg))
+	t.Cleanup(srv.Close)
+	b.url = srv.URL
+	return b
+}
+
+// id makes an account id unique to the test.
+func (b *testBundle) id(name string) string { return b.prefix + "-" + name }
+
+type reply struct {
+	Status int
+	Header http.Header
+	Body   map[string]any
+	Raw    string
+}
+
+func (b *testBundle) call(t *testing.T, method, path, token string, body any) reply {
+	t.Helper()
+	var rd io.Reader
+	switch v := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(v)
+	default:
+		raw, err := json.Marshal(v)
+		require.NoError(t, err)
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, b.url+path, rd)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	r := reply{Status: resp.StatusCode, Header: resp.Header, Raw: string(raw)}
+	if len(raw) > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		require.NoError(t, json.Unmarshal(raw, &r.Body), string(raw))
+	}
+	return r
+}
+
+func (b *testBundle) account(t *testing.T, body map[string]any) {
+	t.Helper()
+	r := b.call(t, "POST", "/v1/admin/accounts", adminToken, body)
+	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
+}
+
+func (b *testBundle) apiKey(t *testing.T, account string) string {
+	t.Helper()
+	r := b.call(t, "POST", "/v1/admin/api-keys", adminToken, map[string]any{"account": account})
+	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
+	key, _ := r.Body["api_key"].(string)
+	require.NotEmpty(t, key)
+	// The key reaches the admit cache through LISTEN/NOTIFY (< 1 s).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, _, err := b.cache.Authenticate(key); err == nil {
+			return key
+		}
+		require.True(t, time.Now().Before(deadline), "api key of %s never reached the cache", account)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitResolvable waits until the admit cache knows the account (LISTEN/NOTIFY, < 1 s).
+func (b *testBundle) waitResolvable(t *testing.T, id string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := b.cache.Resolve(id); err == nil {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "account %s never reached the cache", id)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (b *testBundle) admit(t *testing.T, body map[string]any) reply {
+	t.Helper()
+	return b.call(t, "POST", "/v1/admit", serviceToken, body)
+}
+
+// The seeds' tree through the admin API; a request that would take agent-1 past its
+// 25,000 tokens/h is 429 naming agent-1, with the RateLimit fields and Retry-After.
+func TestSeedsTree(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	tokensPerHour := func(n int) map[string]any {
+		return map[string]any{"tokens": map[string]any{"limit": n, "window_s": 3600}}
+	}
+	org, eng, alice, agent := b.id("acme"), b.id("engineering"), b.id("alice"), b.id("agent-1")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "enterprise", "limits": tokensPerHour(1_000_000)})
+	b.account(t, map[string]any{"id": eng, "kind": "team", "parent": org, "limits": tokensPerHour(500_000)})
+	b.account(t, map[string]any{"id": alice, "kind": "user", "parent": eng, "limits": tokensPerHour(100_000)})
+	b.account(t, map[string]any{"id": agent, "kind": "agent", "parent": alice, "limits": tokensPerHour(25_000)})
+	key := b.apiKey(t, agent)
+	b.waitResolvable(t, agent)
+
+	r := b.admit(t, map[string]any{"api_key": key, "units": map[string]any{"requests": 1, "tokens": 20_000}})
+	require.Equal(t, http.StatusOK, r.Status, r.Raw)
+	require.Equal(t, "allow", r.Body["decision"])
+	require.Equal(t, agent, r.Body["account"])
+	require.Equal(t, org, r.Body["org"])
+	require.Regexp(t, `^\d{4}-\d{2}$`, r.Body["period"])
+	require.NotEmpty(t, r.Body["event_id"])
+	require.NotEmpty(t, r.Header.Get("RateLimit-Policy"))
+	require.Regexp(t, `^"[^"]+";r=\d+;t=\d+`, r.Header.Get("RateLimit"))
+
+	r = b.admit(t, map[string]any{"api_key": key, "units": map[string]any{"requests": 1, "tokens": 6_000}})
+	require.Equal(t, http.StatusTooManyRequests, r.Status, r.Raw)
+	require.Equal(t, "rate_limited", r.Body["decision"])
+	require.Equal(t, map[string]any{"account": agent, "level": "agent", "unit": "tokens"}, r.Body["blocked_by"])
+	retry, err := strconv.Atoi(r.Header.Get("Retry-After"))
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, retry, 1)
+	ms := r.Body["retry_after_ms"].(float64)
+	require.Equal(t, int((time.Duration(ms)*time.Millisecond+time.Second-1)/time.Second), retry, "Retry-After is retry_after_ms rounded up")
+	require.Contains(t, r.Header.Get("RateLimit"), `"`+agent+`-tokens";r=`)
+}
+
+// A free key firing 30 requests at once: 20 allowed, 10 get 429 with Retry-After.
+func TestFreeBurst(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	org := b.id("free")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "free"})
+	key := b.apiKey(t, org)
+	b.waitResolvable(t, org)
+
+	var mu sync.Mutex
+	counts := map[int]int{}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			r := b.admit(t, map[string]any{"api_key": key})
+			mu.Lock()
+			defer mu.Unlock()
+			counts[r.Status]++
+			if r.Status == http.StatusTooManyRequests {
+				require.NotEmpty(t, r.Header.Get("Retry-After"))
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	// 10/s refill: a slow machine may refill one or two tokens while the 30 are in flight.
+	require.GreaterOrEqual(t, counts[200], 20)
+	require.LessOrEqual(t, counts[200], 22)
+	require.Equal(t, 30, counts[200]+counts[429], "%v", counts)
+}
+
+func TestClientErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	org := b.id("errs")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
+	key := b.apiKey(t, org)
+	b.waitResolvable(t, org)
+
+	k := b.call(t, "POST", "/v1/admin/api-keys", adminToken, map[string]any{"account": org})
+	require.Equal(t, 201, k.Status)
+	revoked := k.Body["api_key"].(string)
+	del := b.call(t, "DELETE", "/v1/admin/api-keys/"+k.Body["id"].(string), adminToken, nil)
+	require.Equal(t, http.StatusNoContent, del.Status, del.Raw)
+	// Wait until the cache has seen the revocation (LISTEN/NOTIFY).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, _, err := b.cache.Authenticate(revoked); err != nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "revocation never reached the cache")
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	r := b.admit(t, map[string]any{"api_key": key, "idempotency_key": "same", "units": map[string]any{"requests": 1}})
+	require.Equal(t, 200, r.Status, r.Raw)
+
+	tests := []struct {
+		name   string
+		method string
+		path   string
+		token  string
+		body   any
+		status int
+		code   string
+	}{
+		{"bad json", "POST", "/v1/admit", serviceToken, `{"api_key":`, 400, "invalid_json"},
+		{"unknown field", "POST", "/v1/admit", serviceToken, `{"api_key":"x","x":1}`, 400, "unknown_field"},
+		{"negative units", "POST", "/v1/admit", serviceToken, `{"api_key":"x","units":{"tokens":-1}}`, 400, "invalid_units"},
+		{"fractional units", "POST", "/v1/admit", serviceToken, `{"api_key":"x","units":{"tokens":0.5}}`, 400, "invalid_units"},
+		{"unknown unit", "POST", "/v1/admit", serviceToken, `{"api_key":"x","units":{"gpu":1}}`, 400, "unknown_unit"},
+		{"long idempotency key", "POST", "/v1/admit", serviceToken, `{"api_key":"x","idempotency_key":"` + strings.Repeat("a", 256) + `"}`, 400, "invalid_idempotency_key"},
+		{"body over 64 KiB", "POST", "/v1/admit", serviceToken, `{"api_key":"` + strings.Repeat("a", 70_000) + `"}`, 400, "body_too_large"},
+		{"no token", "POST", "/v1/admit", "", `{"api_key":"x"}`, 401, "unauthorized"},
+		{"wrong token", "POST", "/v1/admit", "nope", `{"api_key":"x"}`, 401, "unauthorized"},
+		{"unknown api key", "POST", "/v1/admit", serviceToken, `{"api_key":"mgk_unknown"}`, 401, "unknown_api_key"},
+		{"unknown account", "POST", "/v1/admit", serviceToken, `{"account":"nobody-here"}`, 401, "unknown_account"},
+		{"revoked key", "POST", "/v1/admit", serviceToken, map[string]any{"api_key": revoked}, 403, "revoked_api_key"},
+		{"idempotency key reused", "POST", "/v1/admit", serviceToken, map[string]any{"api_key": key, "idempotency_key": "same", "units": map[string]any{"requests": 2}}, 422, "idempotency_key_reused"},
+		{"admin with service token", "GET", "/v1/admin/accounts/" + org, serviceToken, nil, 403, "unauthorized"},
+		{"admin without token", "GET", "/v1/admin/accounts/" + org, "", nil, 401, "unauthorized"},
+		{"bad account id", "POST", "/v1/admin/accounts", adminToken, map[string]any{"id": "bad id!", "kind": "org"}, 400, ""},
+		{"unknown kind", "POST", "/v1/admin/accounts", adminToken, map[string]any{"id": b.id("k"), "kind": "galaxy"}, 400, ""},
+		{"duplicate account", "POST", "/v1/admin/accounts", adminToken, map[string]any{"id": org, "kind": "org"}, 409, "exists"},
+		{"missing account", "GET", "/v1/admin/accounts/" + b.id("ghost"), adminToken, nil, 404, "not_found"},
+		{"bad outcome", "POST", "/v1/outcomes", serviceToken, `{"event_id":"x","status":42}`, 400, "invalid_status"},
+		{"usage of bad id", "GET", "/v1/usage/bad%20id", serviceToken, nil, 400, "invalid_account"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := b.call(t, tt.method, tt.path, tt.token, tt.body)
+			require.Equal(t, tt.status, r.Status, r.Raw)
+			errObj, ok := r.Body["error"].(map[string]any)
+			require.True(t, ok, "JSON error body: %s", r.Raw)
+			require.NotEmpty(t, errObj["message"])
+			if tt.code != "" {
+				require.Equal(t, tt.code, errObj["code"])
+			} else {
+				require.NotEmpty(t, errObj["code"])
+			}
+		})
+	}
+}
+
+// Idempotency through the API: the same key twice returns the same event id and charges once.
+func TestIdempotentRetryAndUsage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	org := b.id("idem")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro", "limits": map[string]any{"requests": map[string]any{"rate_per_s": 100, "burst": 300, "quota": 10}}})
+	b.waitResolvable(t, org)
+	first := b.admit(t, map[string]any{"account": org, "idempotency_key": "retry-1"})
+	again := b.admit(t, map[string]any{"account": org, "idempotency_key": "retry-1"})
+	require.Equal(t, 200, first.Status, first.Raw)
+	require.Equal(t, 200, again.Status, again.Raw)
+	require.Equal(t, first.Body["event_id"], again.Body["event_id"])
+	require.Equal(t, true, again.Body["replayed"])
+
+	u := b.call(t, "GET", "/v1/usage/"+org, serviceToken, nil)
+	require.Equal(t, 200, u.Status, u.Raw)
+	req := u.Body["units"].(map[string]any)["requests"].(map[string]any)
+	require.Equal(t, float64(1), req["used"], "charged once")
+	require.Equal(t, float64(10), req["quota"])
+	require.Equal(t, float64(9), req["remaining"])
+
+	for range 9 {
+		require.Equal(t, 200, b.admit(t, map[string]any{"account": org}).Status)
+	}
+	r := b.admit(t, map[string]any{"account": org})
+	require.Equal(t, http.StatusPaymentRequired, r.Status, r.Raw)
+	require.Equal(t, "quota_exceeded", r.Body["decision"])
+	require.Equal(t, map[string]any{"account": org, "level": "org", "unit": "requests"}, r.Body["blocked_by"])
+	require.Equal(t, first.Body["period"], r.Body["period"])
+
+	o := b.call(t, "POST", "/v1/outcomes", serviceToken, map[string]any{"event_id": first.Body["event_id"], "status": 503, "units": map[string]any{"tokens": 10}})
+	require.Equal(t, http.StatusAccepted, o.Status, o.Raw)
+}
+
+// A policy change through the admin API is enforced within one second, with no reload call.
+func TestPolicyChangeEnforcedWithinOneSecond(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	org := b.id("upgrade")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "free", "limits": map[string]any{"requests": map[string]any{"quota": 1}}})
+	b.waitResolvable(t, org)
+	require.Equal(t, 200, b.admit(t, map[string]any{"account": org}).Status)
+	require.Equal(t, http.StatusPaymentRequired, b.admit(t, map[string]any{"account": org}).Status)
+
+	r := b.call(t, "PUT", "/v1/admin/accounts/"+org, adminToken, map[string]any{"plan": "pro", "limits": map[string]any{"requests": map[string]any{"quota": 100}}})
+	require.Equal(t, 200, r.Status, r.Raw)
+	changed := time.Now()
+	for {
+		if b.admit(t, map[string]any{"account": org}).Status == 200 {
+			break
+		}
+		require.Less(t, time.Since(changed), time.Second, "the upgrade was not enforced within 1 s")
+		time.Sleep(5 * time.Millisecond)
+	}
+	g := b.call(t, "GET", "/v1/admin/accounts/"+org, adminToken, nil)
+	require.Equal(t, 200, g.Status)
+	require.Equal(t, "pro", g.Body["effective"].(map[string]any)["plan"])
+}
+
+// Redis unavailable: quota-bearing accounts fail closed with 503 and Retry-After;
+// rate-only accounts fail open, their event written straight to Kafka.
+func TestRedisDown(t *testing.T) {
+	t.Parallel()
+	dead := redis.NewClient(&redis.Options{Addr: testenv.FreeAddr(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = dead.Close() })
+	b := setup(t, options{rdb: dead, recorder: true})
+	quota, rateOnly := b.id("quota"), b.id("rate-only")
+	b.account(t, map[string]any{"id": quota, "kind": "org", "plan": "pro"})
+	b.account(t, map[string]any{"id": rateOnly, "kind": "org", "plan": "enterprise"}) // uncapped quota
+	b.waitResolvable(t, quota)
+	b.waitResolvable(t, rateOnly)
+
+	r := b.admit(t, map[string]any{"account": quota})
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Raw)
+	require.Equal(t, "1", r.Header.Get("Retry-After"))
+
+	r = b.admit(t, map[string]any{"account": rateOnly, "units": map[string]any{"requests": 1, "tokens": 42}})
+	require.Equal(t, http.StatusOK, r.Status, r.Raw)
+	require.Equal(t, true, r.Body["fail_open"])
+	id := r.Body["event_id"].(string)
+
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: b.topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = rd.Close() })
+	msg, err := rd.ReadMessage(testenv.Context(t, time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, rateOnly, string(msg.Key))
+	var ev event.CloudEvent
+	require.NoError(t, json.Unmarshal(msg.Value, &ev))
+	require.Equal(t, id, ev.ID)
+	require.Equal(t, event.TypeAdmitted, ev.Type)
+	require.Equal(t, "1.0", ev.SpecVersion)
+	var data event.Admitted
+	require.NoError(t, json.Unmarshal(ev.Data, &data))
+	require.True(t, data.FailOpen)
+	require.Equal(t, int64(42), data.Units["tokens"])
+}

@@ -1,0 +1,188 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// MaxBodyBytes bounds every request body.
+const MaxBodyBytes = 64 << 10
+
+// MaxIdempotencyKey is the longest idempotency key accepted, in bytes.
+const MaxIdempotencyKey = 255
+
+// Error is a client error: an HTTP status with a stable code and a message for people.
+type Error struct {
+	Status  int    `json:"-"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+func badRequest(code, format string, args ...any) *Error {
+	return &Error{Status: 400, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// decodeJSON reads one JSON object from body into v: unknown fields, trailing data and
+// bodies over MaxBodyBytes are refused.
+func decodeJSON(body io.Reader, v any) *Error {
+	raw, err := io.ReadAll(io.LimitReader(body, MaxBodyBytes+1))
+	if err != nil {
+		return badRequest("unreadable_body", "could not read the request body")
+	}
+	if len(raw) > MaxBodyBytes {
+		return &Error{Status: 400, Code: "body_too_large", Message: fmt.Sprintf("the body is larger than %d bytes", MaxBodyBytes)}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		var ute *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &ute):
+			return badRequest("invalid_field", "field %q must be %s", ute.Field, ute.Type.String())
+		case strings.HasPrefix(err.Error(), "json: unknown field"):
+			return badRequest("unknown_field", "%s", strings.TrimPrefix(err.Error(), "json: "))
+		case errors.Is(err, io.EOF):
+			return badRequest("invalid_json", "the body is empty; a JSON object is expected")
+		default:
+			return badRequest("invalid_json", "the body is not valid JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
+		}
+	}
+	if err := dec.Decode(new(json.RawMessage)); !errors.Is(err, io.EOF) {
+		return badRequest("invalid_json", "the body has data after the JSON object")
+	}
+	return nil
+}
+
+// decodeUnits turns {"tokens": 2500, ...} into units, refusing unknown units and values
+// that are not non-negative integers (a number in quotes included).
+func decodeUnits(in map[string]json.RawMessage) (map[policy.Unit]int64, *Error) {
+	out := make(map[policy.Unit]int64, len(in))
+	for name, raw := range in {
+		u := policy.Unit(name)
+		if !u.Valid() {
+			return nil, badRequest("unknown_unit", "unknown unit %q (known: requests, tokens, credits, cost_micros)", name)
+		}
+		v, err := jsonInt(raw)
+		if err != nil {
+			return nil, badRequest("invalid_units", "units.%s must be a whole number, got %.40s", name, raw)
+		}
+		if v < 0 {
+			return nil, badRequest("invalid_units", "units.%s must not be negative", name)
+		}
+		out[u] = v
+	}
+	return out, nil
+}
+
+// jsonInt parses a JSON number that is a whole int64, written without fraction or exponent.
+func jsonInt(raw json.RawMessage) (int64, error) {
+	return strconv.ParseInt(string(bytes.TrimSpace(raw)), 10, 64)
+}
+
+// validIdempotencyKey: 1-255 printable ASCII characters without spaces.
+func validIdempotencyKey(k string) *Error {
+	if len(k) > MaxIdempotencyKey {
+		return badRequest("invalid_idempotency_key", "idempotency_key is longer than %d characters", MaxIdempotencyKey)
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x21 || k[i] > 0x7e {
+			return badRequest("invalid_idempotency_key", "idempotency_key may hold only printable ASCII without spaces")
+		}
+	}
+	return nil
+}
+
+// admitBody is the body of POST /v1/admit.
+type admitBody struct {
+	APIKey         string                 `json:"api_key"`
+	Account        string                 `json:"account"`
+	IdempotencyKey string                 `json:"idempotency_key"`
+	Units          map[string]json.RawMessage `json:"units"`
+	Tool           string                     `json:"tool"`
+}
+
+// admitInput is a validated admitBody.
+type admitInput struct {
+	APIKey         string
+	Account        string
+	IdempotencyKey string
+	Units          map[policy.Unit]int64
+	Tool           string
+}
+
+// parseAdmit decodes and validates the body of POST /v1/admit. tools prices tool calls in
+// credits: a known tool adds its credits unless the request names credits itself.
+func parseAdmit(body io.Reader, tools map[string]int64) (admitInput, *Error) {
+	var b admitBody
+	if e := decodeJSON(body, &b); e != nil {
+		return admitInput{}, e
+	}
+	in := admitInput{APIKey: b.APIKey, Account: b.Account, IdempotencyKey: b.IdempotencyKey, Tool: b.Tool}
+	switch {
+	case b.APIKey == "" && b.Account == "":
+		return in, badRequest("missing_credentials", "give api_key, or account for a trusted caller")
+	case b.APIKey != "" && b.Account != "":
+		return in, badRequest("ambiguous_account", "give api_key or account, not both")
+	case b.Account != "" && !policy.ValidID(b.Account):
+		return in, badRequest("invalid_account", "account must be 1-64 of [A-Za-z0-9._-], starting with a letter or digit")
+	case len(b.APIKey) > 256:
+		return in, &Error{Status: 401, Code: "unknown_api_key", Message: "the API key is not known"}
+	}
+	if e := validIdempotencyKey(b.IdempotencyKey); e != nil {
+		return in, e
+	}
+	units, e := decodeUnits(b.Units)
+	if e != nil {
+		return in, e
+	}
+	if _, set := units[policy.Requests]; !set {
+		units[policy.Requests] = 1 // every call is a request unless the caller says otherwise
+	}
+	if b.Tool != "" {
+		cost, ok := tools[b.Tool]
+		if !ok {
+			return in, badRequest("unknown_tool", "unknown tool %q", b.Tool)
+		}
+		if _, set := units[policy.Credits]; !set {
+			units[policy.Credits] = cost
+		}
+	}
+	in.Units = units
+	return in, nil
+}
+
+// outcomeBody is the body of POST /v1/outcomes.
+type outcomeBody struct {
+	EventID string                     `json:"event_id"`
+	Status  json.RawMessage            `json:"status"`
+	Units   map[string]json.RawMessage `json:"units"`
+}
+
+func parseOutcome(body io.Reader) (eventID string, status int, units map[policy.Unit]int64, e *Error) {
+	var b outcomeBody
+	if e := decodeJSON(body, &b); e != nil {
+		return "", 0, nil, e
+	}
+	if b.EventID == "" || len(b.EventID) > 128 {
+		return "", 0, nil, badRequest("invalid_event_id", "event_id is required (at most 128 characters)")
+	}
+	s, err := jsonInt(b.Status)
+	if err != nil || s < 100 || s > 599 {
+		return "", 0, nil, badRequest("invalid_status", "status must be an HTTP status code, 100-599")
+	}
+	units, e = decodeUnits(b.Units)
+	if e != nil {
+		return "", 0, nil, e
+	}
+	return b.EventID, int(s), units, nil
+}

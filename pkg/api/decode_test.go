@@ -1,0 +1,113 @@
+package api
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+func TestParseAdmit(t *testing.T) {
+	long := strings.Repeat("k", MaxIdempotencyKey+1)
+	huge := `{"api_key":"` + strings.Repeat("a", MaxBodyBytes) + `"}`
+	tests := []struct {
+		name string
+		body string
+		code string // "" = valid
+		want map[policy.Unit]int64
+	}{
+		{"defaults to one request", `{"api_key":"k"}`, "", map[policy.Unit]int64{policy.Requests: 1}},
+		{"units as given", `{"account":"agent-1","units":{"requests":1,"tokens":2500}}`, "", map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 2500}},
+		{"tool adds credits", `{"api_key":"k","units":{"requests":1},"tool":"image_generate"}`, "", map[policy.Unit]int64{policy.Requests: 1, policy.Credits: 10}},
+		{"explicit credits win", `{"api_key":"k","units":{"credits":7},"tool":"llm_call"}`, "", map[policy.Unit]int64{policy.Requests: 1, policy.Credits: 7}},
+		{"requests default to 1", `{"api_key":"k","units":{"tokens":0}}`, "", map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 0}},
+		{"zero requests allowed", `{"api_key":"k","units":{"requests":0,"tokens":9}}`, "", map[policy.Unit]int64{policy.Requests: 0, policy.Tokens: 9}},
+		{"max key length", `{"api_key":"k","idempotency_key":"` + strings.Repeat("k", MaxIdempotencyKey) + `"}`, "", map[policy.Unit]int64{policy.Requests: 1}},
+		{"not json", `nope`, "invalid_json", nil},
+		{"empty body", ``, "invalid_json", nil},
+		{"array", `[]`, "invalid_field", nil},
+		{"trailing data", `{"api_key":"k"} {}`, "invalid_json", nil},
+		{"unknown field", `{"api_key":"k","colour":"red"}`, "unknown_field", nil},
+		{"no credentials", `{"units":{"requests":1}}`, "missing_credentials", nil},
+		{"both credentials", `{"api_key":"k","account":"a"}`, "ambiguous_account", nil},
+		{"bad account id", `{"account":"a b"}`, "invalid_account", nil},
+		{"negative units", `{"api_key":"k","units":{"tokens":-1}}`, "invalid_units", nil},
+		{"fractional units", `{"api_key":"k","units":{"tokens":1.5}}`, "invalid_units", nil},
+		{"exponent units", `{"api_key":"k","units":{"tokens":1e3}}`, "invalid_units", nil},
+		{"overflowing units", `{"api_key":"k","units":{"tokens":9223372036854775808}}`, "invalid_units", nil},
+		{"string units", `{"api_key":"k","units":{"tokens":"5"}}`, "invalid_units", nil},
+		{"null units", `{"api_key":"k","units":{"tokens":null}}`, "invalid_units", nil},
+		{"unknown unit", `{"api_key":"k","units":{"gpus":1}}`, "unknown_unit", nil},
+		{"unknown tool", `{"api_key":"k","tool":"teleport"}`, "unknown_tool", nil},
+		{"long idempotency key", `{"api_key":"k","idempotency_key":"` + long + `"}`, "invalid_idempotency_key", nil},
+		{"control char in key", `{"api_key":"k","idempotency_key":"a\u0000b"}`, "invalid_idempotency_key", nil},
+		{"body too large", huge, "body_too_large", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in, e := parseAdmit(strings.NewReader(tt.body), policy.ToolCredits)
+			if tt.code == "" {
+				require.Nil(t, e)
+				require.Equal(t, tt.want, in.Units)
+				return
+			}
+			require.NotNil(t, e, "want %s", tt.code)
+			require.Equal(t, tt.code, e.Code, e.Message)
+			require.Equal(t, 400, e.Status)
+			require.NotEmpty(t, e.Message)
+		})
+	}
+}
+
+func TestParseOutcome(t *testing.T) {
+	id, status, units, e := parseOutcome(strings.NewReader(`{"event_id":"e01-x","status":503,"units":{"tokens":1800}}`))
+	require.Nil(t, e)
+	require.Equal(t, "e01-x", id)
+	require.Equal(t, 503, status)
+	require.Equal(t, map[policy.Unit]int64{policy.Tokens: 1800}, units)
+	for body, code := range map[string]string{
+		`{"status":200}`:                                      "invalid_event_id",
+		`{"event_id":"e","status":99}`:                        "invalid_status",
+		`{"event_id":"e","status":"x"}`:                       "invalid_status",
+		`{"event_id":"e","status":600}`:                       "invalid_status",
+		`{"event_id":"e","status":200,"x":1}`:                 "unknown_field",
+		`{"event_id":"e","status":200,"units":{"tokens":-5}}`: "invalid_units",
+	} {
+		_, _, _, e := parseOutcome(strings.NewReader(body))
+		require.NotNil(t, e, body)
+		require.Equal(t, code, e.Code, body)
+	}
+}
+
+// FuzzParseAdmit: no input makes the decoder panic, and every refusal is a 4xx with a code;
+// every acceptance has valid, non-negative units and credentials.
+func FuzzParseAdmit(f *testing.F) {
+	for _, s := range []string{
+		`{"api_key":"k"}`, `{"account":"a","units":{"requests":1,"tokens":2500},"tool":"llm_call","idempotency_key":"x"}`,
+		`{"units":{"tokens":-1}}`, `nope`, `{"api_key":"k"} 1`, `{"units":{"tokens":1e99}}`, `null`, `{"units":null}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		in, e := parseAdmit(strings.NewReader(string(body)), policy.ToolCredits)
+		if e != nil {
+			if e.Status < 400 || e.Status > 499 || e.Code == "" {
+				t.Fatalf("refusal %+v is not a coded 4xx", e)
+			}
+			return
+		}
+		if (in.APIKey == "") == (in.Account == "") {
+			t.Fatalf("accepted without exactly one credential: %+v", in)
+		}
+		if len(in.Units) == 0 {
+			t.Fatalf("accepted with no units: %+v", in)
+		}
+		for u, v := range in.Units {
+			if !u.Valid() || v < 0 {
+				t.Fatalf("accepted bad unit %s=%d", u, v)
+			}
+		}
+	})
+}

@@ -1,0 +1,57 @@
+package api
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+type metrics struct {
+	decisions  *prometheus.CounterVec
+	latency    prometheus.Histogram
+	rejections *prometheus.CounterVec
+	failOpen   prometheus.Counter
+	failClosed prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "metergate_admit_decisions_total",
+			Help: "Decisions taken, by result and blocking level (empty when allowed).",
+		}, []string{"result", "level"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "metergate_admit_decision_seconds",
+			Help:    "Time to take one decision, from the parsed request to the script's reply.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .5},
+		}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "metergate_admit_rejected_requests_total",
+			Help: "Requests refused before a decision (bad input, credentials), by error code.",
+		}, []string{"code"}),
+		failOpen: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_admit_fail_open_total",
+			Help: "Admissions decided without Redis and recorded straight to Kafka.",
+		}),
+		failClosed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_admit_fail_closed_total",
+			Help: "Requests denied with 503 because Redis was unavailable.",
+		}),
+	}
+	reg.MustRegister(m.decisions, m.latency, m.rejections, m.failOpen, m.failClosed)
+	return m
+}
+
+func (m *metrics) decided(d admission.Decision, _ policy.Resolved, took time.Duration) {
+	level := ""
+	if d.Blocked != nil {
+		level = string(d.Blocked.Level)
+	}
+	m.decisions.WithLabelValues(string(d.Result), level).Inc()
+	m.latency.Observe(took.Seconds())
+}
+
+func (m *metrics) rejected(code string) { m.rejections.WithLabelValues(code).Inc() }
