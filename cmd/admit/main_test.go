@@ -1,8 +1,22 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/topic"
 
 	"github.com/metergate/metergate/pkg/testenv"
 )
@@ -17,4 +31,129 @@ func TestConfigErrors(t *testing.T) {
 func TestLifecycle(t *testing.T) {
 	t.Parallel()
 	testenv.CheckServiceLifecycle(t, "ADMIT_ADDR", "redis", "postgres")
+}
+
+// Six admit processes on one Redis share one pro key (100/s, burst 300) for 3 s of load
+// from many clients: together they accept at most burst + rate × seconds (+1 %), not six
+// times that.
+func TestSixNodesShareOneKey(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 3*time.Minute)
+	_, schema := testenv.EmptySchema(t)
+	dbURL := testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema)
+	prefix := testenv.Name(t)
+	var nodes []string
+	for i := range 6 {
+		addr := testenv.FreeAddr(t)
+		env := append(testenv.AdmitTokens(),
+			"ADMIT_ADDR="+addr, "ADMIT_NODE=node-"+strconv.Itoa(i),
+			"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "DATABASE_URL="+dbURL,
+			"KAFKA_BROKERS="+strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC=t."+prefix, "LOG_LEVEL=warn",
+			// Six processes and the load share two cores here: a slow reply is not the subject.
+			"REDIS_TIMEOUT=5s")
+		args := []string{}
+		if i == 0 {
+			args = append(args, "-migrate")
+		}
+		testenv.StartMain(t, env, args...)
+		nodes = append(nodes, "http://"+addr)
+		if i == 0 { // the first node migrates; the others start once the schema exists
+			_, err := testenv.WaitHTTP(ctx, nodes[0]+"/readyz", 200)
+			require.NoError(t, err)
+		}
+	}
+	for _, n := range nodes {
+		_, err := testenv.WaitHTTP(ctx, n+"/readyz", 200)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() { _ = topic.Delete(context.Background(), testenv.KafkaBrokers(t), "t."+prefix) })
+
+	org := strings.ReplaceAll(prefix, "_", "-")
+	post(t, nodes[0]+"/v1/admin/accounts", adminToken(), map[string]any{"id": org, "kind": "org", "plan": "pro"}, 201)
+	key := post(t, nodes[0]+"/v1/admin/api-keys", adminToken(), map[string]any{"account": org}, 201)["api_key"].(string)
+	for _, n := range nodes { // every node knows the account (reading usage consumes nothing)
+		for {
+			if status, _ := get(n+"/v1/usage/"+org, serviceToken()); status == 200 {
+				break
+			}
+			require.NoError(t, ctx.Err(), "node %s never learned the account", n)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	const clients = 48
+	var accepted, denied, other atomic.Int64
+	var mu sync.Mutex
+	others := map[string]int{}
+	var wg sync.WaitGroup
+	start := time.Now()
+	stop := start.Add(3 * time.Second)
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node := nodes[c%len(nodes)]
+			for time.Now().Before(stop) {
+				status, body := postStatus(node+"/v1/admit", serviceToken(), map[string]any{"api_key": key})
+				switch status {
+				case 200:
+					accepted.Add(1)
+				case 429:
+					denied.Add(1)
+				default:
+					other.Add(1)
+					mu.Lock()
+					others[strconv.Itoa(status)+" "+string(body)]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	limit := (300 + 100*elapsed) * 1.01
+	t.Logf("6 nodes, %d clients, %.2fs: accepted %d, denied %d, other %d; limit %.0f", clients, elapsed, accepted.Load(), denied.Load(), other.Load(), limit)
+	require.Zero(t, other.Load(), "replies other than 200 and 429: %v", others)
+	require.LessOrEqual(t, float64(accepted.Load()), limit)
+	require.GreaterOrEqual(t, accepted.Load(), int64(300), "the burst is served")
+	require.Positive(t, denied.Load(), "the load exceeded the limit")
+}
+
+func serviceToken() string { return strings.SplitN(testenv.AdmitTokens()[0], "=", 2)[1] }
+func adminToken() string   { return strings.SplitN(testenv.AdmitTokens()[1], "=", 2)[1] }
+
+var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+
+func postStatus(url, token string, body any) (int, []byte) {
+	raw, _ := json.Marshal(body)
+	req, _ := http.NewRequest("POST", url, bytes.NewReader(raw))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func post(t *testing.T, url, token string, body any, want int) map[string]any {
+	t.Helper()
+	status, b := postStatus(url, token, body)
+	require.Equal(t, want, status, string(b))
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(b, &out))
+	return out
+}
+
+func get(url, token string) (int, []byte) {
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
 }
