@@ -132,9 +132,12 @@ func (c *Client) Admit(ctx context.Context, r Request) (Decision, error) {
 		if err != nil || d.Status != http.StatusTooManyRequests || d.RetryAfterMS == nil || *d.RetryAfterMS < 0 {
 			return d, err
 		}
-		wait := time.Duration(*d.RetryAfterMS) * time.Millisecond
+		wait := max(time.Duration(*d.RetryAfterMS)*time.Millisecond, minWait)
 		if c.MaxWait <= 0 || time.Now().Add(wait).After(deadline) {
 			return d, nil
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Now().Add(wait).After(dl) {
+			return d, nil // the caller cannot wait that long: the 429 is the answer
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -145,6 +148,9 @@ func (c *Client) Admit(ctx context.Context, r Request) (Decision, error) {
 		}
 	}
 }
+
+// minWait keeps a retry loop from spinning on a retry_after_ms of 0.
+const minWait = 5 * time.Millisecond
 
 func (c *Client) admitOnce(ctx context.Context, r Request) (Decision, error) {
 	resp, body, err := c.post(ctx, "/v1/admit", r)
@@ -214,19 +220,20 @@ func (c *Client) Middleware(identify Identify, failOpen bool) func(http.Handler)
 				w.WriteHeader(apiErr.Status)
 				_, _ = w.Write(apiErr.Body)
 				return
-			case err != nil && failOpen:
+			case d.Status != 0 && !d.Allowed():
+				// A denial, also when the caller's context ended while queueing after it.
+				copyHeaders(w.Header(), d.Header)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(d.Status)
+				_, _ = w.Write(d.Body)
+				return
+			case err != nil && failOpen && r.Context().Err() == nil:
 				c.log().Warn("admit unreachable: serving fail-open", "err", err)
 				next.ServeHTTP(w, r)
 				return
 			case err != nil:
 				w.Header().Set("Retry-After", "1")
 				http.Error(w, "admission unavailable", http.StatusServiceUnavailable)
-				return
-			case !d.Allowed():
-				copyHeaders(w.Header(), d.Header)
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(d.Status)
-				_, _ = w.Write(d.Body)
 				return
 			}
 			copyHeaders(w.Header(), d.Header)
@@ -265,7 +272,8 @@ type statusRecorder struct {
 }
 
 func (s *statusRecorder) WriteHeader(code int) {
-	if !s.written {
+	// Informational replies (103 Early Hints) come before the real status.
+	if !s.written && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		s.status, s.written = code, true
 	}
 	s.ResponseWriter.WriteHeader(code)
@@ -274,6 +282,13 @@ func (s *statusRecorder) WriteHeader(code int) {
 func (s *statusRecorder) Write(b []byte) (int, error) {
 	s.written = true
 	return s.ResponseWriter.Write(b)
+}
+
+// Flush passes through to the underlying writer, so streaming handlers that assert
+// http.Flusher keep working.
+func (s *statusRecorder) Flush() {
+	s.written = true
+	_ = http.NewResponseController(s.ResponseWriter).Flush()
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer (Flush, deadlines).
