@@ -233,7 +233,7 @@ for _ = 1, tonumber(ARGV[1]) do
       else
         redis.call('ZADD', r.key, now, event_id .. ':' .. r.amount)
         redis.call('PEXPIRE', r.key, math.ceil(r.param) + 1000)
-        sums[i][1] = sums[i][1] + r.amount
+        sums[i] = nil -- read again below, with this entry
       end
     end
     if n_conc > 0 then

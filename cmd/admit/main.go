@@ -76,7 +76,9 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	})
 
 	probes := &ops.Probes{}
-	probes.Add("redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
+	// Without Redis, admit still serves rate-only accounts fail-open (and answers 503 for
+	// the rest): a load balancer must keep sending it traffic.
+	probes.AddDegraded("redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 	probes.Add("postgres", pool.Ping)
 	probes.Add("policy", func(context.Context) error {
 		if !cache.Loaded() {

@@ -70,7 +70,8 @@ type Decision struct {
 	Time       time.Time // Redis time of the decision
 }
 
-// ErrIdempotencyKeyReused is returned when an idempotency key comes back with other units.
+// ErrIdempotencyKeyReused is returned when an idempotency key comes back with other units
+// or another tool.
 var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different units")
 
 // ErrUnknownEvent is returned for an outcome whose event id is malformed.

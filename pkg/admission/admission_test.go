@@ -366,6 +366,9 @@ func TestIdempotency(t *testing.T) {
 
 		_, err = b.decide(t, pol, map[policy.Unit]int64{policy.Requests: 2}, "k-1")
 		require.ErrorIs(t, err, admission.ErrIdempotencyKeyReused)
+		_, err = b.adm.Decide(testenv.Context(t, 10*time.Second), admission.Request{
+			EventID: b.adm.NewEventID(b.org), IdempotencyKey: "k-1", Units: units, Policy: pol, Tool: "web_search"})
+		require.ErrorIs(t, err, admission.ErrIdempotencyKeyReused, "the same units for another tool")
 
 		// Braces in a key do not move it to another Cluster slot.
 		d, err := b.decide(t, pol, units, "{k-2}")
@@ -410,6 +413,13 @@ func TestSlidingWindow(t *testing.T) {
 		for i := range 10 {
 			d := b.mustDecide(t, pol, map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 90})
 			require.Equal(t, admission.Allow, d.Result, "request %d", i+1)
+			for _, l := range d.Limits {
+				if l.Unit == "requests" {
+					require.Equal(t, int64(9-i), l.Remaining)
+					// The window is whole again when the first entry leaves it.
+					require.InDelta(t, 1800*time.Second, l.Reset, float64(10*time.Second), "request %d", i+1)
+				}
+			}
 		}
 		d := b.mustDecide(t, pol, map[policy.Unit]int64{policy.Requests: 1})
 		require.Equal(t, admission.RateLimited, d.Result)

@@ -331,7 +331,7 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy
 	if len(p.concs) > 0 {
 		e.keys = append(e.keys, a.keys.leaseRecord(shard, r.EventID))
 	}
-	e.args = append(e.args, r.EventID, pol.Org, hasIdem, fingerprint(r.Units),
+	e.args = append(e.args, r.EventID, pol.Org, hasIdem, fingerprint(r.Units, r.Tool),
 		strconv.FormatInt(a.opts.IdempotencyTTL.Milliseconds(), 10),
 		strconv.Itoa(len(p.rates)), strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs)),
 		strconv.FormatInt(a.opts.LeaseTTL.Milliseconds(), 10), head, middle, tail)
@@ -364,15 +364,15 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy
 	return p
 }
 
-// fingerprint identifies a request's units, to tell a retry from a reuse of its
-// idempotency key: "requests=1,tokens=2500".
-func fingerprint(units map[policy.Unit]int64) string {
+// fingerprint identifies a request's units and tool, to tell a retry from a reuse of its
+// idempotency key: "requests=1,tokens=2500;llm_call".
+func fingerprint(units map[policy.Unit]int64, tool string) string {
 	parts := make([]string, 0, len(units))
 	for u, v := range units {
 		parts = append(parts, string(u)+"="+strconv.FormatInt(v, 10))
 	}
 	sort.Strings(parts)
-	return strings.Join(parts, ",")
+	return strings.Join(parts, ",") + ";" + tool
 }
 
 // decision reads one decision's reply.

@@ -71,7 +71,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, admission.ErrIdempotencyKeyReused):
 		s.metrics.rejected("idempotency_key_reused")
-		writeError(w, &Error{Status: 422, Code: "idempotency_key_reused", Message: "this idempotency key was used with different units"})
+		writeError(w, &Error{Status: 422, Code: "idempotency_key_reused", Message: "this idempotency key was used with different units or another tool"})
 		return
 	case err != nil:
 		s.redisDown(w, r, req, err)

@@ -30,6 +30,8 @@ var openAPI []byte
 type Policies interface {
 	Resolve(account string) (policy.Resolved, error)
 	Authenticate(secret string) (policy.APIKey, policy.Resolved, error)
+	// WaitFresh waits until writes committed before since are visible.
+	WaitFresh(ctx context.Context, since time.Time) error
 }
 
 // Admin changes policies (policy.Store).
@@ -180,9 +182,9 @@ func (s *Server) service(h http.HandlerFunc) http.HandlerFunc {
 		if !bearer(r, s.cfg.ServiceToken) {
 			code := http.StatusUnauthorized
 			if bearer(r, s.cfg.AdminToken) {
-				code = http.StatusForbidden
+				code = http.StatusForbidden // the admin token does not take decisions
 			}
-			writeError(w, &Error{Status: code, Code: "unauthorized", Message: "a valid service token is required (Authorization: Bearer …)"})
+			writeError(w, authError(code, "a valid service token is required (Authorization: Bearer …)"))
 			return
 		}
 		h(w, r)
@@ -196,11 +198,20 @@ func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 			if bearer(r, s.cfg.ServiceToken) {
 				code = http.StatusForbidden // the service token does not open the admin API
 			}
-			writeError(w, &Error{Status: code, Code: "unauthorized", Message: "a valid admin token is required (Authorization: Bearer …)"})
+			writeError(w, authError(code, "a valid admin token is required (Authorization: Bearer …)"))
 			return
 		}
 		h(w, r)
 	}
+}
+
+// authError is a 401 "unauthorized" (no or unknown token) or a 403 "forbidden" (a token
+// of the other API).
+func authError(status int, msg string) *Error {
+	if status == http.StatusForbidden {
+		return &Error{Status: status, Code: "forbidden", Message: msg}
+	}
+	return &Error{Status: status, Code: "unauthorized", Message: msg}
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

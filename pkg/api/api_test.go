@@ -44,8 +44,9 @@ type testBundle struct {
 }
 
 type options struct {
-	rdb      redis.UniversalClient // defaults to testenv.Redis
-	recorder bool                  // wire a real Kafka recorder on a test topic
+	rdb       redis.UniversalClient // defaults to testenv.Redis
+	recorder  bool                  // wire a real Kafka recorder on a test topic
+	deadKafka bool                  // wire a recorder whose broker does not answer
 }
 
 func setup(t *testing.T, o options) *testBundle {
@@ -81,10 +82,30 @@ func setup(t *testing.T, o options) *testBundle {
 		t.Cleanup(func() { _ = w.Close() })
 		cfg.Recorder = w
 	}
+	if o.deadKafka {
+		w := outbox.NewWriter([]string{testenv.FreeAddr(t)}, "nowhere")
+		t.Cleanup(func() { _ = w.Close() })
+		cfg.Recorder = w
+	}
 	srv := httptest.NewServer(api.New(cfg))
 	t.Cleanup(srv.Close)
 	b.url = srv.URL
 	return b
+}
+
+// onRedisAndCluster runs f against the single Redis server and the 3-master Redis Cluster.
+func onRedisAndCluster(t *testing.T, f func(t *testing.T, o options)) {
+	t.Helper()
+	for _, name := range []string{"redis", "cluster"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var o options
+			if name == "cluster" {
+				o.rdb = testenv.RedisCluster(t)
+			}
+			f(t, o)
+		})
+	}
 }
 
 // id makes an account id unique to the test.
@@ -171,73 +192,77 @@ func (b *testBundle) admit(t *testing.T, body map[string]any) reply {
 // 25,000 tokens/h is 429 naming agent-1, with the RateLimit fields and Retry-After.
 func TestSeedsTree(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
-	tokensPerHour := func(n int) map[string]any {
-		return map[string]any{"tokens": map[string]any{"limit": n, "window_s": 3600}}
-	}
-	org, eng, alice, agent := b.id("acme"), b.id("engineering"), b.id("alice"), b.id("agent-1")
-	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "enterprise", "limits": tokensPerHour(1_000_000)})
-	b.account(t, map[string]any{"id": eng, "kind": "team", "parent": org, "limits": tokensPerHour(500_000)})
-	b.account(t, map[string]any{"id": alice, "kind": "user", "parent": eng, "limits": tokensPerHour(100_000)})
-	b.account(t, map[string]any{"id": agent, "kind": "agent", "parent": alice, "limits": tokensPerHour(25_000)})
-	key := b.apiKey(t, agent)
-	b.waitResolvable(t, agent)
+	onRedisAndCluster(t, func(t *testing.T, o options) {
+		b := setup(t, o)
+		tokensPerHour := func(n int) map[string]any {
+			return map[string]any{"tokens": map[string]any{"limit": n, "window_s": 3600}}
+		}
+		org, eng, alice, agent := b.id("acme"), b.id("engineering"), b.id("alice"), b.id("agent-1")
+		b.account(t, map[string]any{"id": org, "kind": "org", "plan": "enterprise", "limits": tokensPerHour(1_000_000)})
+		b.account(t, map[string]any{"id": eng, "kind": "team", "parent": org, "limits": tokensPerHour(500_000)})
+		b.account(t, map[string]any{"id": alice, "kind": "user", "parent": eng, "limits": tokensPerHour(100_000)})
+		b.account(t, map[string]any{"id": agent, "kind": "agent", "parent": alice, "limits": tokensPerHour(25_000)})
+		key := b.apiKey(t, agent)
+		b.waitResolvable(t, agent)
 
-	r := b.admit(t, map[string]any{"api_key": key, "units": map[string]any{"requests": 1, "tokens": 20_000}})
-	require.Equal(t, http.StatusOK, r.Status, r.Raw)
-	require.Equal(t, "allow", r.Body["decision"])
-	require.Equal(t, agent, r.Body["account"])
-	require.Equal(t, org, r.Body["org"])
-	require.Regexp(t, `^\d{4}-\d{2}$`, r.Body["period"])
-	require.NotEmpty(t, r.Body["event_id"])
-	require.NotEmpty(t, r.Header.Get("RateLimit-Policy"))
-	require.Regexp(t, `^"[^"]+";r=\d+;t=\d+`, r.Header.Get("RateLimit"))
+		r := b.admit(t, map[string]any{"api_key": key, "units": map[string]any{"requests": 1, "tokens": 20_000}})
+		require.Equal(t, http.StatusOK, r.Status, r.Raw)
+		require.Equal(t, "allow", r.Body["decision"])
+		require.Equal(t, agent, r.Body["account"])
+		require.Equal(t, org, r.Body["org"])
+		require.Regexp(t, `^\d{4}-\d{2}$`, r.Body["period"])
+		require.NotEmpty(t, r.Body["event_id"])
+		require.NotEmpty(t, r.Header.Get("RateLimit-Policy"))
+		require.Regexp(t, `^"[^"]+";r=\d+;t=\d+`, r.Header.Get("RateLimit"))
 
-	r = b.admit(t, map[string]any{"api_key": key, "units": map[string]any{"requests": 1, "tokens": 6_000}})
-	require.Equal(t, http.StatusTooManyRequests, r.Status, r.Raw)
-	require.Equal(t, "rate_limited", r.Body["decision"])
-	require.Equal(t, map[string]any{"account": agent, "level": "agent", "unit": "tokens"}, r.Body["blocked_by"])
-	retry, err := strconv.Atoi(r.Header.Get("Retry-After"))
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, retry, 1)
-	ms := r.Body["retry_after_ms"].(float64)
-	require.Equal(t, int((time.Duration(ms)*time.Millisecond+time.Second-1)/time.Second), retry, "Retry-After is retry_after_ms rounded up")
-	require.Contains(t, r.Header.Get("RateLimit"), `"`+agent+`-tokens";r=`)
+		r = b.admit(t, map[string]any{"api_key": key, "units": map[string]any{"requests": 1, "tokens": 6_000}})
+		require.Equal(t, http.StatusTooManyRequests, r.Status, r.Raw)
+		require.Equal(t, "rate_limited", r.Body["decision"])
+		require.Equal(t, map[string]any{"account": agent, "level": "agent", "unit": "tokens"}, r.Body["blocked_by"])
+		retry, err := strconv.Atoi(r.Header.Get("Retry-After"))
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, retry, 1)
+		ms := r.Body["retry_after_ms"].(float64)
+		require.Equal(t, int((time.Duration(ms)*time.Millisecond+time.Second-1)/time.Second), retry, "Retry-After is retry_after_ms rounded up")
+		require.Contains(t, r.Header.Get("RateLimit"), `"`+agent+`-tokens";r=`)
+	})
 }
 
 // A free key firing 30 requests at once: 20 allowed, 10 get 429 with Retry-After.
 func TestFreeBurst(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
-	org := b.id("free")
-	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "free"})
-	key := b.apiKey(t, org)
-	b.waitResolvable(t, org)
+	onRedisAndCluster(t, func(t *testing.T, o options) {
+		b := setup(t, o)
+		org := b.id("free")
+		b.account(t, map[string]any{"id": org, "kind": "org", "plan": "free"})
+		key := b.apiKey(t, org)
+		b.waitResolvable(t, org)
 
-	var mu sync.Mutex
-	counts := map[int]int{}
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range 30 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			r := b.admit(t, map[string]any{"api_key": key})
-			mu.Lock()
-			defer mu.Unlock()
-			counts[r.Status]++
-			if r.Status == http.StatusTooManyRequests {
-				require.NotEmpty(t, r.Header.Get("Retry-After"))
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	// 10/s refill: a slow machine may refill one or two tokens while the 30 are in flight.
-	require.GreaterOrEqual(t, counts[200], 20)
-	require.LessOrEqual(t, counts[200], 22)
-	require.Equal(t, 30, counts[200]+counts[429], "%v", counts)
+		var mu sync.Mutex
+		counts := map[int]int{}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range 30 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				r := b.admit(t, map[string]any{"api_key": key})
+				mu.Lock()
+				defer mu.Unlock()
+				counts[r.Status]++
+				if r.Status == http.StatusTooManyRequests {
+					require.NotEmpty(t, r.Header.Get("Retry-After"))
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		// 10/s refill: a slow machine may refill one or two tokens while the 30 are in flight.
+		require.GreaterOrEqual(t, counts[200], 20)
+		require.LessOrEqual(t, counts[200], 22)
+		require.Equal(t, 30, counts[200]+counts[429], "%v", counts)
+	})
 }
 
 func TestClientErrors(t *testing.T) {
@@ -288,7 +313,8 @@ func TestClientErrors(t *testing.T) {
 		{"unknown account", "POST", "/v1/admit", serviceToken, `{"account":"nobody-here"}`, 401, "unknown_account"},
 		{"revoked key", "POST", "/v1/admit", serviceToken, map[string]any{"api_key": revoked}, 403, "revoked_api_key"},
 		{"idempotency key reused", "POST", "/v1/admit", serviceToken, map[string]any{"api_key": key, "idempotency_key": "same", "units": map[string]any{"requests": 2}}, 422, "idempotency_key_reused"},
-		{"admin with service token", "GET", "/v1/admin/accounts/" + org, serviceToken, nil, 403, "unauthorized"},
+		{"admin with service token", "GET", "/v1/admin/accounts/" + org, serviceToken, nil, 403, "forbidden"},
+		{"decision with admin token", "POST", "/v1/admit", adminToken, map[string]any{"account": org}, 403, "forbidden"},
 		{"admin without token", "GET", "/v1/admin/accounts/" + org, "", nil, 401, "unauthorized"},
 		{"bad account id", "POST", "/v1/admin/accounts", adminToken, map[string]any{"id": "bad id!", "kind": "org"}, 400, ""},
 		{"unknown kind", "POST", "/v1/admin/accounts", adminToken, map[string]any{"id": b.id("k"), "kind": "galaxy"}, 400, ""},
@@ -316,35 +342,37 @@ func TestClientErrors(t *testing.T) {
 // Idempotency through the API: the same key twice returns the same event id and charges once.
 func TestIdempotentRetryAndUsage(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
-	org := b.id("idem")
-	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro", "limits": map[string]any{"requests": map[string]any{"rate_per_s": 100, "burst": 300, "quota": 10}}})
-	b.waitResolvable(t, org)
-	first := b.admit(t, map[string]any{"account": org, "idempotency_key": "retry-1"})
-	again := b.admit(t, map[string]any{"account": org, "idempotency_key": "retry-1"})
-	require.Equal(t, 200, first.Status, first.Raw)
-	require.Equal(t, 200, again.Status, again.Raw)
-	require.Equal(t, first.Body["event_id"], again.Body["event_id"])
-	require.Equal(t, true, again.Body["replayed"])
+	onRedisAndCluster(t, func(t *testing.T, o options) {
+		b := setup(t, o)
+		org := b.id("idem")
+		b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro", "limits": map[string]any{"requests": map[string]any{"rate_per_s": 100, "burst": 300, "quota": 10}}})
+		b.waitResolvable(t, org)
+		first := b.admit(t, map[string]any{"account": org, "idempotency_key": "retry-1"})
+		again := b.admit(t, map[string]any{"account": org, "idempotency_key": "retry-1"})
+		require.Equal(t, 200, first.Status, first.Raw)
+		require.Equal(t, 200, again.Status, again.Raw)
+		require.Equal(t, first.Body["event_id"], again.Body["event_id"])
+		require.Equal(t, true, again.Body["replayed"])
 
-	u := b.call(t, "GET", "/v1/usage/"+org, serviceToken, nil)
-	require.Equal(t, 200, u.Status, u.Raw)
-	req := u.Body["units"].(map[string]any)["requests"].(map[string]any)
-	require.Equal(t, float64(1), req["used"], "charged once")
-	require.Equal(t, float64(10), req["quota"])
-	require.Equal(t, float64(9), req["remaining"])
+		u := b.call(t, "GET", "/v1/usage/"+org, serviceToken, nil)
+		require.Equal(t, 200, u.Status, u.Raw)
+		req := u.Body["units"].(map[string]any)["requests"].(map[string]any)
+		require.Equal(t, float64(1), req["used"], "charged once")
+		require.Equal(t, float64(10), req["quota"])
+		require.Equal(t, float64(9), req["remaining"])
 
-	for range 9 {
-		require.Equal(t, 200, b.admit(t, map[string]any{"account": org}).Status)
-	}
-	r := b.admit(t, map[string]any{"account": org})
-	require.Equal(t, http.StatusPaymentRequired, r.Status, r.Raw)
-	require.Equal(t, "quota_exceeded", r.Body["decision"])
-	require.Equal(t, map[string]any{"account": org, "level": "org", "unit": "requests"}, r.Body["blocked_by"])
-	require.Equal(t, first.Body["period"], r.Body["period"])
+		for range 9 {
+			require.Equal(t, 200, b.admit(t, map[string]any{"account": org}).Status)
+		}
+		r := b.admit(t, map[string]any{"account": org})
+		require.Equal(t, http.StatusPaymentRequired, r.Status, r.Raw)
+		require.Equal(t, "quota_exceeded", r.Body["decision"])
+		require.Equal(t, map[string]any{"account": org, "level": "org", "unit": "requests"}, r.Body["blocked_by"])
+		require.Equal(t, first.Body["period"], r.Body["period"])
 
-	o := b.call(t, "POST", "/v1/outcomes", serviceToken, map[string]any{"event_id": first.Body["event_id"], "status": 503, "units": map[string]any{"tokens": 10}})
-	require.Equal(t, http.StatusAccepted, o.Status, o.Raw)
+		out := b.call(t, "POST", "/v1/outcomes", serviceToken, map[string]any{"event_id": first.Body["event_id"], "status": 503, "units": map[string]any{"tokens": 10}})
+		require.Equal(t, http.StatusAccepted, out.Status, out.Raw)
+	})
 }
 
 // A policy change through the admin API is enforced within one second, with no reload call.
@@ -367,9 +395,13 @@ func TestPolicyChangeEnforcedWithinOneSecond(t *testing.T) {
 		require.Less(t, time.Since(changed), time.Second, "the upgrade was not enforced within 1 s")
 		time.Sleep(5 * time.Millisecond)
 	}
+	require.Equal(t, "pro", r.Body["effective"].(map[string]any)["plan"], "the PUT reply shows the new effective policy")
 	g := b.call(t, "GET", "/v1/admin/accounts/"+org, adminToken, nil)
 	require.Equal(t, 200, g.Status)
 	require.Equal(t, "pro", g.Body["effective"].(map[string]any)["plan"])
+	created := b.call(t, "POST", "/v1/admin/accounts", adminToken, map[string]any{"id": b.id("fresh"), "kind": "org", "plan": "pro"})
+	require.Equal(t, 201, created.Status, created.Raw)
+	require.Equal(t, b.id("fresh"), created.Body["effective"].(map[string]any)["org"], "the POST reply shows the effective policy")
 }
 
 // Redis unavailable: quota-bearing accounts fail closed with 503 and Retry-After;
@@ -408,4 +440,20 @@ func TestRedisDown(t *testing.T) {
 	require.NoError(t, json.Unmarshal(ev.Data, &data))
 	require.True(t, data.FailOpen)
 	require.Equal(t, int64(42), data.Units["tokens"])
+}
+
+// Redis and Kafka both unavailable: a rate-only account is denied (503), because an
+// admission that cannot be recorded is not made.
+func TestRedisAndKafkaDown(t *testing.T) {
+	t.Parallel()
+	dead := redis.NewClient(&redis.Options{Addr: testenv.FreeAddr(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = dead.Close() })
+	b := setup(t, options{rdb: dead, deadKafka: true})
+	rateOnly := b.id("rate-only")
+	b.account(t, map[string]any{"id": rateOnly, "kind": "org", "plan": "enterprise"})
+	b.waitResolvable(t, rateOnly)
+	r := b.admit(t, map[string]any{"account": rateOnly})
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Raw)
+	require.Equal(t, "unavailable", r.Body["error"].(map[string]any)["code"])
+	require.NotEmpty(t, r.Header.Get("Retry-After"))
 }

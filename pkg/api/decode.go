@@ -104,9 +104,9 @@ func validIdempotencyKey(k string) *Error {
 
 // admitBody is the body of POST /v1/admit.
 type admitBody struct {
-	APIKey         string                 `json:"api_key"`
-	Account        string                 `json:"account"`
-	IdempotencyKey string                 `json:"idempotency_key"`
+	APIKey         string                     `json:"api_key"`
+	Account        string                     `json:"account"`
+	IdempotencyKey string                     `json:"idempotency_key"`
 	Units          map[string]json.RawMessage `json:"units"`
 	Tool           string                     `json:"tool"`
 }

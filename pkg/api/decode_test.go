@@ -111,3 +111,31 @@ func FuzzParseAdmit(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseOutcome: no input makes the outcome decoder panic; every acceptance has an
+// event id, an HTTP status and non-negative units.
+func FuzzParseOutcome(f *testing.F) {
+	for _, s := range []string{
+		`{"event_id":"e","status":503,"units":{"tokens":1800}}`, `{"event_id":"e","status":"503"}`,
+		`{"event_id":"","status":200}`, `{"status":1e3}`, `[]`, `{"event_id":"e","status":200,"units":{"tokens":-1}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		id, status, units, e := parseOutcome(strings.NewReader(string(body)))
+		if e != nil {
+			if e.Status != 400 || e.Code == "" {
+				t.Fatalf("refusal %+v is not a coded 400", e)
+			}
+			return
+		}
+		if id == "" || status < 100 || status > 599 {
+			t.Fatalf("accepted id %q status %d", id, status)
+		}
+		for u, v := range units {
+			if !u.Valid() || v < 0 {
+				t.Fatalf("accepted bad unit %s=%d", u, v)
+			}
+		}
+	})
+}

@@ -1,8 +1,10 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/policy"
@@ -62,9 +64,10 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	reply := usageReply{Account: id, Org: pol.Org, Units: make(map[policy.Unit]usageOfUnit, len(used))}
 	for u, v := range used {
 		reply.Units[u] = usageOfUnit{Used: v.Used, Quota: v.Quota, Remaining: v.Remaining, Period: v.Period}
-		if len(v.Period) == len("2006-01") {
-			reply.Period = v.Period
-		}
+		reply.Period = v.Period[:len("2006-01")] // the billing month, also of daily quotas
+	}
+	if reply.Period == "" {
+		reply.Period = admission.MonthLabel(s.cfg.Clock())
 	}
 	writeJSON(w, http.StatusOK, reply)
 }
@@ -81,15 +84,22 @@ type accountBody struct {
 
 type accountReply struct {
 	policy.Account
-	Effective policy.Resolved `json:"effective"`
+	Effective *policy.Resolved `json:"effective,omitempty"`
 }
 
-func (s *Server) writeAccount(w http.ResponseWriter, code int, a policy.Account) {
+// writeAccount answers with the account and its effective policy. After a write (since
+// not zero) it waits, briefly, for the cache to load the write; if that does not happen
+// in time the effective policy is omitted rather than stale.
+func (s *Server) writeAccount(w http.ResponseWriter, r *http.Request, code int, a policy.Account, since time.Time) {
 	reply := accountReply{Account: a}
-	// The cache may not have caught up with a write yet; the effective policy is then
-	// omitted rather than stale.
-	if eff, err := s.cfg.Policies.Resolve(a.ID); err == nil {
-		reply.Effective = eff
+	fresh := true
+	if !since.IsZero() {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		fresh = s.cfg.Policies.WaitFresh(ctx, since) == nil
+		cancel()
+	}
+	if eff, err := s.cfg.Policies.Resolve(a.ID); err == nil && fresh {
+		reply.Effective = &eff
 	}
 	writeJSON(w, code, reply)
 }
@@ -109,12 +119,13 @@ func (s *Server) createAccount(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	since := time.Now()
 	a, err := s.cfg.Admin.CreateAccount(r.Context(), policy.Account{ID: b.ID, Kind: b.Kind, Parent: b.Parent, Plan: b.Plan, Limits: b.Limits, Concurrency: b.Concurrency})
 	if err != nil {
 		s.adminError(w, "create account", err)
 		return
 	}
-	s.writeAccount(w, http.StatusCreated, a)
+	s.writeAccount(w, r, http.StatusCreated, a, since)
 }
 
 func (s *Server) updateAccount(w http.ResponseWriter, r *http.Request) {
@@ -128,12 +139,13 @@ func (s *Server) updateAccount(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("invalid_id", "the body's id %q differs from the path's %q", b.ID, id))
 		return
 	}
+	since := time.Now()
 	a, err := s.cfg.Admin.UpdateAccount(r.Context(), policy.Account{ID: id, Kind: b.Kind, Parent: b.Parent, Plan: b.Plan, Limits: b.Limits, Concurrency: b.Concurrency})
 	if err != nil {
 		s.adminError(w, "update account", err)
 		return
 	}
-	s.writeAccount(w, http.StatusOK, a)
+	s.writeAccount(w, r, http.StatusOK, a, since)
 }
 
 func (s *Server) getAccount(w http.ResponseWriter, r *http.Request) {
@@ -142,7 +154,7 @@ func (s *Server) getAccount(w http.ResponseWriter, r *http.Request) {
 		s.adminError(w, "get account", err)
 		return
 	}
-	s.writeAccount(w, http.StatusOK, a)
+	s.writeAccount(w, r, http.StatusOK, a, time.Time{})
 }
 
 func (s *Server) createAPIKey(w http.ResponseWriter, r *http.Request) {

@@ -91,13 +91,17 @@ func (c Redis) Validate() error {
 func (c Redis) Open() (redis.UniversalClient, error) {
 	if len(c.ClusterAddrs) > 0 {
 		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.ClusterAddrs,
-			DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout}), nil
+			DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout, MaxRetries: -1}), nil
 	}
 	opts, err := redis.ParseURL(c.URL)
 	if err != nil {
 		return nil, fmt.Errorf("REDIS_URL: %w", err)
 	}
 	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = c.Timeout, c.Timeout, c.Timeout
+	// No retries: a script call that timed out may have run, and running it again could
+	// charge a decision twice. The caller decides (the Redis-down policy) within one
+	// timeout instead of several.
+	opts.MaxRetries = -1
 	return redis.NewClient(opts), nil
 }
 

@@ -23,8 +23,9 @@ type Probes struct {
 	// Timeout bounds every check of one /readyz call; 2 s when zero.
 	Timeout time.Duration
 
-	mu     sync.RWMutex
-	checks map[string]Check
+	mu       sync.RWMutex
+	checks   map[string]Check
+	degraded map[string]bool
 }
 
 // Add registers (or replaces) the readiness check called name.
@@ -35,6 +36,26 @@ func (p *Probes) Add(name string, c Check) {
 		p.checks = make(map[string]Check)
 	}
 	p.checks[name] = c
+	delete(p.degraded, name)
+}
+
+// AddDegraded registers a check whose failure is reported by /readyz but leaves the
+// binary ready ("status": "degraded", still 200): for a dependency it can serve without,
+// as admit serves rate-only accounts fail-open while Redis is down.
+func (p *Probes) AddDegraded(name string, c Check) {
+	p.Add(name, c)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.degraded == nil {
+		p.degraded = make(map[string]bool)
+	}
+	p.degraded[name] = true
+}
+
+func (p *Probes) isDegraded(name string) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.degraded[name]
 }
 
 // Run runs every check concurrently and returns each one's error text ("" when ready).
@@ -83,6 +104,8 @@ type checkResult struct {
 	Name  string `json:"name"`
 	OK    bool   `json:"ok"`
 	Error string `json:"error,omitempty"`
+	// Degraded marks a check whose failure does not make the binary unready.
+	Degraded bool `json:"degraded,omitempty"`
 }
 
 func (p *Probes) serveReady(w http.ResponseWriter, r *http.Request) {
@@ -93,8 +116,13 @@ func (p *Probes) serveReady(w http.ResponseWriter, r *http.Request) {
 	}{Status: "ready"}
 	code := http.StatusOK
 	for name, msg := range results {
-		body.Checks = append(body.Checks, checkResult{Name: name, OK: msg == "", Error: msg})
-		if msg != "" {
+		degraded := p.isDegraded(name)
+		body.Checks = append(body.Checks, checkResult{Name: name, OK: msg == "", Error: msg, Degraded: degraded})
+		switch {
+		case msg == "":
+		case degraded && code == http.StatusOK:
+			body.Status = "degraded"
+		case !degraded:
 			body.Status, code = "not ready", http.StatusServiceUnavailable
 		}
 	}

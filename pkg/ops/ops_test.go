@@ -65,3 +65,30 @@ func TestReadyTimesOut(t *testing.T) {
 	res := p.Run(context.Background())
 	require.Contains(t, res["slow"], "deadline")
 }
+
+// A degraded check that fails is reported but leaves the binary ready; a critical one
+// that fails makes it unready whatever the degraded ones say.
+func TestDegradedCheck(t *testing.T) {
+	var p ops.Probes
+	var redisErr, pgErr error
+	p.AddDegraded("redis", func(context.Context) error { return redisErr })
+	p.Add("postgres", func(context.Context) error { return pgErr })
+	mux := http.NewServeMux()
+	p.Mount(mux, ops.NewRegistry())
+
+	redisErr = errors.New("connection refused")
+	code, body := get(t, mux, "/readyz")
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, `"status":"degraded"`)
+	require.Contains(t, body, `"name":"redis","ok":false,"error":"connection refused","degraded":true`)
+
+	pgErr = errors.New("down")
+	code, body = get(t, mux, "/readyz")
+	require.Equal(t, 503, code, body)
+	require.Contains(t, body, `"status":"not ready"`)
+
+	redisErr, pgErr = nil, nil
+	code, body = get(t, mux, "/readyz")
+	require.Equal(t, 200, code, body)
+	require.Contains(t, body, `"status":"ready"`)
+}

@@ -44,6 +44,8 @@ type Cache struct {
 
 // snapshot is one consistent load of every policy table.
 type snapshot struct {
+	// started is when the load began: the snapshot holds every write committed before.
+	started  time.Time
 	resolved map[string]Resolved
 	keys     map[[sha256.Size]byte]APIKey
 }
@@ -106,6 +108,24 @@ func (c *Cache) Authenticate(secret string) (APIKey, Resolved, error) {
 	return key, r, nil
 }
 
+// WaitFresh waits until the cache holds a snapshot loaded after since, so that a write
+// committed before since is visible (it arrives through LISTEN/NOTIFY, well within 1 s).
+// It returns the context's error if that does not happen first.
+func (c *Cache) WaitFresh(ctx context.Context, since time.Time) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if s := c.snap.Load(); s != nil && s.started.After(since) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for a policy load after %s: %w", since.Format(time.RFC3339Nano), ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
 // Reload reads every policy table in one consistent snapshot (a repeatable-read
 // transaction), resolves every account and swaps the result in. On error the previous
 // snapshot stays.
@@ -122,6 +142,7 @@ func (c *Cache) Reload(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load policies: %w", err)
 	}
+	s.started = start
 	first := c.snap.Swap(s) == nil
 	level := slog.LevelDebug // a load per change: only the first is news
 	if first {
