@@ -486,7 +486,7 @@ func TestOutboxEvents(t *testing.T) {
 		)
 		req := admission.Request{
 			EventID: b.adm.NewEventID(b.org), IdempotencyKey: `idem"quoted"{x}\`, Policy: pol,
-			Units: map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 2500, policy.Credits: 3},
+			Units:    map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 2500, policy.Credits: 3},
 			APIKeyID: "key-1", Tool: "llm_call", Source: "node-7",
 		}
 		d, err := b.adm.Decide(testenv.Context(t, 10*time.Second), req)
