@@ -65,6 +65,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	cache := policy.NewCache(pool, log, a.PolicyReload)
 	admitter := admission.New(rdb, admission.Options{
 		Shards: a.Shards, IdempotencyTTL: a.IdempotencyTTL, LeaseTTL: a.LeaseTTL, Registerer: reg,
+		MaxBatch: a.MaxBatch, Pipeline: a.Pipeline,
 	})
 	recorder := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)
 	defer recorder.Close()

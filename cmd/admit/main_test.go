@@ -117,6 +117,35 @@ func TestSixNodesShareOneKey(t *testing.T) {
 	require.LessOrEqual(t, float64(accepted.Load()), limit)
 	require.GreaterOrEqual(t, accepted.Load(), int64(300), "the burst is served")
 	require.Positive(t, denied.Load(), "the load exceeded the limit")
+
+	// Every node's /metrics counts its decisions by result and blocking level, times its
+	// script calls and reads the outbox length.
+	var allowed, limited float64
+	for _, n := range nodes {
+		status, body := get(n+"/metrics", "")
+		require.Equal(t, 200, status)
+		text := string(body)
+		allowed += metricValue(t, text, `metergate_admit_decisions_total{level="",result="allow"}`)
+		limited += metricValue(t, text, `metergate_admit_decisions_total{level="org",result="rate_limited"}`)
+		require.Contains(t, text, "metergate_admit_script_seconds_bucket")
+		require.Contains(t, text, `metergate_outbox_length{shard="0"}`)
+	}
+	require.Equal(t, float64(accepted.Load()), allowed, "allowed decisions counted")
+	require.Equal(t, float64(denied.Load()), limited, "denials counted with their level")
+}
+
+// metricValue returns the value of one sample line of a Prometheus text exposition (0 when
+// absent: a counter not yet incremented).
+func metricValue(t *testing.T, text, series string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err, line)
+			return f
+		}
+	}
+	return 0
 }
 
 func serviceToken() string { return strings.SplitN(testenv.AdmitTokens()[0], "=", 2)[1] }

@@ -35,6 +35,10 @@ type Admission struct {
 	// RedisDownRateOnly and RedisDownQuota are "open" or "closed".
 	RedisDownRateOnly string
 	RedisDownQuota    string
+	// MaxBatch and Pipeline shape the grouping of concurrent decisions of one shard into
+	// script calls: at most MaxBatch decisions per call, at most Pipeline calls in flight.
+	MaxBatch int
+	Pipeline int
 	// ToolCredits prices tools in credits, "name=credits,...".
 	ToolCredits map[string]int64
 	toolsRaw    []string
@@ -55,6 +59,8 @@ func (c *Admission) Register(l *Loader) {
 	l.Duration(&c.PolicyReload, "ADMIT_POLICY_RELOAD", 30*time.Second, "full policy reload period (changes arrive sooner through LISTEN/NOTIFY)")
 	l.String(&c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_RATE_ONLY", "open", "while Redis is down, accounts without quotas: open (admit, record straight to Kafka) or closed (503)")
 	l.String(&c.RedisDownQuota, "ADMIT_REDIS_DOWN_QUOTA", "closed", "while Redis is down, accounts with quotas: closed (503) or open")
+	l.Int(&c.MaxBatch, "ADMIT_MAX_BATCH", 16, "most decisions of one shard per script call (1 = no grouping)")
+	l.Int(&c.Pipeline, "ADMIT_PIPELINE", 4, "most script calls in flight per shard")
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
 }
 
@@ -82,6 +88,11 @@ func (c *Admission) Validate() error {
 	for name, d := range map[string]time.Duration{"ADMIT_LEASE_TTL": c.LeaseTTL, "ADMIT_POLICY_RELOAD": c.PolicyReload} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s=%s: want more than 0", name, d))
+		}
+	}
+	for name, v := range map[string]int{"ADMIT_MAX_BATCH": c.MaxBatch, "ADMIT_PIPELINE": c.Pipeline} {
+		if v < 1 || v > 1024 {
+			errs = append(errs, fmt.Errorf("%s=%d: want 1-1024", name, v))
 		}
 	}
 	for name, v := range map[string]string{"ADMIT_REDIS_DOWN_RATE_ONLY": c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_QUOTA": c.RedisDownQuota} {
