@@ -28,6 +28,7 @@ func NewWriter(brokers []string, topic string) *Writer {
 		Balancer:     &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll, // a zero Writer defaults to no acks at all
 		BatchTimeout: time.Millisecond,
+		BatchSize:    1000,
 		WriteTimeout: 5 * time.Second,
 		ReadTimeout:  5 * time.Second,
 		MaxAttempts:  3,
@@ -40,15 +41,27 @@ func (w *Writer) Record(ctx context.Context, key string, ev event.CloudEvent) er
 	if err != nil {
 		return fmt.Errorf("encode event %s: %w", ev.ID, err)
 	}
-	msg := kafka.Message{
+	if err := w.w.WriteMessages(ctx, message(key, value)); err != nil {
+		return fmt.Errorf("produce event %s: %w", ev.ID, err)
+	}
+	return nil
+}
+
+// Produce writes msgs synchronously; nil means every in-sync replica acked every one.
+func (w *Writer) Produce(ctx context.Context, msgs []kafka.Message) error {
+	if err := w.w.WriteMessages(ctx, msgs...); err != nil {
+		return fmt.Errorf("produce %d events: %w", len(msgs), err)
+	}
+	return nil
+}
+
+// message is a usage event as a Kafka message: keyed by org, CloudEvents structured JSON.
+func message(key string, value []byte) kafka.Message {
+	return kafka.Message{
 		Key:     []byte(key),
 		Value:   value,
 		Headers: []kafka.Header{{Key: "content-type", Value: []byte("application/cloudevents+json")}},
 	}
-	if err := w.w.WriteMessages(ctx, msg); err != nil {
-		return fmt.Errorf("produce event %s: %w", ev.ID, err)
-	}
-	return nil
 }
 
 // Close flushes and closes the writer.

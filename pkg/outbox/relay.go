@@ -1,0 +1,341 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/metergate/metergate/pkg/admission"
+)
+
+// Producer writes messages to Kafka synchronously: nil means every message was acked by
+// every in-sync replica. Writer is one.
+type Producer interface {
+	Produce(ctx context.Context, msgs []kafka.Message) error
+}
+
+// RelayOptions configure a Relay. Zero values take the defaults named.
+type RelayOptions struct {
+	// Keys names the outbox streams (one per shard).
+	Keys admission.Keys
+	// Group is the Redis consumer group of the relays ("relay").
+	Group string
+	// Consumer names this relay in the group (the admit node's name). A relay restarted
+	// under the same name first sends what it had read and not yet acknowledged.
+	Consumer string
+	// Batch is the most entries produced per Kafka write (500).
+	Batch int
+	// Block is how long one read waits for new entries (1s).
+	Block time.Duration
+	// ClaimAfter is how long an entry may stay read and unacknowledged by another relay
+	// before this one takes it over (30s): that relay is taken for dead.
+	ClaimAfter time.Duration
+	// MaxBackoff caps the wait between retries of a failed Kafka write (5s).
+	MaxBackoff time.Duration
+	Log        *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Relay moves usage events from the Redis outbox streams to Kafka. Per shard it reads the
+// stream through a consumer group, produces the events synchronously with acks from every
+// in-sync replica, and only then acknowledges and deletes them. A crash between the two
+// produces an event twice, which the meter deduplicates by event id; nothing is lost.
+type Relay struct {
+	rdb     redis.UniversalClient
+	out     Producer
+	opts    RelayOptions
+	metrics *relayMetrics
+}
+
+// NewRelay returns a relay from the outbox streams in rdb to out. rdb should have a
+// connection pool of its own, of at least Keys.Shards + 2 connections: every shard blocks
+// one connection while it waits for entries.
+func NewRelay(rdb redis.UniversalClient, out Producer, o RelayOptions) *Relay {
+	if o.Group == "" {
+		o.Group = "relay"
+	}
+	if o.Consumer == "" {
+		o.Consumer = "relay"
+	}
+	if o.Batch <= 0 {
+		o.Batch = 500
+	}
+	if o.Block <= 0 {
+		o.Block = time.Second
+	}
+	if o.ClaimAfter <= 0 {
+		o.ClaimAfter = 30 * time.Second
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = 5 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	r := &Relay{rdb: rdb, out: out, opts: o}
+	r.metrics = newRelayMetrics(o.Registerer, r)
+	return r
+}
+
+// Run relays every shard until ctx ends. It returns nil on cancellation: what was read and
+// not yet produced stays pending in Redis and is sent again after a restart.
+func (r *Relay) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for shard := range r.opts.Keys.Shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.runShard(ctx, shard)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+func (r *Relay) runShard(ctx context.Context, shard int) {
+	stream := r.opts.Keys.Outbox(shard)
+	log := r.opts.Log.With("stream", stream)
+	backoff := newBackoff(r.opts.MaxBackoff)
+	for ctx.Err() == nil {
+		err := r.rdb.XGroupCreateMkStream(ctx, stream, r.opts.Group, "0").Err()
+		if err == nil || strings.HasPrefix(err.Error(), "BUSYGROUP") {
+			break
+		}
+		log.Warn("create the relay's consumer group", "err", err)
+		backoff.wait(ctx)
+	}
+
+	pending := true // first what this consumer read before a restart and never acknowledged
+	var lastClaim time.Time
+	for ctx.Err() == nil {
+		entries, err := r.next(ctx, stream, &pending, &lastClaim)
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("read the outbox", "err", err)
+				r.metrics.errors.WithLabelValues("redis").Inc()
+				backoff.wait(ctx)
+			}
+			continue
+		}
+		backoff.reset()
+		if len(entries) > 0 {
+			r.deliver(ctx, log, stream, entries)
+		}
+	}
+}
+
+// next returns the next entries to produce: entries another relay left unacknowledged for
+// ClaimAfter (checked every ClaimAfter/2), then this consumer's own pending entries, then
+// new ones (waiting up to Block for them).
+func (r *Relay) next(ctx context.Context, stream string, pending *bool, lastClaim *time.Time) ([]redis.XMessage, error) {
+	if time.Since(*lastClaim) >= r.opts.ClaimAfter/2 {
+		*lastClaim = time.Now()
+		msgs, _, err := r.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream: stream, Group: r.opts.Group, Consumer: r.opts.Consumer,
+			MinIdle: r.opts.ClaimAfter, Start: "0-0", Count: int64(r.opts.Batch),
+		}).Result()
+		if err != nil {
+			return nil, fmt.Errorf("claim idle entries: %w", err)
+		}
+		if len(msgs) > 0 {
+			r.metrics.claimed.Add(float64(len(msgs)))
+			return msgs, nil
+		}
+	}
+	args := &redis.XReadGroupArgs{
+		Group: r.opts.Group, Consumer: r.opts.Consumer, Streams: []string{stream, ">"},
+		Count: int64(r.opts.Batch), Block: r.opts.Block,
+	}
+	if *pending {
+		args.Streams[1], args.Block = "0", -1 // own pending entries, without waiting
+	}
+	res, err := r.rdb.XReadGroup(ctx, args).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read new entries: %w", err)
+	}
+	var msgs []redis.XMessage
+	for _, s := range res {
+		msgs = append(msgs, s.Messages...)
+	}
+	if *pending && len(msgs) == 0 {
+		*pending = false
+	}
+	return msgs, nil
+}
+
+// deliver produces entries until Kafka acks them all (a timeout is an unknown outcome:
+// produce again, the meter deduplicates), then acknowledges and deletes them.
+func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, entries []redis.XMessage) {
+	msgs := make([]kafka.Message, 0, len(entries))
+	ids := make([]string, 0, len(entries))
+	for _, e := range entries {
+		ids = append(ids, e.ID)
+		if e.Values == nil { // deleted after it was read: nothing left to send
+			continue
+		}
+		key, _ := e.Values["k"].(string)
+		value, _ := e.Values["v"].(string)
+		// A malformed entry is sent as it is: the meter keeps it in dead_letters.
+		msgs = append(msgs, message(key, []byte(value)))
+	}
+	backoff := newBackoff(r.opts.MaxBackoff)
+	for len(msgs) > 0 {
+		start := time.Now()
+		err := r.out.Produce(ctx, msgs)
+		r.metrics.batch.Observe(time.Since(start).Seconds())
+		if err == nil {
+			r.metrics.produced.Add(float64(len(msgs)))
+			break
+		}
+		if ctx.Err() != nil {
+			return // still pending: sent after a restart, or claimed by another relay
+		}
+		r.metrics.errors.WithLabelValues("kafka").Inc()
+		log.Warn("produce to kafka; retrying", "events", len(msgs), "err", err)
+		backoff.wait(ctx)
+	}
+	for ctx.Err() == nil {
+		pipe := r.rdb.TxPipeline() // one slot: the stream's
+		pipe.XAck(ctx, stream, r.opts.Group, ids...)
+		pipe.XDel(ctx, stream, ids...)
+		_, err := pipe.Exec(ctx)
+		if err == nil {
+			return
+		}
+		// Produced but not acknowledged: produced again later, deduplicated by the meter.
+		r.metrics.errors.WithLabelValues("redis").Inc()
+		log.Warn("acknowledge relayed entries; retrying", "err", err)
+		backoff.wait(ctx)
+	}
+}
+
+// OldestAge returns how long the oldest entry of any outbox stream has waited (by Redis
+// TIME; an entry id starts with its Redis time in milliseconds), 0 when all are empty.
+func (r *Relay) OldestAge(ctx context.Context) (time.Duration, error) {
+	now, err := r.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, fmt.Errorf("read redis time: %w", err)
+	}
+	ages, err := r.ages(ctx, now)
+	if err != nil {
+		return 0, err
+	}
+	var oldest time.Duration
+	for _, a := range ages {
+		oldest = max(oldest, a)
+	}
+	return oldest, nil
+}
+
+func (r *Relay) ages(ctx context.Context, now time.Time) ([]time.Duration, error) {
+	pipe := r.rdb.Pipeline()
+	cmds := make([]*redis.XMessageSliceCmd, r.opts.Keys.Shards)
+	for s := range cmds {
+		cmds[s] = pipe.XRangeN(ctx, r.opts.Keys.Outbox(s), "-", "+", 1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("read the oldest outbox entries: %w", err)
+	}
+	ages := make([]time.Duration, len(cmds))
+	for s, c := range cmds {
+		msgs := c.Val()
+		if len(msgs) == 0 {
+			continue
+		}
+		ms, _, _ := strings.Cut(msgs[0].ID, "-")
+		t, err := strconv.ParseInt(ms, 10, 64)
+		if err != nil {
+			continue
+		}
+		ages[s] = max(0, now.Sub(time.UnixMilli(t)))
+	}
+	return ages, nil
+}
+
+// backoff doubles a wait from 50 ms up to a cap.
+type backoff struct {
+	next, limit time.Duration
+}
+
+func newBackoff(limit time.Duration) *backoff { return &backoff{next: 50 * time.Millisecond, limit: limit} }
+
+func (b *backoff) reset() { b.next = 50 * time.Millisecond }
+
+func (b *backoff) wait(ctx context.Context) {
+	t := time.NewTimer(b.next)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	b.next = min(2*b.next, b.limit)
+}
+
+type relayMetrics struct {
+	produced prometheus.Counter
+	claimed  prometheus.Counter
+	errors   *prometheus.CounterVec
+	batch    prometheus.Histogram
+}
+
+var outboxAge = prometheus.NewDesc("metergate_outbox_oldest_age_seconds",
+	"Age of the oldest entry of the shard's outbox stream (0 when empty): how far the relay is behind.",
+	[]string{"shard"}, nil)
+
+func newRelayMetrics(reg prometheus.Registerer, r *Relay) *relayMetrics {
+	m := &relayMetrics{
+		produced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_relay_produced_total",
+			Help: "Usage events produced to Kafka and acked by every in-sync replica (redeliveries included).",
+		}),
+		claimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_relay_claimed_total",
+			Help: "Outbox entries taken over from a relay that left them unacknowledged past the claim bound.",
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "metergate_relay_errors_total",
+			Help: "Failed relay operations, by the service that failed (kafka, redis); each is retried.",
+		}, []string{"service"}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "metergate_relay_produce_seconds",
+			Help:    "Duration of one synchronous Kafka write of a batch of outbox entries.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 10),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.produced, m.claimed, m.errors, m.batch, &ageCollector{r: r})
+	}
+	return m
+}
+
+type ageCollector struct{ r *Relay }
+
+func (c *ageCollector) Describe(ch chan<- *prometheus.Desc) { ch <- outboxAge }
+
+func (c *ageCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	now, err := c.r.rdb.Time(ctx).Result()
+	if err != nil {
+		return
+	}
+	ages, err := c.r.ages(ctx, now)
+	if err != nil {
+		return
+	}
+	for s, a := range ages {
+		ch <- prometheus.MustNewConstMetric(outboxAge, prometheus.GaugeValue, a.Seconds(), strconv.Itoa(s))
+	}
+}

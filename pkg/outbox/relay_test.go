@@ -1,0 +1,287 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/outbox"
+	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+type testBundle struct {
+	rdb    redis.UniversalClient
+	adm    *admission.Admitter
+	keys   admission.Keys
+	topic  string
+	writer *outbox.Writer
+	org    string
+}
+
+func setup(t *testing.T, rdb redis.UniversalClient) *testBundle {
+	t.Helper()
+	keys := admission.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 4}
+	b := &testBundle{
+		rdb: rdb, keys: keys, topic: testenv.Topic(t, 4),
+		adm: admission.New(rdb, admission.Options{KeyPrefix: keys.Prefix, Shards: keys.Shards}),
+		org: strings.ReplaceAll(testenv.Name(t), "_", "-"),
+	}
+	b.writer = outbox.NewWriter(testenv.KafkaBrokers(t), b.topic)
+	t.Cleanup(func() { _ = b.writer.Close() })
+	return b
+}
+
+// admit takes n allowed decisions spread over orgs of every shard and returns their
+// event ids.
+func (b *testBundle) admit(t *testing.T, n int) map[string]bool {
+	t.Helper()
+	ctx := testenv.Context(t, time.Minute)
+	ids := map[string]bool{}
+	for i := range n {
+		org := b.org + "-" + strconv.Itoa(i%8)
+		pol := policy.Resolved{Org: org, Path: []policy.Level{{Account: org, Kind: policy.Org}}}
+		d, err := b.adm.Decide(ctx, admission.Request{EventID: b.adm.NewEventID(org), Policy: pol,
+			Units: map[policy.Unit]int64{policy.Requests: 1}, Source: "test"})
+		require.NoError(t, err)
+		require.Equal(t, admission.Allow, d.Result)
+		ids[d.EventID] = true
+	}
+	return ids
+}
+
+// consume reads the topic from the start until want distinct events arrived, and returns
+// how often each event id was seen.
+func (b *testBundle) consume(t *testing.T, want int) map[string]int {
+	t.Helper()
+	ctx := testenv.Context(t, time.Minute)
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: testenv.KafkaBrokers(t), Topic: b.topic, GroupID: "g-" + testenv.Name(t),
+		StartOffset: kafka.FirstOffset, MaxWait: 100 * time.Millisecond,
+	})
+	t.Cleanup(func() { _ = r.Close() })
+	seen := map[string]int{}
+	for len(seen) < want {
+		msg, err := r.ReadMessage(ctx)
+		require.NoError(t, err, "%d of %d events arrived", len(seen), want)
+		var ev event.CloudEvent
+		require.NoError(t, json.Unmarshal(msg.Value, &ev), string(msg.Value))
+		var data event.Admitted
+		require.NoError(t, json.Unmarshal(ev.Data, &data))
+		require.Equal(t, data.Org, string(msg.Key), "keyed by org")
+		require.Equal(t, "application/cloudevents+json", string(msg.Headers[0].Value))
+		seen[ev.ID]++
+	}
+	return seen
+}
+
+func (b *testBundle) outboxLen(t *testing.T) int64 {
+	t.Helper()
+	var n int64
+	for s := range b.keys.Shards {
+		l, err := b.rdb.XLen(testenv.Context(t, 10*time.Second), b.keys.Outbox(s)).Result()
+		require.NoError(t, err)
+		n += l
+	}
+	return n
+}
+
+// waitEmpty polls until every outbox stream is empty.
+func (b *testBundle) waitEmpty(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for b.outboxLen(t) > 0 {
+		require.True(t, time.Now().Before(deadline), "the outbox never drained: %d left", b.outboxLen(t))
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (b *testBundle) run(t *testing.T, p outbox.Producer, o outbox.RelayOptions) (stop func()) {
+	t.Helper()
+	o.Keys = b.keys
+	r := outbox.NewRelay(b.rdb, p, o)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// Every event in the outbox reaches Kafka, keyed by org, and leaves the outbox.
+func TestRelay(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"redis", "cluster"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var rdb redis.UniversalClient = testenv.Redis(t)
+			if name == "cluster" {
+				rdb = testenv.RedisCluster(t)
+			}
+			b := setup(t, rdb)
+			ids := b.admit(t, 300)
+			reg := prometheus.NewRegistry()
+			r := outbox.NewRelay(b.rdb, b.writer, outbox.RelayOptions{Keys: b.keys, Registerer: reg})
+			age, err := r.OldestAge(testenv.Context(t, 10*time.Second))
+			require.NoError(t, err)
+			require.Positive(t, age, "entries wait while no relay runs")
+
+			b.run(t, b.writer, outbox.RelayOptions{Registerer: prometheus.NewRegistry()})
+			seen := b.consume(t, len(ids))
+			for id, n := range seen {
+				require.True(t, ids[id], "unknown event %s", id)
+				require.Equal(t, 1, n, "event %s produced once", id)
+			}
+			b.waitEmpty(t)
+			age, err = r.OldestAge(testenv.Context(t, 10*time.Second))
+			require.NoError(t, err)
+			require.Zero(t, age)
+			require.Equal(t, 4, testutil.CollectAndCount(reg, "metergate_outbox_oldest_age_seconds"), "one age per shard")
+
+			// Later events follow.
+			more := b.admit(t, 20)
+			for id := range more {
+				ids[id] = true
+			}
+			seen = b.consume(t, len(ids))
+			require.Len(t, seen, len(ids))
+		})
+	}
+}
+
+// failing fails its first n writes (as a broker that is down would), then produces.
+type failing struct {
+	out   outbox.Producer
+	n     atomic.Int64
+	calls atomic.Int64
+}
+
+func (f *failing) Produce(ctx context.Context, msgs []kafka.Message) error {
+	f.calls.Add(1)
+	if f.n.Add(-1) >= 0 {
+		return errors.New("kafka: broker unavailable")
+	}
+	return f.out.Produce(ctx, msgs)
+}
+
+// Kafka failing: nothing leaves the outbox until Kafka acks it; every event arrives.
+func TestRelayRetriesUntilKafkaAcks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testenv.Redis(t))
+	ids := b.admit(t, 100)
+	f := &failing{out: b.writer}
+	f.n.Store(5)
+	reg := prometheus.NewRegistry()
+	b.run(t, f, outbox.RelayOptions{Registerer: reg, MaxBackoff: 100 * time.Millisecond})
+	seen := b.consume(t, len(ids))
+	require.Len(t, seen, len(ids))
+	b.waitEmpty(t)
+	require.Greater(t, f.calls.Load(), int64(5))
+	require.Equal(t, 5.0, kafkaErrors(t, reg), "each failure counted")
+}
+
+// kafkaErrors reads metergate_relay_errors_total{service="kafka"}.
+func kafkaErrors(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "metergate_relay_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == "kafka" {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// stuck takes entries and never acks them, as a relay that died mid-write.
+type stuck struct{ got atomic.Int64 }
+
+func (s *stuck) Produce(ctx context.Context, msgs []kafka.Message) error {
+	s.got.Add(int64(len(msgs)))
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A relay that dies with entries read and unacknowledged: another relay claims them after
+// the bound; a relay restarted under the same name sends them at once.
+func TestRelayTakesOverPendingEntries(t *testing.T) {
+	t.Parallel()
+	for _, takeover := range []string{"claimed by another relay", "resumed by the same relay"} {
+		t.Run(takeover, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, testenv.Redis(t))
+			ids := b.admit(t, 50)
+			s := &stuck{}
+			stop := b.run(t, s, outbox.RelayOptions{Consumer: "dead"})
+			deadline := time.Now().Add(30 * time.Second)
+			for s.got.Load() < int64(len(ids)) {
+				require.True(t, time.Now().Before(deadline), "the first relay never read everything")
+				time.Sleep(10 * time.Millisecond)
+			}
+			stop()
+			require.Equal(t, int64(len(ids)), b.outboxLen(t), "nothing acked")
+
+			o := outbox.RelayOptions{Consumer: "dead", ClaimAfter: time.Hour}
+			if takeover == "claimed by another relay" {
+				o = outbox.RelayOptions{Consumer: "alive", ClaimAfter: 300 * time.Millisecond}
+			}
+			b.run(t, b.writer, o)
+			seen := b.consume(t, len(ids))
+			for id := range ids {
+				require.Equal(t, 1, seen[id], id)
+			}
+			b.waitEmpty(t)
+		})
+	}
+}
+
+// An entry that is not an event is still produced (the meter keeps it in dead_letters)
+// and leaves the outbox: nothing is dropped, nothing blocks the stream.
+func TestRelayForwardsMalformedEntries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testenv.Redis(t))
+	ctx := testenv.Context(t, time.Minute)
+	require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.keys.Outbox(0), Values: []string{"junk", "1"}}).Err())
+	ids := b.admit(t, 10)
+	b.run(t, b.writer, outbox.RelayOptions{})
+	b.waitEmpty(t)
+
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: b.topic,
+		GroupID: "g-" + testenv.Name(t), StartOffset: kafka.FirstOffset, MaxWait: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = r.Close() })
+	var empty, events int
+	for empty+events < len(ids)+1 {
+		msg, err := r.ReadMessage(ctx)
+		require.NoError(t, err)
+		if len(msg.Value) == 0 {
+			empty++
+		} else {
+			events++
+		}
+	}
+	require.Equal(t, 1, empty)
+	require.Equal(t, len(ids), events)
+}
