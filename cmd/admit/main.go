@@ -2,6 +2,9 @@
 // request for an allow / deny decision against hierarchical limits, and it records every
 // admitted request in a Redis Stream outbox that its relay moves to Kafka.
 //
+//	admit [flags]        serve the API, and relay the outbox to Kafka (unless ADMIT_RELAY=false)
+//	admit relay [flags]  relay the outbox to Kafka only (with /healthz, /readyz, /metrics)
+//
 // Configuration comes from environment variables, each mirrored by a flag (admit -h lists
 // them); -validate checks it and exits; -migrate applies pending database migrations first.
 package main
@@ -9,12 +12,15 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/metergate/metergate/migrations"
@@ -29,11 +35,19 @@ import (
 
 func main() {
 	var cfg config.Admit
-	config.LoadOrExit(&cfg, "admit", os.Args[1:])
+	args, relayOnly := os.Args[1:], false
+	if len(args) > 0 && args[0] == "relay" {
+		args, relayOnly = args[1:], true
+	}
+	config.LoadOrExit(&cfg, "admit", args)
 	log := cfg.Log.Logger(os.Stderr).With("service", "admit")
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	run := run
+	if relayOnly {
+		run = runRelay
+	}
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("admit failed", "err", err)
 		os.Exit(1)
@@ -92,6 +106,15 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	server.Mount(mux)
 
 	g, ctx := errgroup.WithContext(ctx)
+	if a.Relay {
+		relay, closeRelay, err := newRelay(cfg, log, reg)
+		if err != nil {
+			return err
+		}
+		defer closeRelay()
+		probes.AddDegraded("outbox", outboxCheck(relay, a.OutboxMaxAge))
+		g.Go(func() error { return relay.Run(ctx) })
+	}
 	g.Go(func() error { return cache.Run(ctx) })
 	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
 	// Admission does not wait for Kafka (the outbox absorbs an outage), so the topic is
@@ -101,4 +124,58 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		return nil
 	})
 	return g.Wait()
+}
+
+// runRelay runs the outbox relay alone, for deployments that scale it apart from the API.
+func runRelay(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
+	reg := ops.NewRegistry()
+	relay, closeRelay, err := newRelay(cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	defer closeRelay()
+	probes := &ops.Probes{}
+	probes.AddDegraded("outbox", outboxCheck(relay, cfg.Admission.OutboxMaxAge))
+	mux := http.NewServeMux()
+	probes.Mount(mux, reg)
+
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return relay.Run(ctx) })
+	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
+	g.Go(func() error {
+		_ = topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()) // ends only with ctx
+		return nil
+	})
+	return g.Wait()
+}
+
+// newRelay builds the relay with a Redis client of its own: every shard blocks one
+// connection while it waits for entries, which must not starve the decisions' pool.
+func newRelay(cfg config.Admit, log *slog.Logger, reg prometheus.Registerer) (*outbox.Relay, func(), error) {
+	a := cfg.Admission
+	rdb, err := cfg.Redis.OpenPool(a.Shards + 4)
+	if err != nil {
+		return nil, nil, err
+	}
+	w := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)
+	relay := outbox.NewRelay(rdb, w, outbox.RelayOptions{
+		Keys: admission.Keys{Prefix: admission.DefaultKeyPrefix, Shards: a.Shards}, Consumer: a.Node,
+		Batch: a.RelayBatch, ClaimAfter: a.RelayClaimAfter, Log: log.With("component", "relay"), Registerer: reg,
+	})
+	return relay, func() { _ = w.Close(); _ = rdb.Close() }, nil
+}
+
+// outboxCheck fails when the oldest unrelayed event is older than limit: Kafka is down or
+// the relay falls behind. Admission goes on meanwhile, so it is a degraded check.
+func outboxCheck(relay *outbox.Relay, limit time.Duration) ops.Check {
+	return func(ctx context.Context) error {
+		age, err := relay.OldestAge(ctx)
+		if err != nil {
+			return err
+		}
+		if age > limit {
+			return fmt.Errorf("oldest unrelayed event is %s old (limit %s)", age.Round(time.Second), limit)
+		}
+		return nil
+	}
 }

@@ -268,6 +268,8 @@ write_env() {
     echo "export REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
     echo "export DATABASE_URL=postgres://$PG_USER:$PG_USER@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
     echo "export KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
+    # The broker's jars, for tests that run a private broker they can stop and start.
+    [ ! -f "$(kafka_libs)/.complete" ] || echo "export KAFKA_LIBS=$(kafka_libs)"
     if cluster_ok; then
       local addrs=() port
       for port in "${CLUSTER_PORTS[@]}"; do addrs+=("127.0.0.1:$port"); done

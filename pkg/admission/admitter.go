@@ -19,6 +19,9 @@ import (
 	"github.com/metergate/metergate/pkg/policy"
 )
 
+// DefaultKeyPrefix starts every Redis key of a deployment.
+const DefaultKeyPrefix = "mg"
+
 // Options configure an Admitter. Zero values take the defaults named.
 type Options struct {
 	// KeyPrefix starts every Redis key ("mg").
@@ -81,7 +84,7 @@ type result struct {
 // New returns an Admitter deciding in rdb (a server or a Redis Cluster).
 func New(rdb redis.UniversalClient, o Options) *Admitter {
 	if o.KeyPrefix == "" {
-		o.KeyPrefix = "mg"
+		o.KeyPrefix = DefaultKeyPrefix
 	}
 	if o.Shards <= 0 {
 		o.Shards = 16

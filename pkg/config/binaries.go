@@ -35,6 +35,15 @@ type Admission struct {
 	// RedisDownRateOnly and RedisDownQuota are "open" or "closed".
 	RedisDownRateOnly string
 	RedisDownQuota    string
+	// Relay runs the outbox relay inside admit (`admit relay` runs it alone).
+	Relay bool
+	// RelayBatch is the most outbox entries per Kafka write; RelayClaimAfter how long
+	// another relay's unacknowledged entries wait before this one takes them over.
+	RelayBatch      int
+	RelayClaimAfter time.Duration
+	// OutboxMaxAge is the age of the oldest unrelayed event past which /readyz reports
+	// the outbox as degraded.
+	OutboxMaxAge time.Duration
 	// MaxBatch and Pipeline shape the grouping of concurrent decisions of one shard into
 	// script calls: at most MaxBatch decisions per call, at most Pipeline calls in flight.
 	MaxBatch int
@@ -59,6 +68,10 @@ func (c *Admission) Register(l *Loader) {
 	l.Duration(&c.PolicyReload, "ADMIT_POLICY_RELOAD", 30*time.Second, "full policy reload period (changes arrive sooner through LISTEN/NOTIFY)")
 	l.String(&c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_RATE_ONLY", "open", "while Redis is down, accounts without quotas: open (admit, record straight to Kafka) or closed (503)")
 	l.String(&c.RedisDownQuota, "ADMIT_REDIS_DOWN_QUOTA", "closed", "while Redis is down, accounts with quotas: closed (503) or open")
+	l.Bool(&c.Relay, "ADMIT_RELAY", true, "run the outbox relay (Redis → Kafka) in this process")
+	l.Int(&c.RelayBatch, "ADMIT_RELAY_BATCH", 500, "most outbox entries per Kafka write")
+	l.Duration(&c.RelayClaimAfter, "ADMIT_RELAY_CLAIM_AFTER", 30*time.Second, "how long entries read and not acknowledged by another relay wait before this one takes them over")
+	l.Duration(&c.OutboxMaxAge, "ADMIT_OUTBOX_MAX_AGE", time.Minute, "age of the oldest unrelayed event past which /readyz reports the outbox degraded")
 	l.Int(&c.MaxBatch, "ADMIT_MAX_BATCH", 16, "most decisions of one shard per script call (1 = no grouping)")
 	l.Int(&c.Pipeline, "ADMIT_PIPELINE", 4, "most script calls in flight per shard")
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
@@ -85,12 +98,13 @@ func (c *Admission) Validate() error {
 	if c.IdempotencyTTL < 24*time.Hour {
 		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL=%s: want at least 24h", c.IdempotencyTTL))
 	}
-	for name, d := range map[string]time.Duration{"ADMIT_LEASE_TTL": c.LeaseTTL, "ADMIT_POLICY_RELOAD": c.PolicyReload} {
+	for name, d := range map[string]time.Duration{"ADMIT_LEASE_TTL": c.LeaseTTL, "ADMIT_POLICY_RELOAD": c.PolicyReload,
+		"ADMIT_RELAY_CLAIM_AFTER": c.RelayClaimAfter, "ADMIT_OUTBOX_MAX_AGE": c.OutboxMaxAge} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s=%s: want more than 0", name, d))
 		}
 	}
-	for name, v := range map[string]int{"ADMIT_MAX_BATCH": c.MaxBatch, "ADMIT_PIPELINE": c.Pipeline} {
+	for name, v := range map[string]int{"ADMIT_MAX_BATCH": c.MaxBatch, "ADMIT_PIPELINE": c.Pipeline, "ADMIT_RELAY_BATCH": c.RelayBatch} {
 		if v < 1 || v > 1024 {
 			errs = append(errs, fmt.Errorf("%s=%d: want 1-1024", name, v))
 		}

@@ -88,9 +88,13 @@ func (c Redis) Validate() error {
 }
 
 // Open returns a client for the configured server or cluster. It does not dial.
-func (c Redis) Open() (redis.UniversalClient, error) {
+func (c Redis) Open() (redis.UniversalClient, error) { return c.OpenPool(0) }
+
+// OpenPool is Open with a connection pool of size connections per server (go-redis'
+// default when 0): for a user that blocks connections, such as the relay.
+func (c Redis) OpenPool(size int) (redis.UniversalClient, error) {
 	if len(c.ClusterAddrs) > 0 {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.ClusterAddrs,
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.ClusterAddrs, PoolSize: size,
 			DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout, MaxRetries: -1}), nil
 	}
 	opts, err := redis.ParseURL(c.URL)
@@ -102,6 +106,7 @@ func (c Redis) Open() (redis.UniversalClient, error) {
 	// charge a decision twice. The caller decides (the Redis-down policy) within one
 	// timeout instead of several.
 	opts.MaxRetries = -1
+	opts.PoolSize = size
 	return redis.NewClient(opts), nil
 }
 

@@ -269,7 +269,9 @@ type backoff struct {
 	next, limit time.Duration
 }
 
-func newBackoff(limit time.Duration) *backoff { return &backoff{next: 50 * time.Millisecond, limit: limit} }
+func newBackoff(limit time.Duration) *backoff {
+	return &backoff{next: 50 * time.Millisecond, limit: limit}
+}
 
 func (b *backoff) reset() { b.next = 50 * time.Millisecond }
 

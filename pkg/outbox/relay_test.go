@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/metergate/metergate/pkg/outbox"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/pkg/topic"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -53,18 +55,28 @@ func setup(t *testing.T, rdb redis.UniversalClient) *testBundle {
 // event ids.
 func (b *testBundle) admit(t *testing.T, n int) map[string]bool {
 	t.Helper()
-	ctx := testenv.Context(t, time.Minute)
+	ids, err := b.tryAdmit(testenv.Context(t, time.Minute), n)
+	require.NoError(t, err)
+	return ids
+}
+
+// tryAdmit is admit for a goroutine other than the test's.
+func (b *testBundle) tryAdmit(ctx context.Context, n int) (map[string]bool, error) {
 	ids := map[string]bool{}
 	for i := range n {
 		org := b.org + "-" + strconv.Itoa(i%8)
 		pol := policy.Resolved{Org: org, Path: []policy.Level{{Account: org, Kind: policy.Org}}}
 		d, err := b.adm.Decide(ctx, admission.Request{EventID: b.adm.NewEventID(org), Policy: pol,
 			Units: map[policy.Unit]int64{policy.Requests: 1}, Source: "test"})
-		require.NoError(t, err)
-		require.Equal(t, admission.Allow, d.Result)
+		if err != nil {
+			return ids, err
+		}
+		if d.Result != admission.Allow {
+			return ids, fmt.Errorf("decision %s, want allow", d.Result)
+		}
 		ids[d.EventID] = true
 	}
-	return ids
+	return ids, nil
 }
 
 // consume reads the topic from the start until want distinct events arrived, and returns
@@ -284,4 +296,101 @@ func TestRelayForwardsMalformedEntries(t *testing.T) {
 	}
 	require.Equal(t, 1, empty)
 	require.Equal(t, len(ids), events)
+}
+
+// The broker stopped for 20 s while admissions go on, then started: the relay rides out
+// the outage and every event arrives, once.
+func TestRelayRidesOutBrokerOutage(t *testing.T) {
+	t.Parallel()
+	broker := testenv.StartBroker(t)
+	brokers := []string{broker.Addr()}
+	b := setup(t, testenv.Redis(t))
+	b.topic = "outage"
+	ctx := testenv.Context(t, 5*time.Minute)
+	require.NoError(t, topic.Ensure(ctx, brokers, topic.Spec{Name: b.topic, Partitions: 4, ReplicationFactor: 1}))
+	w := outbox.NewWriter(brokers, b.topic)
+	t.Cleanup(func() { _ = w.Close() })
+	reg := prometheus.NewRegistry()
+	b.run(t, w, outbox.RelayOptions{Registerer: reg, MaxBackoff: time.Second})
+
+	var mu sync.Mutex
+	ids := map[string]bool{}
+	admitting := make(chan struct{})
+	admitted := make(chan error, 1)
+	go func() { // admissions go on through the outage
+		for {
+			got, err := b.tryAdmit(ctx, 10)
+			if err != nil {
+				admitted <- err
+				return
+			}
+			mu.Lock()
+			for id := range got {
+				ids[id] = true
+			}
+			mu.Unlock()
+			select {
+			case <-admitting:
+				admitted <- nil
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+
+	b.waitRelayed(t, reg, 20)
+	broker.Stop()
+	stopped := time.Now()
+	for time.Since(stopped) < 20*time.Second { // the outage: 20 s by the clock, by design
+		require.NoError(t, ctx.Err())
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Positive(t, b.outboxLen(t), "events wait in the outbox while the broker is down")
+	broker.Start()
+	close(admitting)
+	require.NoError(t, <-admitted, "admissions went on through the outage")
+
+	mu.Lock()
+	want := len(ids)
+	mu.Unlock()
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: b.topic, GroupID: "check",
+		StartOffset: kafka.FirstOffset, MaxWait: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = r.Close() })
+	seen := map[string]int{}
+	for len(seen) < want {
+		msg, err := r.ReadMessage(ctx)
+		require.NoError(t, err, "%d of %d events arrived", len(seen), want)
+		var ev event.CloudEvent
+		require.NoError(t, json.Unmarshal(msg.Value, &ev))
+		seen[ev.ID]++
+	}
+	for id := range ids {
+		require.Positive(t, seen[id], "event %s lost", id)
+	}
+	b.waitEmpty(t)
+	require.Positive(t, kafkaErrors(t, reg), "the outage was noticed")
+	dupes := 0
+	for _, n := range seen {
+		dupes += n - 1
+	}
+	// Redelivery is allowed (a write whose ack was lost is produced again; the meter
+	// deduplicates by event id); loss is not.
+	t.Logf("%d events through a 20 s broker outage; %d produced more than once", want, dupes)
+}
+
+// waitRelayed waits until the relay has produced at least n events.
+func (b *testBundle) waitRelayed(t *testing.T, reg *prometheus.Registry, n float64) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "metergate_relay_produced_total" && mf.GetMetric()[0].GetCounter().GetValue() >= n {
+				return
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "the relay never produced %v events", n)
+		time.Sleep(20 * time.Millisecond)
+	}
 }
