@@ -78,7 +78,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	reg := ops.NewRegistry()
 	cache := policy.NewCache(pool, log, a.PolicyReload)
 	admitter := admission.New(rdb, admission.Options{
-		Shards: a.Shards, IdempotencyTTL: a.IdempotencyTTL, LeaseTTL: a.LeaseTTL, Registerer: reg,
+		KeyPrefix: a.KeyPrefix, Shards: a.Shards, IdempotencyTTL: a.IdempotencyTTL, LeaseTTL: a.LeaseTTL, Registerer: reg,
 		MaxBatch: a.MaxBatch, Pipeline: a.Pipeline,
 	})
 	recorder := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)
@@ -159,7 +159,7 @@ func newRelay(cfg config.Admit, log *slog.Logger, reg prometheus.Registerer) (*o
 	}
 	w := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)
 	relay := outbox.NewRelay(rdb, w, outbox.RelayOptions{
-		Keys: admission.Keys{Prefix: admission.DefaultKeyPrefix, Shards: a.Shards}, Consumer: a.Node,
+		Keys: admission.Keys{Prefix: a.KeyPrefix, Shards: a.Shards}, Consumer: a.Node,
 		Batch: a.RelayBatch, ClaimAfter: a.RelayClaimAfter, Log: log.With("component", "relay"), Registerer: reg,
 	})
 	return relay, func() { _ = w.Close(); _ = rdb.Close() }, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -23,11 +24,15 @@ type Admit struct {
 	Migrate bool
 }
 
+// keyPrefix keeps the Redis keys free of hash-tag braces and spaces.
+var keyPrefix = regexp.MustCompile(`^[A-Za-z0-9:._-]{1,64}$`)
+
 // Admission is how admit decides and whom it serves.
 type Admission struct {
 	ServiceToken   string
 	AdminToken     string
 	Node           string
+	KeyPrefix      string
 	Shards         int
 	IdempotencyTTL time.Duration
 	LeaseTTL       time.Duration
@@ -62,6 +67,7 @@ func (c *Admission) Register(l *Loader) {
 	l.String(&c.ServiceToken, "ADMIT_SERVICE_TOKEN", "", "bearer token of calling services (at least 16 characters)")
 	l.String(&c.AdminToken, "ADMIT_ADMIN_TOKEN", "", "bearer token of the admin API (at least 16 characters, not the service token)")
 	l.String(&c.Node, "ADMIT_NODE", host, "this node's name: the CloudEvents source of its events")
+	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", "mg", "start of every Redis key (several deployments, or tests, on one Redis)")
 	l.Int(&c.Shards, "ADMIT_SHARDS", 16, "Redis hash-tag shards; fixed for the life of a deployment")
 	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", 24*time.Hour, "how long an idempotency key is remembered (at least 24h)")
 	l.Duration(&c.LeaseTTL, "ADMIT_LEASE_TTL", time.Minute, "how long a concurrency slot is held when no outcome releases it")
@@ -91,6 +97,9 @@ func (c *Admission) Validate() error {
 	}
 	if c.Node == "" {
 		errs = append(errs, errors.New("ADMIT_NODE: must not be empty"))
+	}
+	if !keyPrefix.MatchString(c.KeyPrefix) {
+		errs = append(errs, fmt.Errorf("ADMIT_KEY_PREFIX=%q: want 1-64 of [A-Za-z0-9:._-]", c.KeyPrefix))
 	}
 	if c.Shards < 1 || c.Shards > 1024 {
 		errs = append(errs, fmt.Errorf("ADMIT_SHARDS=%d: want 1-1024", c.Shards))

@@ -57,6 +57,7 @@ func CheckServiceLifecycle(t *testing.T, addrEnv string, readyChecks ...string) 
 		"KAFKA_TOPIC="+topicName,
 		"KAFKA_TOPIC_PARTITIONS=3",
 		"LOG_FORMAT=text",
+		"ADMIT_KEY_PREFIX="+Prefix(t)+"mg", // this process's outbox streams alone
 	), "-migrate")
 
 	base := "http://" + addr
