@@ -46,7 +46,7 @@ func TestSixNodesShareOneKey(t *testing.T) {
 	for i := range 6 {
 		addr := testenv.FreeAddr(t)
 		env := append(testenv.AdmitTokens(),
-			"ADMIT_ADDR="+addr, "ADMIT_NODE=node-"+strconv.Itoa(i), "ADMIT_KEY_PREFIX="+testenv.Prefix(t)+"mg",
+			"ADMIT_ADDR="+addr, "ADMIT_NODE=node-"+strconv.Itoa(i), "ADMIT_KEY_PREFIX=t:"+prefix+":mg",
 			"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "DATABASE_URL="+dbURL,
 			"KAFKA_BROKERS="+strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC=t."+prefix, "LOG_LEVEL=warn",
 			// Six processes and the load share two cores here: a slow reply is not the subject.
