@@ -1,0 +1,303 @@
+// Package meter writes the billing log. A Meter consumes the usage events on Kafka as a
+// member of a consumer group and writes one row per event into PostgreSQL (usage_events,
+// usage_outcomes, and dead_letters for messages it cannot parse or validate).
+//
+// Guarantee: every event on the topic ends up exactly once in PostgreSQL. Messages are
+// written in batches, one transaction each, and a batch's Kafka offsets are committed only
+// after its transaction has committed: a crash, a rebalance or an unavailable PostgreSQL
+// can make messages be delivered again (kafka-go consumer groups redeliver after a
+// rebalance, issues #970 and #1308), never skipped. What is delivered again is absorbed by
+// the unique keys: usage_events is unique on the event id for ever, usage_outcomes on the
+// admission's event id, dead_letters on the Kafka position.
+package meter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+)
+
+// Options configure a Meter. Brokers, Topic and Group are required; zero values of the
+// others take the defaults named.
+type Options struct {
+	Brokers []string
+	Topic   string
+	// Group is the Kafka consumer group: meters of one group share the topic's partitions.
+	// A new group starts at the first offset of every partition.
+	Group string
+	// BatchSize is the most messages per batch (1000). BatchWait is how long a batch waits
+	// to fill once its first message is in (200 ms).
+	BatchSize int
+	BatchWait time.Duration
+	// SessionTimeout is how long the group coordinator waits for a silent meter (killed,
+	// partitioned) before giving its partitions to the others (30 s).
+	SessionTimeout time.Duration
+	// FlushTimeout bounds the shutdown: once Run's context ends, the batch in hand has this
+	// long to be written and its offsets committed (10 s).
+	FlushTimeout time.Duration
+	// RetryMin and RetryMax bound the backoff between attempts at a batch that could not be
+	// written (100 ms doubling up to 5 s).
+	RetryMin, RetryMax time.Duration
+	// PartitionCheck is how often the meter makes sure usage_events has partitions for the
+	// current and the next two months (1 h).
+	PartitionCheck time.Duration
+	// Logger receives the meter's logs (none when nil).
+	Logger *slog.Logger
+	// Registerer receives the meter's metrics (not registered when nil).
+	Registerer prometheus.Registerer
+}
+
+// writeTimeout bounds one attempt at writing a batch, so that a PostgreSQL that stopped
+// answering is retried rather than waited on for ever.
+const writeTimeout = 30 * time.Second
+
+// Meter moves usage events from Kafka into PostgreSQL. Run it once.
+type Meter struct {
+	opts    Options
+	log     *slog.Logger
+	config  kafka.ReaderConfig
+	reader  atomic.Pointer[kafka.Reader] // while Run runs
+	store   *store
+	metrics *metrics
+	fetched atomic.Int64 // messages fetched so far, for tests
+}
+
+// New returns a Meter writing through pool. It joins the consumer group when Run starts.
+func New(pool *pgxpool.Pool, opts Options) (*Meter, error) {
+	if len(opts.Brokers) == 0 || opts.Topic == "" || opts.Group == "" {
+		return nil, errors.New("meter: brokers, topic and group are required")
+	}
+	setDefault(&opts.BatchSize, 1000)
+	setDefault(&opts.BatchWait, 200*time.Millisecond)
+	setDefault(&opts.SessionTimeout, 30*time.Second)
+	setDefault(&opts.FlushTimeout, 10*time.Second)
+	setDefault(&opts.RetryMin, 100*time.Millisecond)
+	setDefault(&opts.RetryMax, 5*time.Second)
+	setDefault(&opts.PartitionCheck, time.Hour)
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	heartbeat := min(3*time.Second, opts.SessionTimeout/3)
+	m := &Meter{opts: opts, log: log, store: newStore(pool, opts.Topic)}
+	m.config = kafka.ReaderConfig{
+		Brokers:        opts.Brokers,
+		GroupID:        opts.Group,
+		Topic:          opts.Topic,
+		StartOffset:    kafka.FirstOffset,
+		CommitInterval: 0, // synchronous: CommitMessages returns once the broker has the offsets
+		MinBytes:       1,
+		MaxBytes:       10 << 20,
+		MaxWait:        500 * time.Millisecond,
+		QueueCapacity:  opts.BatchSize,
+		// A meter that stops heartbeating loses its partitions after SessionTimeout; a
+		// rebalance waits that long at most for members to rejoin.
+		SessionTimeout:        opts.SessionTimeout,
+		RebalanceTimeout:      opts.SessionTimeout,
+		HeartbeatInterval:     heartbeat,
+		JoinGroupBackoff:      time.Second,
+		WatchPartitionChanges: true,
+		Logger: kafka.LoggerFunc(func(msg string, args ...any) {
+			log.Debug(fmt.Sprintf(msg, args...), "component", "kafka")
+		}),
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) {
+			log.Warn(fmt.Sprintf(msg, args...), "component", "kafka")
+		}),
+	}
+	if err := m.config.Validate(); err != nil {
+		return nil, fmt.Errorf("meter: %w", err)
+	}
+	m.metrics = newMetrics(func() float64 {
+		if r := m.reader.Load(); r != nil {
+			return float64(r.Stats().Lag)
+		}
+		return 0
+	})
+	if opts.Registerer != nil {
+		if err := m.metrics.register(opts.Registerer); err != nil {
+			return nil, fmt.Errorf("register meter metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func setDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}
+
+// Run consumes until ctx ends, then writes the batch in hand and commits its offsets
+// (within FlushTimeout), leaves the group and returns nil. While PostgreSQL cannot take a
+// batch, Run retries that same batch with backoff and neither commits offsets nor fetches
+// further messages. It returns an error when the Kafka reader fails, or when the batch in
+// hand could not be written before the shutdown deadline (its offsets are then not
+// committed: the messages go to the group's next consumer).
+func (m *Meter) Run(ctx context.Context) error {
+	reader := kafka.NewReader(m.config) // joins the group
+	m.reader.Store(reader)
+	defer func() {
+		if err := reader.Close(); err != nil { // leaves the group
+			m.log.Warn("close kafka reader", "err", err)
+		}
+	}()
+	var wg sync.WaitGroup
+	pctx, stopPartitions := context.WithCancel(ctx)
+	wg.Go(func() { m.keepPartitions(pctx) })
+	defer func() { stopPartitions(); wg.Wait() }()
+
+	// Writes and commits outlive ctx by FlushTimeout, so a shutdown completes its batch.
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(m.opts.FlushTimeout, cancel) })
+	defer stop()
+
+	m.log.Info("meter consuming", "topic", m.opts.Topic, "group", m.opts.Group,
+		"batch_size", m.opts.BatchSize, "batch_wait", m.opts.BatchWait.String())
+	for {
+		msgs, ferr := m.fetch(ctx, reader)
+		if len(msgs) > 0 {
+			if err := m.process(wctx, reader, msgs); err != nil {
+				return err
+			}
+		}
+		if ferr != nil {
+			if ctx.Err() != nil {
+				m.log.Info("meter stopped", "flushed", len(msgs))
+				return nil
+			}
+			return fmt.Errorf("fetch from %s: %w", m.opts.Topic, ferr)
+		}
+	}
+}
+
+// fetch returns the next batch: blocks for its first message, then takes what arrives
+// within BatchWait, up to BatchSize. With an error it returns what it had fetched before.
+func (m *Meter) fetch(ctx context.Context, reader *kafka.Reader) ([]kafka.Message, error) {
+	first, err := reader.FetchMessage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	msgs := make([]kafka.Message, 1, m.opts.BatchSize)
+	msgs[0] = first
+	m.fetched.Add(1)
+	bctx, cancel := context.WithTimeout(ctx, m.opts.BatchWait)
+	defer cancel()
+	for len(msgs) < m.opts.BatchSize {
+		msg, err := reader.FetchMessage(bctx)
+		if err == nil {
+			m.fetched.Add(1)
+		}
+		if err != nil {
+			if ctx.Err() == nil && bctx.Err() != nil {
+				return msgs, nil // the wait is over
+			}
+			return msgs, err
+		}
+		msgs = append(msgs, msg)
+	}
+	return msgs, nil
+}
+
+// process writes one batch, retrying until it is written or ctx ends, then commits its
+// offsets.
+func (m *Meter) process(ctx context.Context, reader *kafka.Reader, msgs []kafka.Message) error {
+	start := time.Now()
+	items := make([]item, len(msgs))
+	for i, msg := range msgs {
+		p := parse(msg.Value, msg.Partition, msg.Offset)
+		items[i] = item{partition: msg.Partition, offset: msg.Offset, key: msg.Key, value: msg.Value,
+			usage: p.usage, outcome: p.outcome, err: p.err}
+	}
+	w, err := m.write(ctx, items)
+	if err != nil {
+		return err
+	}
+	if err := reader.CommitMessages(ctx, lastOfEachPartition(msgs)...); err != nil {
+		// The rows are committed: the messages may come again and be skipped as duplicates.
+		m.metrics.commitErrs.Inc()
+		m.log.Warn("commit kafka offsets failed; the batch may be delivered again (its rows are deduplicated)",
+			"err", err, "messages", len(msgs))
+	}
+	elapsed := time.Since(start)
+	m.metrics.messages.Add(float64(len(msgs)))
+	m.metrics.observe(w)
+	m.metrics.batch.Observe(elapsed.Seconds())
+	m.metrics.batchSize.Observe(float64(len(msgs)))
+	m.log.Debug("batch written", "messages", len(msgs), "usage_events", w.usage.inserted, "usage_outcomes", w.outcomes.inserted,
+		"dead_letters", w.deadLetters.staged, "duplicates", w.usage.staged-w.usage.inserted+w.outcomes.staged-w.outcomes.inserted,
+		"elapsed", elapsed.String())
+	return nil
+}
+
+// write writes items, retrying with backoff until it succeeds or ctx ends.
+func (m *Meter) write(ctx context.Context, items []item) (written, error) {
+	backoff := m.opts.RetryMin
+	for {
+		actx, cancel := context.WithTimeout(ctx, writeTimeout)
+		w, err := m.store.write(actx, items)
+		if isContentError(err) {
+			m.log.Warn("PostgreSQL refused the batch for its content; writing its messages one by one", "err", err, "messages", len(items))
+			w, err = m.store.writeEach(actx, items)
+		}
+		cancel()
+		if err == nil {
+			return w, nil
+		}
+		if ctx.Err() != nil {
+			return written{}, fmt.Errorf("write a batch of %d messages (offsets not committed: the messages will be delivered again): %w", len(items), err)
+		}
+		m.metrics.retries.Inc()
+		m.log.Warn("write batch failed; retrying", "err", err, "messages", len(items), "retry_in", backoff.String())
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, m.opts.RetryMax)
+	}
+}
+
+// keepPartitions makes sure the partitions of the current and the next two months exist,
+// at start and every PartitionCheck (every minute while that fails).
+func (m *Meter) keepPartitions(ctx context.Context) {
+	for {
+		next := m.opts.PartitionCheck
+		if err := m.store.ensurePartitions(ctx, aheadMonths(time.Now())); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			m.log.Warn("create usage_events partitions ahead of time failed; retrying", "err", err)
+			next = min(next, time.Minute)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(next):
+		}
+	}
+}
+
+// lastOfEachPartition returns the last message of each partition in msgs: committing it
+// commits everything before it in that partition.
+func lastOfEachPartition(msgs []kafka.Message) []kafka.Message {
+	last := map[int]kafka.Message{}
+	for _, msg := range msgs {
+		if l, ok := last[msg.Partition]; !ok || msg.Offset > l.Offset {
+			last[msg.Partition] = msg
+		}
+	}
+	out := make([]kafka.Message, 0, len(last))
+	for _, msg := range last {
+		out = append(out, msg)
+	}
+	return out
+}

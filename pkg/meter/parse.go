@@ -1,0 +1,283 @@
+package meter
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// outcomeSuffix makes an outcome's CloudEvents id from its admission's event id
+// (admission.OutcomeID; a test keeps the two equal).
+const outcomeSuffix = "/outcome"
+
+// Event times and periods outside these years are refused: Redis TIME cannot produce them,
+// and each month would otherwise become a partition.
+const minYear, maxYear = 2000, 2199
+
+// usageRow is one row of usage_events.
+type usageRow struct {
+	EventID        string
+	BillingPeriod  time.Time // first day of the event time's UTC month
+	EventTime      time.Time
+	ChargedPeriod  time.Time // first day of data.period
+	Org            string
+	Account        string
+	AccountKind    string
+	Path           []string
+	APIKeyID       string // "" is stored as NULL, as are the three below
+	IdempotencyKey string
+	Plan           string
+	Tool           string
+	Source         string
+	FailOpen       bool
+	Units          units
+	Partition      int
+	Offset         int64
+}
+
+// outcomeRow is one row of usage_outcomes.
+type outcomeRow struct {
+	EventID     string
+	Status      int
+	Units       units
+	OutcomeTime time.Time
+	Source      string
+	Partition   int
+	Offset      int64
+}
+
+// units holds the four units; a nil field was not reported.
+type units struct {
+	Requests, Tokens, Credits, CostMicros *int64
+}
+
+func (u units) get(unit policy.Unit) *int64 {
+	switch unit {
+	case policy.Requests:
+		return u.Requests
+	case policy.Tokens:
+		return u.Tokens
+	case policy.Credits:
+		return u.Credits
+	default:
+		return u.CostMicros
+	}
+}
+
+// parseUnits checks that every unit is known and at least 0.
+func parseUnits(field string, m map[string]int64) (units, error) {
+	var u units
+	for name, v := range m {
+		if !policy.Unit(name).Valid() {
+			return units{}, fmt.Errorf("%s: unknown unit %q (known: requests, tokens, credits, cost_micros)", field, name)
+		}
+		if v < 0 {
+			return units{}, fmt.Errorf("%s.%s = %d: want at least 0", field, name, v)
+		}
+		switch policy.Unit(name) {
+		case policy.Requests:
+			u.Requests = &v
+		case policy.Tokens:
+			u.Tokens = &v
+		case policy.Credits:
+			u.Credits = &v
+		case policy.CostMicros:
+			u.CostMicros = &v
+		}
+	}
+	return u, nil
+}
+
+// parsed is what a message became: exactly one of the three is set.
+type parsed struct {
+	usage   *usageRow
+	outcome *outcomeRow
+	err     error // the reason the message is a dead letter
+}
+
+// parse decodes and validates one message's value. Anything it accepts must be writable:
+// a row PostgreSQL refused for its content would stop the pipeline (the writer then falls
+// back to writing rows one by one, see store.writeEach).
+func parse(value []byte, partition int, offset int64) parsed {
+	var ce event.CloudEvent
+	if err := json.Unmarshal(value, &ce); err != nil {
+		return parsed{err: fmt.Errorf("not a CloudEvent in JSON: %w", err)}
+	}
+	if err := checkEnvelope(ce); err != nil {
+		return parsed{err: err}
+	}
+	switch ce.Type {
+	case event.TypeAdmitted:
+		row, err := parseAdmitted(ce)
+		if err != nil {
+			return parsed{err: err}
+		}
+		row.Partition, row.Offset = partition, offset
+		return parsed{usage: row}
+	case event.TypeOutcome:
+		row, err := parseOutcome(ce)
+		if err != nil {
+			return parsed{err: err}
+		}
+		row.Partition, row.Offset = partition, offset
+		return parsed{outcome: row}
+	}
+	return parsed{err: fmt.Errorf("type %q: want %s or %s", ce.Type, event.TypeAdmitted, event.TypeOutcome)}
+}
+
+func checkEnvelope(ce event.CloudEvent) error {
+	if ce.SpecVersion != "1.0" {
+		return fmt.Errorf("specversion %q: want 1.0", ce.SpecVersion)
+	}
+	if err := printable("id", ce.ID, 255, false); err != nil {
+		return err
+	}
+	if err := text("source", ce.Source, 255, false); err != nil {
+		return err
+	}
+	if ce.DataContentType != "" && ce.DataContentType != "application/json" {
+		return fmt.Errorf("datacontenttype %q: want application/json", ce.DataContentType)
+	}
+	if ce.Time.IsZero() {
+		return errors.New("time: missing")
+	}
+	if y := ce.Time.UTC().Year(); y < minYear || y > maxYear {
+		return fmt.Errorf("time %s: want a year in %d-%d", ce.Time.Format(time.RFC3339Nano), minYear, maxYear)
+	}
+	if d := bytes.TrimSpace(ce.Data); len(d) == 0 || d[0] != '{' {
+		return errors.New("data: missing or not a JSON object")
+	}
+	return nil
+}
+
+// eventTime is the time as PostgreSQL keeps it (microseconds), so that the billing period
+// computed here is the one PostgreSQL would compute from the stored time.
+func eventTime(ce event.CloudEvent) time.Time { return ce.Time.UTC().Truncate(time.Microsecond) }
+
+func monthOf(t time.Time) time.Time {
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+func parseAdmitted(ce event.CloudEvent) (*usageRow, error) {
+	var d event.Admitted
+	if err := json.Unmarshal(ce.Data, &d); err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	if len(d.Path) == 0 {
+		return nil, errors.New("data.path: missing")
+	}
+	if d.Org == "" {
+		return nil, errors.New("data.org: missing")
+	}
+	if d.Org != d.Path[0].Account {
+		return nil, fmt.Errorf("data.org %q is not data.path[0] %q", d.Org, d.Path[0].Account)
+	}
+	path := make([]string, len(d.Path))
+	depth := -1
+	for i, n := range d.Path {
+		if !policy.ValidID(n.Account) {
+			return nil, fmt.Errorf("data.path[%d].account %q: not an account id", i, n.Account)
+		}
+		k := policy.Kind(n.Kind).Depth()
+		if k < 0 || (i == 0) != (policy.Kind(n.Kind) == policy.Org) || k <= depth {
+			return nil, fmt.Errorf("data.path[%d].kind %q: want org first, then deeper kinds (team, user, agent)", i, n.Kind)
+		}
+		depth = k
+		path[i] = n.Account
+	}
+	last := d.Path[len(d.Path)-1]
+	if d.Account != last.Account {
+		return nil, fmt.Errorf("data.account %q is not the last of data.path %q", d.Account, last.Account)
+	}
+	if d.APIKeyID != "" && !policy.ValidID(d.APIKeyID) {
+		return nil, fmt.Errorf("data.api_key_id %q: not a key id", d.APIKeyID)
+	}
+	for _, f := range []struct {
+		name, v string
+		max     int
+	}{{"data.idempotency_key", d.IdempotencyKey, 255}, {"data.plan", d.Plan, 64}, {"data.tool", d.Tool, 255}} {
+		if err := text(f.name, f.v, f.max, true); err != nil {
+			return nil, err
+		}
+	}
+	u, err := parseUnits("data.units", d.Units)
+	if err != nil {
+		return nil, err
+	}
+	charged, err := time.Parse("2006-01", d.Period)
+	if err != nil || len(d.Period) != len("2006-01") || charged.Year() < minYear || charged.Year() > maxYear {
+		return nil, fmt.Errorf("data.period %q: want YYYY-MM", d.Period)
+	}
+	at := eventTime(ce)
+	return &usageRow{
+		EventID: ce.ID, BillingPeriod: monthOf(at), EventTime: at, ChargedPeriod: charged,
+		Org: d.Org, Account: d.Account, AccountKind: last.Kind, Path: path,
+		APIKeyID: d.APIKeyID, IdempotencyKey: d.IdempotencyKey, Plan: d.Plan, Tool: d.Tool,
+		Source: ce.Source, FailOpen: d.FailOpen, Units: u,
+	}, nil
+}
+
+func parseOutcome(ce event.CloudEvent) (*outcomeRow, error) {
+	var d event.Outcome
+	if err := json.Unmarshal(ce.Data, &d); err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	if err := printable("data.event_id", d.EventID, 255-len(outcomeSuffix), false); err != nil {
+		return nil, err
+	}
+	if ce.ID != d.EventID+outcomeSuffix {
+		return nil, fmt.Errorf("id %q: want data.event_id + %q", ce.ID, outcomeSuffix)
+	}
+	if d.Status < 100 || d.Status > 599 {
+		return nil, fmt.Errorf("data.status %d: want 100-599", d.Status)
+	}
+	u, err := parseUnits("data.units", d.Units)
+	if err != nil {
+		return nil, err
+	}
+	return &outcomeRow{EventID: d.EventID, Status: d.Status, Units: u, OutcomeTime: eventTime(ce), Source: ce.Source}, nil
+}
+
+// printable checks an identifier: printable ASCII without spaces, at most max bytes.
+func printable(field, s string, max int, optional bool) error {
+	if s == "" {
+		if optional {
+			return nil
+		}
+		return fmt.Errorf("%s: missing", field)
+	}
+	if len(s) > max {
+		return fmt.Errorf("%s: longer than %d bytes", field, max)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > '~' {
+			return fmt.Errorf("%s %q: want printable ASCII without spaces", field, s)
+		}
+	}
+	return nil
+}
+
+// text checks free text: valid UTF-8 without control characters (PostgreSQL text cannot
+// hold NUL), at most max bytes.
+func text(field, s string, max int, optional bool) error {
+	if s == "" {
+		if optional {
+			return nil
+		}
+		return fmt.Errorf("%s: missing", field)
+	}
+	if len(s) > max {
+		return fmt.Errorf("%s: longer than %d bytes", field, max)
+	}
+	if !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return fmt.Errorf("%s %q: want UTF-8 text without control characters", field, s)
+	}
+	return nil
+}

@@ -1,0 +1,214 @@
+package meter
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/event"
+)
+
+// goodAdmitted is a valid admission as JSON objects, for cases to change.
+func goodAdmitted() map[string]any {
+	return map[string]any{
+		"specversion": "1.0", "id": "01a20805-4cb6-7888-ab2c-e1f1eb68e89e.12.acme", "source": "node-1",
+		"type": event.TypeAdmitted, "subject": "acme/eng/alice/agent-1", "time": "2026-11-23T10:47:20.294404Z",
+		"datacontenttype": "application/json",
+		"data": map[string]any{
+			"org": "acme", "account": "agent-1",
+			"path": []any{
+				map[string]any{"account": "acme", "kind": "org"}, map[string]any{"account": "eng", "kind": "team"},
+				map[string]any{"account": "alice", "kind": "user"}, map[string]any{"account": "agent-1", "kind": "agent"},
+			},
+			"api_key_id": "key_d08a26640bf29096", "idempotency_key": "req-7f3a",
+			"units":  map[string]any{"requests": 1, "tokens": 2500, "credits": 3, "cost_micros": 1200},
+			"period": "2026-11", "plan": "pro", "tool": "llm_call",
+		},
+	}
+}
+
+func goodOutcome() map[string]any {
+	return map[string]any{
+		"specversion": "1.0", "id": "01a20805-4cb6-7888-ab2c-e1f1eb68e89e.12.acme/outcome", "source": "node-1",
+		"type": event.TypeOutcome, "subject": "acme", "time": "2026-11-23T10:47:46.851154Z",
+		"datacontenttype": "application/json",
+		"data":            map[string]any{"event_id": "01a20805-4cb6-7888-ab2c-e1f1eb68e89e.12.acme", "status": 200, "units": map[string]any{"tokens": 1870}},
+	}
+}
+
+func data(ev map[string]any) map[string]any { return ev["data"].(map[string]any) }
+
+func encode(tb testing.TB, v any) []byte {
+	tb.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(tb, err)
+	return b
+}
+
+// malformedCase is a message the meter must write to dead_letters, with part of the reason.
+type malformedCase struct {
+	name  string
+	value func(tb testing.TB) []byte
+	err   string
+}
+
+// admittedWith and outcomeWith return a valid event changed by change.
+func admittedWith(change func(ev map[string]any)) func(testing.TB) []byte {
+	return func(tb testing.TB) []byte { ev := goodAdmitted(); change(ev); return encode(tb, ev) }
+}
+
+func outcomeWith(change func(ev map[string]any)) func(testing.TB) []byte {
+	return func(tb testing.TB) []byte { ev := goodOutcome(); change(ev); return encode(tb, ev) }
+}
+
+func raw(s string) func(testing.TB) []byte { return func(testing.TB) []byte { return []byte(s) } }
+
+var malformed = []malformedCase{
+	{"not JSON", raw("hello"), "not a CloudEvent in JSON"},
+	{"empty value", raw(""), "not a CloudEvent in JSON"},
+	{"JSON array", raw(`[1,2]`), "not a CloudEvent in JSON"},
+	{"wrong specversion", admittedWith(func(ev map[string]any) { ev["specversion"] = "0.3" }), `specversion "0.3"`},
+	{"unknown type", admittedWith(func(ev map[string]any) { ev["type"] = "io.metergate.usage.refunded.v1" }), "type \"io.metergate.usage.refunded.v1\""},
+	{"missing id", admittedWith(func(ev map[string]any) { delete(ev, "id") }), "id: missing"},
+	{"id with a space", admittedWith(func(ev map[string]any) { ev["id"] = "a b" }), "id \"a b\""},
+	{"missing source", admittedWith(func(ev map[string]any) { delete(ev, "source") }), "source: missing"},
+	{"bad time", admittedWith(func(ev map[string]any) { ev["time"] = "yesterday" }), "not a CloudEvent in JSON"},
+	{"missing time", admittedWith(func(ev map[string]any) { delete(ev, "time") }), "time: missing"},
+	{"time in 1970", admittedWith(func(ev map[string]any) { ev["time"] = "1970-01-01T00:00:00Z" }), "want a year in 2000-2199"},
+	{"xml content", admittedWith(func(ev map[string]any) { ev["datacontenttype"] = "application/xml" }), "datacontenttype"},
+	{"missing data", admittedWith(func(ev map[string]any) { delete(ev, "data") }), "data: missing"},
+	{"data not an object", admittedWith(func(ev map[string]any) { ev["data"] = []int{1} }), "data: missing or not a JSON object"},
+	{"missing org", admittedWith(func(ev map[string]any) { delete(data(ev), "org") }), "data.org: missing"},
+	{"missing path", admittedWith(func(ev map[string]any) { delete(data(ev), "path") }), "data.path: missing"},
+	{"org is not path[0]", admittedWith(func(ev map[string]any) { data(ev)["org"] = "other" }), `data.org "other" is not data.path[0] "acme"`},
+	{"account is not the last of path", admittedWith(func(ev map[string]any) { data(ev)["account"] = "alice" }), "is not the last of data.path"},
+	{"path kinds out of order", admittedWith(func(ev map[string]any) {
+		data(ev)["path"].([]any)[1].(map[string]any)["kind"] = "agent"
+	}), "data.path[2].kind"},
+	{"bad account id", admittedWith(func(ev map[string]any) {
+		data(ev)["path"].([]any)[3].(map[string]any)["account"] = "agent 1"
+		data(ev)["account"] = "agent 1"
+	}), "not an account id"},
+	{"negative units", admittedWith(func(ev map[string]any) { data(ev)["units"] = map[string]any{"tokens": -5} }), "data.units.tokens = -5: want at least 0"},
+	{"unknown unit", admittedWith(func(ev map[string]any) { data(ev)["units"] = map[string]any{"gpus": 1} }), `unknown unit "gpus"`},
+	{"fractional units", admittedWith(func(ev map[string]any) { data(ev)["units"] = map[string]any{"tokens": 1.5} }), "data: json: cannot unmarshal"},
+	{"units as a string", admittedWith(func(ev map[string]any) { data(ev)["units"] = map[string]any{"tokens": "5"} }), "data: json: cannot unmarshal"},
+	{"bad period", admittedWith(func(ev map[string]any) { data(ev)["period"] = "2026-13" }), `data.period "2026-13"`},
+	{"short period", admittedWith(func(ev map[string]any) { data(ev)["period"] = "2026-1" }), `data.period "2026-1"`},
+	{"missing period", admittedWith(func(ev map[string]any) { delete(data(ev), "period") }), `data.period ""`},
+	{"NUL in the plan", admittedWith(func(ev map[string]any) { data(ev)["plan"] = "pro\x00" }), "data.plan"},
+	{"outcome status 600", outcomeWith(func(ev map[string]any) { data(ev)["status"] = 600 }), "data.status 600: want 100-599"},
+	{"outcome without status", outcomeWith(func(ev map[string]any) { delete(data(ev), "status") }), "data.status 0"},
+	{"outcome id is not event_id/outcome", outcomeWith(func(ev map[string]any) { ev["id"] = "something-else" }), `id "something-else"`},
+	{"outcome without event_id", outcomeWith(func(ev map[string]any) { delete(data(ev), "event_id") }), "data.event_id: missing"},
+	{"outcome negative units", outcomeWith(func(ev map[string]any) { data(ev)["units"] = map[string]any{"tokens": -1} }), "data.units.tokens = -1"},
+}
+
+func TestParseRefusesMalformed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range malformed {
+		t.Run(tc.name, func(t *testing.T) {
+			p := parse(tc.value(t), 3, 7)
+			require.Error(t, p.err)
+			require.Nil(t, p.usage)
+			require.Nil(t, p.outcome)
+			require.Contains(t, p.err.Error(), tc.err)
+		})
+	}
+}
+
+func TestParseAdmitted(t *testing.T) {
+	t.Parallel()
+	p := parse(encode(t, goodAdmitted()), 3, 7)
+	require.NoError(t, p.err)
+	tokens, requests, credits, cost := int64(2500), int64(1), int64(3), int64(1200)
+	require.Equal(t, &usageRow{
+		EventID:       "01a20805-4cb6-7888-ab2c-e1f1eb68e89e.12.acme",
+		BillingPeriod: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC),
+		EventTime:     time.Date(2026, 11, 23, 10, 47, 20, 294404000, time.UTC),
+		ChargedPeriod: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC),
+		Org:           "acme", Account: "agent-1", AccountKind: "agent", Path: []string{"acme", "eng", "alice", "agent-1"},
+		APIKeyID: "key_d08a26640bf29096", IdempotencyKey: "req-7f3a", Plan: "pro", Tool: "llm_call", Source: "node-1",
+		Units:     units{Requests: &requests, Tokens: &tokens, Credits: &credits, CostMicros: &cost},
+		Partition: 3, Offset: 7,
+	}, p.usage)
+}
+
+func TestParseShortPathAndBoundaries(t *testing.T) {
+	t.Parallel()
+	ev := goodAdmitted()
+	data(ev)["path"] = []any{map[string]any{"account": "acme", "kind": "org"}, map[string]any{"account": "bot", "kind": "agent"}}
+	data(ev)["account"] = "bot"
+	data(ev)["units"] = map[string]any{}
+	// Nanoseconds are cut to PostgreSQL's microseconds before the month is taken: the last
+	// instant of November stays in November, in Go as in the database.
+	ev["time"] = "2026-11-30T23:59:59.9999999Z"
+	// Another offset: the billing month is taken in UTC.
+	p := parse(encode(t, ev), 0, 0)
+	require.NoError(t, p.err)
+	require.Equal(t, time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), p.usage.BillingPeriod)
+	require.Equal(t, time.Date(2026, 11, 30, 23, 59, 59, 999999000, time.UTC), p.usage.EventTime)
+	require.Equal(t, units{}, p.usage.Units)
+	require.Equal(t, []string{"acme", "bot"}, p.usage.Path)
+
+	ev["time"] = "2026-12-01T00:30:00+01:00"
+	p = parse(encode(t, ev), 0, 0)
+	require.NoError(t, p.err)
+	require.Equal(t, time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), p.usage.BillingPeriod)
+}
+
+func TestParseOutcome(t *testing.T) {
+	t.Parallel()
+	p := parse(encode(t, goodOutcome()), 1, 2)
+	require.NoError(t, p.err)
+	tokens := int64(1870)
+	require.Equal(t, &outcomeRow{
+		EventID: "01a20805-4cb6-7888-ab2c-e1f1eb68e89e.12.acme", Status: 200, Units: units{Tokens: &tokens},
+		OutcomeTime: time.Date(2026, 11, 23, 10, 47, 46, 851154000, time.UTC), Source: "node-1", Partition: 1, Offset: 2,
+	}, p.outcome)
+}
+
+// The meter recognizes the outcome ids admit makes.
+func TestOutcomeIDIsAdmissions(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, admission.OutcomeID("e1.2.acme"), "e1.2.acme"+outcomeSuffix)
+}
+
+// FuzzParse: no input makes parse panic, and whatever it accepts holds the invariants the
+// tables' constraints check (so that no accepted message can stop the pipeline).
+func FuzzParse(f *testing.F) {
+	f.Add(encode(f, goodAdmitted()))
+	f.Add(encode(f, goodOutcome()))
+	for _, tc := range malformed {
+		f.Add(tc.value(f))
+	}
+	f.Fuzz(func(t *testing.T, value []byte) {
+		p := parse(value, 0, 0)
+		switch {
+		case p.err != nil:
+			require.Nil(t, p.usage)
+			require.Nil(t, p.outcome)
+		case p.usage != nil:
+			r := p.usage
+			require.Equal(t, monthOf(r.EventTime), r.BillingPeriod)
+			require.Equal(t, 1, r.ChargedPeriod.Day())
+			require.Equal(t, r.Org, r.Path[0])
+			require.Equal(t, r.Account, r.Path[len(r.Path)-1])
+			for _, u := range []*int64{r.Units.Requests, r.Units.Tokens, r.Units.Credits, r.Units.CostMicros} {
+				require.True(t, u == nil || *u >= 0)
+			}
+			for _, s := range append([]string{r.EventID, r.Source, r.Plan, r.Tool, r.IdempotencyKey, r.APIKeyID, r.AccountKind}, r.Path...) {
+				require.False(t, strings.ContainsRune(s, 0), "NUL in %q", s)
+			}
+		case p.outcome != nil:
+			require.True(t, p.outcome.Status >= 100 && p.outcome.Status <= 599)
+			require.NotEmpty(t, p.outcome.EventID)
+		default:
+			t.Fatal("parse returned nothing")
+		}
+	})
+}

@@ -1,0 +1,291 @@
+package meter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// item is one Kafka message and what it became: a usage row, an outcome row, or (err set)
+// a dead letter.
+type item struct {
+	partition  int
+	offset     int64
+	key, value []byte
+	usage      *usageRow
+	outcome    *outcomeRow
+	err        error
+}
+
+// counts is what one table got from a batch: rows staged and rows inserted; the
+// difference are duplicates skipped by ON CONFLICT DO NOTHING.
+type counts struct{ staged, inserted int64 }
+
+func (c *counts) add(o counts) { c.staged += o.staged; c.inserted += o.inserted }
+
+// written is what a batch wrote, per table.
+type written struct {
+	usage, outcomes, deadLetters counts
+	// refused counts rows PostgreSQL refused for their content, written as dead letters.
+	refused int
+}
+
+func (w *written) add(o written) {
+	w.usage.add(o.usage)
+	w.outcomes.add(o.outcomes)
+	w.deadLetters.add(o.deadLetters)
+	w.refused += o.refused
+}
+
+// store writes batches into PostgreSQL.
+type store struct {
+	pool  *pgxpool.Pool
+	topic string
+
+	mu    sync.Mutex
+	known map[time.Time]bool // months whose usage_events partition exists
+}
+
+func newStore(pool *pgxpool.Pool, topic string) *store {
+	return &store{pool: pool, topic: topic, known: map[time.Time]bool{}}
+}
+
+// ensurePartitions makes sure usage_events has a partition for each month (first days,
+// UTC), asking PostgreSQL only about months it has not seen yet.
+func (s *store) ensurePartitions(ctx context.Context, months []time.Time) error {
+	for _, m := range months {
+		s.mu.Lock()
+		ok := s.known[m]
+		s.mu.Unlock()
+		if ok {
+			continue
+		}
+		if _, err := s.pool.Exec(ctx, `SELECT usage_events_partition($1)`, m); err != nil {
+			return fmt.Errorf("create usage_events partition %s: %w", m.Format("2006-01"), err)
+		}
+		s.mu.Lock()
+		s.known[m] = true
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// forgetPartitions drops what is known of partitions, so that the next write asks again
+// (after an error: someone may have detached or dropped one).
+func (s *store) forgetPartitions() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.known)
+}
+
+// aheadMonths are the current month (by now) and the next two.
+func aheadMonths(now time.Time) []time.Time {
+	m := monthOf(now.UTC())
+	return []time.Time{m, m.AddDate(0, 1, 0), m.AddDate(0, 2, 0)}
+}
+
+const createStaging = `
+CREATE TEMP TABLE meter_usage (
+    event_id text, billing_period date, event_time timestamptz, charged_period date,
+    org text, account text, account_kind text, path text[], api_key_id text, idempotency_key text,
+    plan text, tool text, source text, fail_open boolean,
+    requests bigint, tokens bigint, credits bigint, cost_micros bigint,
+    kafka_partition integer, kafka_offset bigint
+) ON COMMIT DROP;
+CREATE TEMP TABLE meter_outcomes (
+    event_id text, status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint,
+    outcome_time timestamptz, source text, kafka_partition integer, kafka_offset bigint
+) ON COMMIT DROP`
+
+var (
+	usageColumns = []string{"event_id", "billing_period", "event_time", "charged_period",
+		"org", "account", "account_kind", "path", "api_key_id", "idempotency_key",
+		"plan", "tool", "source", "fail_open",
+		"requests", "tokens", "credits", "cost_micros", "kafka_partition", "kafka_offset"}
+	outcomeColumns = []string{"event_id", "status", "requests", "tokens", "credits", "cost_micros",
+		"outcome_time", "source", "kafka_partition", "kafka_offset"}
+)
+
+// The ORDER BY makes the first delivery win within a batch, and makes concurrent meters
+// take index locks in one order (fewer deadlocks when their batches overlap).
+var (
+	insertUsage = `INSERT INTO usage_events (` + strings.Join(usageColumns, ", ") + `)
+SELECT ` + strings.Join(usageColumns, ", ") + ` FROM meter_usage
+ORDER BY event_id, kafka_partition, kafka_offset
+ON CONFLICT (event_id, billing_period) DO NOTHING`
+	insertOutcomes = `INSERT INTO usage_outcomes (` + strings.Join(outcomeColumns, ", ") + `)
+SELECT ` + strings.Join(outcomeColumns, ", ") + ` FROM meter_outcomes
+ORDER BY event_id, kafka_partition, kafka_offset
+ON CONFLICT (event_id) DO NOTHING`
+)
+
+const insertDeadLetters = `INSERT INTO dead_letters (topic, "partition", "offset", key, value, error)
+SELECT $1, d.p, d.o, d.k, d.v, d.e FROM unnest($2::integer[], $3::bigint[], $4::bytea[], $5::bytea[], $6::text[]) AS d(p, o, k, v, e)
+ON CONFLICT ON CONSTRAINT dead_letters_position_key DO NOTHING`
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func orZero(p *int64) int64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// ptr turns a missing unit into NULL for pgx.
+func ptr(p *int64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+// write writes items in one transaction: usage and outcome rows through COPY into staging
+// tables and INSERT … ON CONFLICT DO NOTHING, dead letters keyed by their Kafka position.
+// Either everything is written or nothing is.
+func (s *store) write(ctx context.Context, items []item) (w written, err error) {
+	var usage, outcomes, dead []*item
+	var months []time.Time
+	seen := map[time.Time]bool{}
+	for i := range items {
+		it := &items[i]
+		switch {
+		case it.err != nil:
+			dead = append(dead, it)
+		case it.usage != nil:
+			usage = append(usage, it)
+			if m := it.usage.BillingPeriod; !seen[m] {
+				seen[m] = true
+				months = append(months, m)
+			}
+		case it.outcome != nil:
+			outcomes = append(outcomes, it)
+		}
+	}
+	sort.Slice(months, func(i, j int) bool { return months[i].Before(months[j]) })
+	defer func() {
+		if err != nil {
+			s.forgetPartitions()
+		}
+	}()
+	// Outside the batch's transaction: a partition is added under its own, short lock.
+	if err := s.ensurePartitions(ctx, months); err != nil {
+		return written{}, err
+	}
+
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return written{}, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+
+	if len(usage)+len(outcomes) > 0 {
+		if _, err := tx.Exec(ctx, createStaging); err != nil {
+			return written{}, fmt.Errorf("create staging tables: %w", err)
+		}
+	}
+	if len(usage) > 0 {
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_usage"}, usageColumns, pgx.CopyFromSlice(len(usage), func(i int) ([]any, error) {
+			r := usage[i].usage
+			return []any{r.EventID, r.BillingPeriod, r.EventTime, r.ChargedPeriod,
+				r.Org, r.Account, r.AccountKind, r.Path, nullable(r.APIKeyID), nullable(r.IdempotencyKey),
+				nullable(r.Plan), nullable(r.Tool), r.Source, r.FailOpen,
+				orZero(r.Units.Requests), orZero(r.Units.Tokens), orZero(r.Units.Credits), orZero(r.Units.CostMicros),
+				r.Partition, r.Offset}, nil
+		}))
+		if err != nil {
+			return written{}, fmt.Errorf("copy usage rows: %w", err)
+		}
+		tag, err := tx.Exec(ctx, insertUsage)
+		if err != nil {
+			return written{}, fmt.Errorf("insert usage_events: %w", err)
+		}
+		w.usage = counts{staged: n, inserted: tag.RowsAffected()}
+	}
+	if len(outcomes) > 0 {
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_outcomes"}, outcomeColumns, pgx.CopyFromSlice(len(outcomes), func(i int) ([]any, error) {
+			r := outcomes[i].outcome
+			return []any{r.EventID, r.Status, ptr(r.Units.Requests), ptr(r.Units.Tokens), ptr(r.Units.Credits), ptr(r.Units.CostMicros),
+				r.OutcomeTime, r.Source, r.Partition, r.Offset}, nil
+		}))
+		if err != nil {
+			return written{}, fmt.Errorf("copy outcome rows: %w", err)
+		}
+		tag, err := tx.Exec(ctx, insertOutcomes)
+		if err != nil {
+			return written{}, fmt.Errorf("insert usage_outcomes: %w", err)
+		}
+		w.outcomes = counts{staged: n, inserted: tag.RowsAffected()}
+	}
+	if len(dead) > 0 {
+		parts := make([]int32, len(dead))
+		offsets := make([]int64, len(dead))
+		keys := make([][]byte, len(dead))
+		values := make([][]byte, len(dead))
+		errs := make([]string, len(dead))
+		for i, it := range dead {
+			parts[i], offsets[i], keys[i] = int32(it.partition), it.offset, it.key //nolint:gosec // Kafka partitions are int32
+			values[i] = it.value
+			if values[i] == nil { // a tombstone: the column is NOT NULL
+				values[i] = []byte{}
+			}
+			errs[i] = cleanText(it.err.Error())
+		}
+		tag, err := tx.Exec(ctx, insertDeadLetters, s.topic, parts, offsets, keys, values, errs)
+		if err != nil {
+			return written{}, fmt.Errorf("insert dead_letters: %w", err)
+		}
+		w.deadLetters = counts{staged: int64(len(dead)), inserted: tag.RowsAffected()}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return written{}, fmt.Errorf("commit: %w", err)
+	}
+	return w, nil
+}
+
+// writeEach writes items one transaction each, after PostgreSQL refused the batch for its
+// content: a row it refuses for its own content (a bug in parse's checks, or a constraint
+// added by hand) is written as a dead letter instead, and the others go through. Any other
+// error stops it; the caller retries the batch.
+func (s *store) writeEach(ctx context.Context, items []item) (written, error) {
+	var total written
+	for i := range items {
+		w, err := s.write(ctx, items[i:i+1])
+		if isContentError(err) && items[i].err == nil {
+			items[i].usage, items[i].outcome = nil, nil
+			items[i].err = fmt.Errorf("refused by PostgreSQL: %w", err)
+			w, err = s.write(ctx, items[i:i+1])
+			w.refused = 1
+		}
+		if err != nil {
+			return total, err
+		}
+		total.add(w)
+	}
+	return total, nil
+}
+
+// isContentError reports an error PostgreSQL gives for the data itself: class 22 (data
+// exception) or 23 (integrity constraint violation). Retrying the same rows cannot help.
+func isContentError(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23"))
+}
+
+// cleanText makes s storable as PostgreSQL text: valid UTF-8, no NUL.
+func cleanText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
