@@ -159,8 +159,15 @@ type Meter struct {
 	Postgres Postgres
 	Kafka    Kafka
 	// Group is the Kafka consumer group of the meters.
-	Group   string
-	Migrate bool
+	Group string
+	// BatchSize is the most messages written per PostgreSQL transaction; BatchWait how long
+	// a batch waits to fill once its first message is in.
+	BatchSize int
+	BatchWait time.Duration
+	// SessionTimeout is how long the group waits for a silent meter before giving its
+	// partitions to the others.
+	SessionTimeout time.Duration
+	Migrate        bool
 }
 
 // Register adds every setting of meter to l.
@@ -170,16 +177,28 @@ func (c *Meter) Register(l *Loader) {
 	c.Postgres.Register(l)
 	c.Kafka.Register(l)
 	l.String(&c.Group, "METER_GROUP", "metergate-meter", "Kafka consumer group of the meters")
+	l.Int(&c.BatchSize, "METER_BATCH_SIZE", 1000, "most messages per batch (one PostgreSQL transaction, then one offset commit)")
+	l.Duration(&c.BatchWait, "METER_BATCH_WAIT", 200*time.Millisecond, "how long a batch waits to fill once its first message is in")
+	l.Duration(&c.SessionTimeout, "METER_SESSION_TIMEOUT", 30*time.Second, "how long the consumer group waits for a silent meter before giving its partitions to the others (within the broker's group.min/max.session.timeout.ms)")
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 }
 
 // Validate reports every problem of the configuration, one per line, prefixed by section.
 func (c Meter) Validate() error {
-	var group error
+	var errs []error
 	if c.Group == "" {
-		group = errors.New("meter: METER_GROUP: must not be empty")
+		errs = append(errs, errors.New("METER_GROUP: must not be empty"))
 	}
-	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Postgres.Validate(), c.Kafka.Validate(), group)
+	if c.BatchSize < 1 || c.BatchSize > 100000 {
+		errs = append(errs, fmt.Errorf("METER_BATCH_SIZE=%d: want 1-100000", c.BatchSize))
+	}
+	if c.BatchWait <= 0 || c.BatchWait > time.Minute {
+		errs = append(errs, fmt.Errorf("METER_BATCH_WAIT=%s: want more than 0 and at most 1m", c.BatchWait))
+	}
+	if c.SessionTimeout < time.Second || c.SessionTimeout > 30*time.Minute {
+		errs = append(errs, fmt.Errorf("METER_SESSION_TIMEOUT=%s: want 1s-30m", c.SessionTimeout))
+	}
+	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Postgres.Validate(), c.Kafka.Validate(), prefix("meter", errs))
 }
 
 // Reconcile is the configuration of cmd/reconcile, a run-once job.
