@@ -1,5 +1,6 @@
 // Command meter consumes usage events from Kafka as a consumer group and writes one exact
-// row per event into PostgreSQL, committing Kafka offsets only after the rows are committed.
+// row per event into PostgreSQL, committing Kafka offsets only after the rows are committed
+// (pkg/meter). On SIGTERM it writes the batch in hand, commits its offsets and exits 0.
 //
 // Configuration comes from environment variables, each mirrored by a flag (meter -h lists
 // them); -validate checks it and exits; -migrate applies pending database migrations first.
@@ -19,6 +20,7 @@ import (
 
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/config"
+	"github.com/metergate/metergate/pkg/meter"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/topic"
 )
@@ -61,11 +63,24 @@ func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	probes.Mount(mux, reg)
 
+	m, err := meter.New(pool, meter.Options{
+		Brokers: cfg.Kafka.Brokers, Topic: cfg.Kafka.Topic, Group: cfg.Group,
+		BatchSize: cfg.BatchSize, BatchWait: cfg.BatchWait, SessionTimeout: cfg.SessionTimeout,
+		FlushTimeout: cfg.Server.ShutdownTimeout,
+		Logger:       log.With("component", "meter"), Registerer: reg,
+	})
+	if err != nil {
+		return err
+	}
+
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
 	g.Go(func() error {
-		_ = topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()) // ends only with ctx
-		return nil
+		if err := topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()); err != nil {
+			return nil // ends with ctx only: a shutdown before the topic was there
+		}
+		// Run ends when ctx does, after writing the batch in hand and committing its offsets.
+		return m.Run(ctx)
 	})
 	return g.Wait()
 }
