@@ -1,0 +1,355 @@
+// Package e2e tests the pipeline end to end with the real binaries: admissions through
+// admit's HTTP API, its relay to Kafka, the meter's rows in PostgreSQL.
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/testenv"
+)
+
+// bin holds the admit and meter binaries built for this run.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "metergate-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/admit", "../cmd/meter")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the binaries: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	bin = dir
+	code := testenv.Run(m)
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const (
+	serviceToken = "svc-e2e-0123456789abcdef"
+	adminToken   = "adm-e2e-0123456789abcdef"
+)
+
+// proc is a binary of this run, killed when the test ends.
+type proc struct {
+	cmd *exec.Cmd
+	out *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func start(t *testing.T, name string, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &syncBuffer{}}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	require.NoError(t, p.cmd.Start())
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.cmd.Wait()
+		if t.Failed() {
+			t.Logf("output of %s:\n%s", name, tail(p.out.String(), 4000))
+		}
+	})
+	return p
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
+
+func call(method, url, token string, body any) (int, map[string]any, error) {
+	var rd io.Reader
+	if body != nil {
+		raw, err := json.Marshal(body)
+		if err != nil {
+			return 0, nil, err
+		}
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, nil, err
+	}
+	_ = json.Unmarshal(raw, &out) // a non-JSON body leaves out nil
+	return resp.StatusCode, out, nil
+}
+
+// stack is one admit and one meter on this test's schema, topic and Redis keys, with an
+// org (enterprise plan) and an API key of it.
+type stack struct {
+	admit, meter string // base URLs
+	db           *pgxpool.Pool
+	org, key     string
+	topic        string
+	// warmup holds the event ids of admissions made while waiting for the key to reach
+	// admit's cache: they are rows too.
+	warmup []string
+}
+
+func newStack(t *testing.T, partitions int) *stack {
+	t.Helper()
+	ctx := testenv.Context(t, 3*time.Minute)
+	db, schema := testenv.EmptySchema(t)
+	name := testenv.Name(t)
+	topic := testenv.Topic(t, partitions)
+	common := append(testenv.AdmitTokens()[:0:0],
+		"DATABASE_URL="+testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema),
+		"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=",
+		"KAFKA_BROKERS="+strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC="+topic,
+		"LOG_LEVEL=warn", "REDIS_TIMEOUT=5s")
+	s := &stack{db: db, org: strings.ReplaceAll(name, "_", "-"), topic: topic}
+
+	meterAddr := testenv.FreeAddr(t)
+	start(t, "meter", append(common, "METER_ADDR="+meterAddr, "METER_GROUP=g-"+name), "-migrate")
+	s.meter = "http://" + meterAddr
+	_, err := testenv.WaitHTTP(ctx, s.meter+"/readyz", 200)
+	require.NoError(t, err, "meter ready")
+
+	admitAddr := testenv.FreeAddr(t)
+	start(t, "admit", append(common, "ADMIT_ADDR="+admitAddr, "ADMIT_NODE=e2e", "ADMIT_KEY_PREFIX=t:"+name+":mg",
+		"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken))
+	s.admit = "http://" + admitAddr
+	_, err = testenv.WaitHTTP(ctx, s.admit+"/readyz", 200)
+	require.NoError(t, err, "admit ready")
+
+	status, body, err := call("POST", s.admit+"/v1/admin/accounts", adminToken, map[string]any{"id": s.org, "kind": "org", "plan": "enterprise",
+		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 100000, "burst": 100000}}})
+	require.NoError(t, err)
+	require.Equal(t, 201, status, "%v", body)
+	status, body, err = call("POST", s.admit+"/v1/admin/api-keys", adminToken, map[string]any{"account": s.org})
+	require.NoError(t, err)
+	require.Equal(t, 201, status, "%v", body)
+	s.key = body["api_key"].(string)
+	for { // the key reaches admit's cache through LISTEN/NOTIFY (< 1 s)
+		status, body, err := call("POST", s.admit+"/v1/admit", serviceToken, map[string]any{"api_key": s.key, "units": map[string]any{"requests": 0}})
+		require.NoError(t, err)
+		if status == 200 {
+			s.warmup = append(s.warmup, body["event_id"].(string))
+			break
+		}
+		require.NoError(t, ctx.Err(), "admit never learned the org")
+		time.Sleep(10 * time.Millisecond)
+	}
+	return s
+}
+
+// offsets returns the end offset of every partition of the topic: how many messages it got.
+func (s *stack) offsets(t *testing.T) map[int]int64 {
+	t.Helper()
+	conn, err := kafka.DialLeader(context.Background(), "tcp", testenv.KafkaBrokers(t)[0], s.topic, 0)
+	if err != nil {
+		return nil
+	}
+	defer conn.Close()
+	parts, err := conn.ReadPartitions(s.topic)
+	if err != nil {
+		return nil
+	}
+	out := map[int]int64{}
+	for _, p := range parts {
+		c, err := kafka.DialLeader(context.Background(), "tcp", testenv.KafkaBrokers(t)[0], s.topic, p.ID)
+		if err != nil {
+			continue
+		}
+		last, _ := c.ReadLastOffset()
+		out[p.ID] = last
+		_ = c.Close()
+	}
+	return out
+}
+
+// whereMissing reads the topic back and says where the events without a row are.
+func (s *stack) whereMissing(t *testing.T, want map[string]bool) string {
+	t.Helper()
+	rows := map[string]bool{}
+	for _, id := range s.eventIDs(t, context.Background()) {
+		rows[id] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: s.topic, GroupID: "diag-" + testenv.Name(t),
+		StartOffset: kafka.FirstOffset, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	inKafka := map[string][]int64{}
+	total := 0
+	for total < 10_001 {
+		msg, err := r.ReadMessage(ctx)
+		if err != nil {
+			break
+		}
+		total++
+		var ev struct{ ID string }
+		_ = json.Unmarshal(msg.Value, &ev)
+		inKafka[ev.ID] = append(inKafka[ev.ID], msg.Offset)
+	}
+	var missing []string
+	for id := range want {
+		if !rows[id] {
+			missing = append(missing, fmt.Sprintf("%s@%v", id[:8], inKafka[id]))
+		}
+	}
+	dupes := 0
+	for _, o := range inKafka {
+		dupes += len(o) - 1
+	}
+	return fmt.Sprintf("kafka: %d messages, %d distinct, %d duplicates; missing (offsets in kafka): %v", total, len(inKafka), dupes, missing)
+}
+
+// meterMetrics returns the meter's metergate_* metrics.
+func (s *stack) meterMetrics(t *testing.T) string {
+	t.Helper()
+	resp, err := client.Get(s.meter + "/metrics")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var lines []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(l, "metergate_") {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// eventIDs returns the event ids of the org's rows.
+func (s *stack) eventIDs(t *testing.T, ctx context.Context) []string {
+	t.Helper()
+	rows, err := s.db.Query(ctx, `SELECT event_id FROM usage_events WHERE org = $1`, s.org)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return ids
+}
+
+// 10,000 admissions through the HTTP API become exactly 10,000 rows in usage_events with
+// the event ids the callers got, within a bounded time; the log line gives the sustained
+// rate and the admit-to-row latency.
+func TestTenThousandAdmissionsBecomeRows(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, 12)
+	const n, clients = 10_000, 32
+	ctx := testenv.Context(t, 5*time.Minute)
+
+	ids := make(chan string, n)
+	errs := make(chan error, clients)
+	var wg sync.WaitGroup
+	begin := time.Now()
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := c; i < n; i += clients {
+				status, body, err := call("POST", s.admit+"/v1/admit", serviceToken,
+					map[string]any{"api_key": s.key, "units": map[string]any{"requests": 1, "tokens": 100 + i%50}})
+				if err != nil || status != 200 {
+					errs <- fmt.Errorf("admission %d: %d %v %v", i, status, body, err)
+					return
+				}
+				ids <- body["event_id"].(string)
+			}
+		}()
+	}
+	wg.Wait()
+	admitted := time.Since(begin)
+	close(ids)
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	want := map[string]bool{}
+	for id := range ids {
+		want[id] = true
+	}
+	require.Len(t, want, n, "every admission got its own event id")
+	for _, id := range s.warmup {
+		want[id] = true
+	}
+
+	// Every event reaches its row within a bound.
+	deadline := time.Now().Add(2 * time.Minute)
+	var rows int
+	for {
+		require.NoError(t, s.db.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE org = $1`, s.org).Scan(&rows))
+		if rows >= len(want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			var dead int
+			var sample string
+			_ = s.db.QueryRow(ctx, `SELECT count(*), coalesce(min(error), '') FROM dead_letters`).Scan(&dead, &sample)
+			t.Fatalf("%d of %d rows after 2 minutes; %d dead letters (%s); kafka offsets %v; %s; meter metrics:\n%s",
+				rows, len(want), dead, sample, s.offsets(t), s.whereMissing(t, want), s.meterMetrics(t))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	landed := time.Since(begin)
+	got := s.eventIDs(t, ctx)
+	require.Len(t, got, len(want), "exactly one row per admission")
+	for _, id := range got {
+		require.True(t, want[id], "row for an event nobody was given: %s", id)
+	}
+
+	var p50, p99 float64
+	require.NoError(t, s.db.QueryRow(ctx, `SELECT
+		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM ingest_time - event_time)),
+		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM ingest_time - event_time))
+		FROM usage_events WHERE org = $1`, s.org).Scan(&p50, &p99))
+	t.Logf("%d admissions by %d clients in %s (%.0f/s); all rows in %s (%.0f/s end to end); admit-to-row p50 %.0f ms, p99 %.0f ms",
+		n, clients, admitted.Round(time.Millisecond), n/admitted.Seconds(), landed.Round(time.Millisecond),
+		n/landed.Seconds(), p50*1000, p99*1000)
+}
