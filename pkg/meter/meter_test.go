@@ -53,7 +53,7 @@ func setup(t *testing.T, partitions int) *testBundle {
 }
 
 // produce writes msgs, acknowledged by every replica.
-func (b *testBundle) produce(t *testing.T, msgs ...kafka.Message) {
+func (b *testBundle) produce(t testing.TB, msgs ...kafka.Message) {
 	t.Helper()
 	require.NoError(t, b.writer.WriteMessages(b.ctx, msgs...))
 }
