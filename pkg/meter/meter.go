@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -55,9 +56,12 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-// writeTimeout bounds one attempt at writing a batch, so that a PostgreSQL that stopped
-// answering is retried rather than waited on for ever.
-const writeTimeout = 30 * time.Second
+// writeTimeout bounds one attempt at writing a batch of n messages, so that a PostgreSQL
+// that stopped answering is retried rather than waited on for ever: 30 s, more for batches
+// so large that they could take that long.
+func writeTimeout(n int) time.Duration {
+	return max(30*time.Second, time.Duration(n)*2*time.Millisecond)
+}
 
 // Meter moves usage events from Kafka into PostgreSQL. Run it once.
 type Meter struct {
@@ -139,9 +143,9 @@ func setDefault[T comparable](p *T, def T) {
 // Run consumes until ctx ends, then writes the batch in hand and commits its offsets
 // (within FlushTimeout), leaves the group and returns nil. While PostgreSQL cannot take a
 // batch, Run retries that same batch with backoff and neither commits offsets nor fetches
-// further messages. It returns an error when the Kafka reader fails, or when the batch in
-// hand could not be written before the shutdown deadline (its offsets are then not
-// committed: the messages go to the group's next consumer).
+// further messages; Kafka errors are logged and retried too. It returns an error only when
+// the batch in hand could not be written before the shutdown deadline: its offsets are then
+// not committed, and the messages go to the group's next consumer.
 func (m *Meter) Run(ctx context.Context) error {
 	reader := kafka.NewReader(m.config) // joins the group
 	m.reader.Store(reader)
@@ -163,6 +167,7 @@ func (m *Meter) Run(ctx context.Context) error {
 
 	m.log.Info("meter consuming", "topic", m.opts.Topic, "group", m.opts.Group,
 		"batch_size", m.opts.BatchSize, "batch_wait", m.opts.BatchWait.String())
+	backoff := m.opts.RetryMin
 	for {
 		msgs, ferr := m.fetch(ctx, reader)
 		if len(msgs) > 0 {
@@ -170,12 +175,24 @@ func (m *Meter) Run(ctx context.Context) error {
 				return err
 			}
 		}
-		if ferr != nil {
-			if ctx.Err() != nil {
-				m.log.Info("meter stopped", "flushed", len(msgs))
-				return nil
+		switch {
+		case ferr == nil:
+			backoff = m.opts.RetryMin
+		case ctx.Err() != nil:
+			m.log.Info("meter stopped", "flushed", len(msgs))
+			return nil
+		case errors.Is(ferr, io.EOF):
+			return fmt.Errorf("fetch from %s: the reader closed", m.opts.Topic)
+		default:
+			// kafka-go reports errors it goes on healing from (a group it could not join, a
+			// partition's leader moving): wait and fetch again.
+			m.metrics.fetchErrs.Inc()
+			m.log.Warn("fetch from kafka failed; retrying", "err", ferr, "retry_in", backoff.String())
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
 			}
-			return fmt.Errorf("fetch from %s: %w", m.opts.Topic, ferr)
+			backoff = min(2*backoff, m.opts.RetryMax)
 		}
 	}
 }
@@ -194,15 +211,13 @@ func (m *Meter) fetch(ctx context.Context, reader *kafka.Reader) ([]kafka.Messag
 	defer cancel()
 	for len(msgs) < m.opts.BatchSize {
 		msg, err := reader.FetchMessage(bctx)
-		if err == nil {
-			m.fetched.Add(1)
-		}
 		if err != nil {
 			if ctx.Err() == nil && bctx.Err() != nil {
 				return msgs, nil // the wait is over
 			}
 			return msgs, err
 		}
+		m.fetched.Add(1)
 		msgs = append(msgs, msg)
 	}
 	return msgs, nil
@@ -243,7 +258,7 @@ func (m *Meter) process(ctx context.Context, reader *kafka.Reader, msgs []kafka.
 func (m *Meter) write(ctx context.Context, items []item) (written, error) {
 	backoff := m.opts.RetryMin
 	for {
-		actx, cancel := context.WithTimeout(ctx, writeTimeout)
+		actx, cancel := context.WithTimeout(ctx, writeTimeout(len(items)))
 		w, err := m.store.write(actx, items)
 		if isContentError(err) {
 			m.log.Warn("PostgreSQL refused the batch for its content; writing its messages one by one", "err", err, "messages", len(items))

@@ -613,3 +613,14 @@ func TestUsageLogMigrationDownWithPartitions(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, tables())
 }
+
+// An unreachable Kafka makes the meter retry, not stop.
+func TestKafkaUnreachableIsRetried(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 2*time.Minute)
+	name := strings.ReplaceAll(testenv.Name(t), "_", "-")
+	m := start(t, testenv.Postgres(t), Options{Brokers: []string{testenv.FreeAddr(t)}, Topic: "t." + name, Group: name,
+		RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond})
+	waitFor(t, ctx, "fetch errors", func() bool { return testutil.ToFloat64(m.metrics.fetchErrs) >= 2 })
+	require.NoError(t, m.stop(), "still running, and stops cleanly")
+}

@@ -12,6 +12,7 @@ type metrics struct {
 	refused     prometheus.Counter
 	retries     prometheus.Counter
 	commitErrs  prometheus.Counter
+	fetchErrs   prometheus.Counter
 	batch       prometheus.Histogram
 	batchSize   prometheus.Histogram
 	lag         prometheus.GaugeFunc
@@ -47,6 +48,10 @@ func newMetrics(lag func() float64) *metrics {
 			Name: "metergate_meter_commit_errors_total",
 			Help: "Kafka offset commits that failed after the batch was written (its messages may be delivered again; the rows dedupe them).",
 		}),
+		fetchErrs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_meter_fetch_errors_total",
+			Help: "Errors fetching from Kafka (broker unreachable, group not joined, ...); the meter retries.",
+		}),
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "metergate_meter_batch_seconds",
 			Help:    "Time to write a batch (PostgreSQL transaction, retries included) and commit its offsets.",
@@ -69,7 +74,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 		m.rows.WithLabelValues(table)
 		m.duplicates.WithLabelValues(table)
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.rows, m.duplicates, m.deadLetters, m.refused, m.retries, m.commitErrs, m.batch, m.batchSize, m.lag} {
+	for _, c := range []prometheus.Collector{m.messages, m.rows, m.duplicates, m.deadLetters, m.refused, m.retries, m.commitErrs, m.fetchErrs, m.batch, m.batchSize, m.lag} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -190,7 +190,11 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 	if err != nil {
 		return written{}, fmt.Errorf("begin: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+	defer func() { // a no-op after Commit
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
 
 	if len(usage)+len(outcomes) > 0 {
 		if _, err := tx.Exec(ctx, createStaging); err != nil {
