@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/pkg/topic"
 )
 
 // bin holds the admit and meter binaries built for this run.
@@ -134,6 +135,7 @@ type stack struct {
 	db           *pgxpool.Pool
 	org, key     string
 	topic        string
+	brokers      []string
 	// warmup holds the event ids of admissions made while waiting for the key to reach
 	// admit's cache: they are rows too.
 	warmup []string
@@ -141,16 +143,21 @@ type stack struct {
 
 func newStack(t *testing.T, partitions int) *stack {
 	t.Helper()
+	return newStackOn(t, testenv.KafkaBrokers(t), testenv.Topic(t, partitions))
+}
+
+// newStackOn is newStack on the given brokers and (existing) topic.
+func newStackOn(t *testing.T, brokers []string, topic string) *stack {
+	t.Helper()
 	ctx := testenv.Context(t, 3*time.Minute)
 	db, schema := testenv.EmptySchema(t)
 	name := testenv.Name(t)
-	topic := testenv.Topic(t, partitions)
 	common := append(testenv.AdmitTokens()[:0:0],
 		"DATABASE_URL="+testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema),
 		"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=",
-		"KAFKA_BROKERS="+strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC="+topic,
+		"KAFKA_BROKERS="+strings.Join(brokers, ","), "KAFKA_TOPIC="+topic,
 		"LOG_LEVEL=warn", "REDIS_TIMEOUT=5s")
-	s := &stack{db: db, org: strings.ReplaceAll(name, "_", "-"), topic: topic}
+	s := &stack{db: db, org: strings.ReplaceAll(name, "_", "-"), topic: topic, brokers: brokers}
 
 	meterAddr := testenv.FreeAddr(t)
 	start(t, "meter", append(common, "METER_ADDR="+meterAddr, "METER_GROUP=g-"+name), "-migrate")
@@ -189,7 +196,7 @@ func newStack(t *testing.T, partitions int) *stack {
 // offsets returns the end offset of every partition of the topic: how many messages it got.
 func (s *stack) offsets(t *testing.T) map[int]int64 {
 	t.Helper()
-	conn, err := kafka.DialLeader(context.Background(), "tcp", testenv.KafkaBrokers(t)[0], s.topic, 0)
+	conn, err := kafka.DialLeader(context.Background(), "tcp", s.brokers[0], s.topic, 0)
 	if err != nil {
 		return nil
 	}
@@ -200,7 +207,7 @@ func (s *stack) offsets(t *testing.T) map[int]int64 {
 	}
 	out := map[int]int64{}
 	for _, p := range parts {
-		c, err := kafka.DialLeader(context.Background(), "tcp", testenv.KafkaBrokers(t)[0], s.topic, p.ID)
+		c, err := kafka.DialLeader(context.Background(), "tcp", s.brokers[0], s.topic, p.ID)
 		if err != nil {
 			continue
 		}
@@ -220,7 +227,7 @@ func (s *stack) whereMissing(t *testing.T, want map[string]bool) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: s.topic, GroupID: "diag-" + testenv.Name(t),
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.brokers, Topic: s.topic, GroupID: "diag-" + testenv.Name(t),
 		StartOffset: kafka.FirstOffset, MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	inKafka := map[string][]int64{}
@@ -264,6 +271,34 @@ func (s *stack) meterMetrics(t *testing.T) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// waitRows waits until the org has exactly the rows of want, and fails saying where the
+// missing events are if that takes longer than within.
+func (s *stack) waitRows(t *testing.T, want map[string]bool, within time.Duration) {
+	t.Helper()
+	ctx := testenv.Context(t, within+time.Minute)
+	deadline := time.Now().Add(within)
+	var rows int
+	for {
+		require.NoError(t, s.db.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE org = $1`, s.org).Scan(&rows))
+		if rows >= len(want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			var dead int
+			var sample string
+			_ = s.db.QueryRow(ctx, `SELECT count(*), coalesce(min(error), '') FROM dead_letters`).Scan(&dead, &sample)
+			t.Fatalf("%d of %d rows after %s; %d dead letters (%s); kafka offsets %v; %s; meter metrics:\n%s",
+				rows, len(want), within, dead, sample, s.offsets(t), s.whereMissing(t, want), s.meterMetrics(t))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	got := s.eventIDs(t, ctx)
+	require.Len(t, got, len(want), "exactly one row per admission")
+	for _, id := range got {
+		require.True(t, want[id], "row for an event nobody was given: %s", id)
+	}
 }
 
 // eventIDs returns the event ids of the org's rows.
@@ -321,28 +356,8 @@ func TestTenThousandAdmissionsBecomeRows(t *testing.T) {
 	}
 
 	// Every event reaches its row within a bound.
-	deadline := time.Now().Add(2 * time.Minute)
-	var rows int
-	for {
-		require.NoError(t, s.db.QueryRow(ctx, `SELECT count(*) FROM usage_events WHERE org = $1`, s.org).Scan(&rows))
-		if rows >= len(want) {
-			break
-		}
-		if time.Now().After(deadline) {
-			var dead int
-			var sample string
-			_ = s.db.QueryRow(ctx, `SELECT count(*), coalesce(min(error), '') FROM dead_letters`).Scan(&dead, &sample)
-			t.Fatalf("%d of %d rows after 2 minutes; %d dead letters (%s); kafka offsets %v; %s; meter metrics:\n%s",
-				rows, len(want), dead, sample, s.offsets(t), s.whereMissing(t, want), s.meterMetrics(t))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	s.waitRows(t, want, 2*time.Minute)
 	landed := time.Since(begin)
-	got := s.eventIDs(t, ctx)
-	require.Len(t, got, len(want), "exactly one row per admission")
-	for _, id := range got {
-		require.True(t, want[id], "row for an event nobody was given: %s", id)
-	}
 
 	var p50, p99 float64
 	require.NoError(t, s.db.QueryRow(ctx, `SELECT
@@ -352,4 +367,39 @@ func TestTenThousandAdmissionsBecomeRows(t *testing.T) {
 	t.Logf("%d admissions by %d clients in %s (%.0f/s); all rows in %s (%.0f/s end to end); admit-to-row p50 %.0f ms, p99 %.0f ms",
 		n, clients, admitted.Round(time.Millisecond), n/admitted.Seconds(), landed.Round(time.Millisecond),
 		n/landed.Seconds(), p50*1000, p99*1000)
+}
+
+// The broker stopped for 20 s while admissions go on, then started: admissions keep
+// succeeding, and every event arrives in PostgreSQL once.
+func TestBrokerOutage(t *testing.T) {
+	t.Parallel()
+	broker := testenv.StartBroker(t)
+	brokers := []string{broker.Addr()}
+	ctx := testenv.Context(t, 5*time.Minute)
+	require.NoError(t, topic.Ensure(ctx, brokers, topic.Spec{Name: "usage", Partitions: 4, ReplicationFactor: 1}))
+	s := newStackOn(t, brokers, "usage")
+
+	want := map[string]bool{}
+	for _, id := range s.warmup {
+		want[id] = true
+	}
+	admit := func(n int) {
+		for range n {
+			status, body, err := call("POST", s.admit+"/v1/admit", serviceToken, map[string]any{"api_key": s.key})
+			require.NoError(t, err)
+			require.Equal(t, 200, status, "admissions go on: %v", body)
+			want[body["event_id"].(string)] = true
+		}
+	}
+	admit(200)
+	broker.Stop()
+	stopped := time.Now()
+	for time.Since(stopped) < 20*time.Second { // the outage lasts 20 s by the clock
+		admit(20)
+		time.Sleep(100 * time.Millisecond)
+	}
+	broker.Start()
+	admit(200)
+	s.waitRows(t, want, 2*time.Minute)
+	t.Logf("%d events through a 20 s broker outage, each in PostgreSQL once", len(want))
 }
