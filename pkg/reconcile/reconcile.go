@@ -1,0 +1,569 @@
+// Package reconcile corrects the Redis quota counters that admission charges from the
+// billing log in PostgreSQL. Each correction is recorded as a row of adjustments, applied to
+// Redis exactly once (lua/adjust.lua writes a marker key named after the row in the same
+// script as the counter change), then marked applied. A run that dies anywhere is finished
+// by the next one, and a run right after a clean one applies nothing.
+//
+// Only monthly quota counters are corrected; daily ones are left alone.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/metergate/metergate/lua"
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// Kind is the kind of a correction.
+type Kind string
+
+// The kinds of correction, in the order a run computes them.
+const (
+	// PeriodMove moves usage charged to another month than its event time's: minus from
+	// the charged month's counter, plus to the event time's.
+	PeriodMove Kind = "period_move"
+	// Refund5xx gives back the quota of a request whose outcome was a 5xx.
+	Refund5xx Kind = "refund_5xx"
+	// SettleTokens replaces estimated units by the actual ones an outcome reported.
+	SettleTokens Kind = "settle_tokens"
+	// DriftRestore raises a counter found below PostgreSQL's billable total.
+	DriftRestore Kind = "drift_restore"
+)
+
+// Failpoints: where Options.Failpoint is called, to test that a run dying there converges.
+const (
+	// AfterInsert: a batch of corrections is committed, none applied.
+	AfterInsert = "after-insert"
+	// AfterRedis: one correction changed Redis and is not marked applied yet.
+	AfterRedis = "after-redis"
+	// AfterMark: one correction is marked applied.
+	AfterMark = "after-mark"
+)
+
+// Policies resolves an account's effective policy (a *policy.Cache).
+type Policies interface {
+	Resolve(account string) (policy.Resolved, error)
+}
+
+// Options are the dependencies and settings of a run.
+type Options struct {
+	Pool     *pgxpool.Pool
+	Redis    redis.UniversalClient
+	Keys     admission.Keys
+	Policies Policies
+	// DryRun computes the plan and changes nothing, in PostgreSQL or Redis.
+	DryRun bool
+	// Now is the run's time (time.Now when zero): the open periods are its month and the
+	// month before.
+	Now time.Time
+	Log *slog.Logger
+	// MarkerTTL is how long a marker key outlives its correction (40 days when zero).
+	MarkerTTL time.Duration
+	// CounterRetention is how long a counter created by a correction outlives its period
+	// (35 days when zero, as admission's quota counters).
+	CounterRetention time.Duration
+	// Failpoint, when set, is called at each failpoint; an error aborts the run there.
+	Failpoint func(point string) error
+}
+
+// Adjustment is one correction of one quota counter.
+type Adjustment struct {
+	ID          int64       `json:"id,omitempty"`
+	Kind        Kind        `json:"kind"`
+	Org         string      `json:"org"`
+	Account     string      `json:"account"`
+	Level       policy.Kind `json:"level"`
+	Unit        policy.Unit `json:"unit"`
+	Period      string      `json:"period"` // YYYY-MM
+	Amount      int64       `json:"amount"`
+	Reason      string      `json:"reason"`
+	SourceEvent string      `json:"source_event,omitempty"`
+}
+
+// Summary is what a run did, printed by reconcile --json and stored in reconcile_runs.
+type Summary struct {
+	RunID  string `json:"run_id"`
+	DryRun bool   `json:"dry_run"`
+	Since  string `json:"since"` // first open period, YYYY-MM
+	// Recovered counts corrections of earlier runs (that died) applied by this one.
+	Recovered          int          `json:"recovered"`
+	AdjustmentsPlanned int          `json:"adjustments_planned"`
+	AdjustmentsApplied int          `json:"adjustments_applied"`
+	ByKind             map[Kind]int `json:"by_kind"`
+	// DriftFound counts counters found below their billable total.
+	DriftFound int `json:"drift_found"`
+	// EventsSkipped counts events whose account no longer resolves to a policy.
+	EventsSkipped int `json:"events_skipped"`
+	// Plan lists the corrections of a dry run.
+	Plan []Adjustment `json:"plan,omitempty"`
+}
+
+// Difference is a counter that does not equal its billable total.
+type Difference struct {
+	Org      string      `json:"org"`
+	Account  string      `json:"account"`
+	Level    policy.Kind `json:"level"`
+	Unit     policy.Unit `json:"unit"`
+	Period   string      `json:"period"`
+	Redis    int64       `json:"redis"`
+	Billable int64       `json:"billable"`
+}
+
+func (d Difference) String() string {
+	return fmt.Sprintf("%s %s %s %s: redis %d, billable %d", d.Org, d.Account, d.Unit, d.Period, d.Redis, d.Billable)
+}
+
+func (o *Options) defaults() error {
+	if o.Pool == nil || o.Redis == nil || o.Policies == nil {
+		return errors.New("reconcile: Pool, Redis and Policies are required")
+	}
+	if o.Keys.Prefix == "" {
+		o.Keys.Prefix = admission.DefaultKeyPrefix
+	}
+	if o.Keys.Shards <= 0 {
+		o.Keys.Shards = 16
+	}
+	if o.Now.IsZero() {
+		o.Now = time.Now()
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.MarkerTTL <= 0 {
+		o.MarkerTTL = 40 * 24 * time.Hour
+	}
+	if o.CounterRetention <= 0 {
+		o.CounterRetention = 35 * 24 * time.Hour
+	}
+	return nil
+}
+
+func (o *Options) fail(point string) error {
+	if o.Failpoint == nil {
+		return nil
+	}
+	if err := o.Failpoint(point); err != nil {
+		return fmt.Errorf("failpoint %s: %w", point, err)
+	}
+	return nil
+}
+
+// since is the first day of the first open period: the month before Now's.
+func since(now time.Time) time.Time {
+	now = now.UTC()
+	return time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).AddDate(0, -1, 0)
+}
+
+// Run computes the corrections, records and applies them (or, with DryRun, only lists
+// them) and returns the summary. Order: corrections left pending by an earlier run,
+// then period moves, refunds and settlements of events, then drift against the billable
+// totals (measured after the others are applied).
+func Run(ctx context.Context, o Options) (Summary, error) {
+	if err := o.defaults(); err != nil {
+		return Summary{}, err
+	}
+	runID := uuid.New()
+	from := since(o.Now)
+	s := Summary{RunID: runID.String(), DryRun: o.DryRun, Since: admission.MonthLabel(from), ByKind: map[Kind]int{}}
+
+	if o.DryRun {
+		pending, err := pendingRows(ctx, o.Pool)
+		if err != nil {
+			return s, err
+		}
+		events, skipped, err := eventCorrections(ctx, o, from)
+		if err != nil {
+			return s, err
+		}
+		s.EventsSkipped = skipped
+		plan := append(pending, events...)
+		planned := map[string]int64{}
+		for _, a := range plan {
+			planned[counterKey(o.Keys, a.Org, a.Account, a.Unit, a.Period)] += a.Amount
+		}
+		drift, _, err := driftCorrections(ctx, o, from, planned)
+		if err != nil {
+			return s, err
+		}
+		s.DriftFound = len(drift)
+		s.Plan = append(plan, drift...)
+		s.AdjustmentsPlanned = len(s.Plan)
+		for _, a := range s.Plan {
+			s.ByKind[a.Kind]++
+		}
+		return s, nil
+	}
+
+	if _, err := o.Pool.Exec(ctx, `insert into reconcile_runs (run_id) values ($1)`, runID); err != nil {
+		return s, fmt.Errorf("record run: %w", err)
+	}
+	recovered, err := apply(ctx, o, &s)
+	if err != nil {
+		return s, err
+	}
+	s.Recovered = recovered
+
+	events, skipped, err := eventCorrections(ctx, o, from)
+	if err != nil {
+		return s, err
+	}
+	s.EventsSkipped = skipped
+	if err := insert(ctx, o, runID, events); err != nil {
+		return s, err
+	}
+	s.AdjustmentsPlanned += len(events)
+	if _, err := apply(ctx, o, &s); err != nil {
+		return s, err
+	}
+
+	drift, _, err := driftCorrections(ctx, o, from, nil)
+	if err != nil {
+		return s, err
+	}
+	s.DriftFound = len(drift)
+	if err := insert(ctx, o, runID, drift); err != nil {
+		return s, err
+	}
+	s.AdjustmentsPlanned += len(drift)
+	if _, err := apply(ctx, o, &s); err != nil {
+		return s, err
+	}
+
+	if _, err := o.Pool.Exec(ctx, `update reconcile_runs set finished_at = now(), summary = $2 where run_id = $1`, runID, s); err != nil {
+		return s, fmt.Errorf("record run summary: %w", err)
+	}
+	o.Log.Info("reconcile run finished", "run_id", s.RunID, "adjustments_applied", s.AdjustmentsApplied,
+		"recovered", s.Recovered, "drift_found", s.DriftFound, "events_skipped", s.EventsSkipped)
+	return s, nil
+}
+
+// Verify compares, for every (account, unit, open period) with a monthly quota that the
+// billing log has usage for, the Redis counter with the billable total: admitted units,
+// minus those of 5xx outcomes, with actual units in place of estimates. On a drained
+// pipeline after a reconcile run the list is empty.
+func Verify(ctx context.Context, o Options) ([]Difference, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	_, diffs, err := driftCorrections(ctx, o, since(o.Now), nil)
+	return diffs, err
+}
+
+func periodLabel(t time.Time) string { return t.UTC().Format("2006-01") }
+
+func counterKey(k admission.Keys, org, account string, u policy.Unit, period string) string {
+	return k.Quota(org, account, u, period)
+}
+
+// markerKey is the marker of a correction, in the hash tag of the org's counters so the
+// script touches one Redis Cluster slot.
+func markerKey(k admission.Keys, org string, id int64) string {
+	tag := strings.TrimSuffix(k.Outbox(k.Shard(org)), "outbox")
+	return tag + "adj:" + strconv.FormatInt(id, 10)
+}
+
+// monthlyQuotas lists the units that a level counts with a monthly quota counter (capped
+// or not: admission charges the counter of every limit with a quota).
+func monthlyQuotas(lv policy.Level) []policy.Unit {
+	var units []policy.Unit
+	for _, u := range policy.Units {
+		l, ok := lv.Limits[u]
+		if ok && l.Quota != nil && l.QuotaPeriod != policy.Day {
+			units = append(units, u)
+		}
+	}
+	return units
+}
+
+func unitIndex(u policy.Unit) int {
+	for i, v := range policy.Units {
+		if v == u {
+			return i
+		}
+	}
+	return -1
+}
+
+// eventCorrections computes the period moves, refunds and settlements of the events of the
+// open periods that have not had them yet. Events admitted fail-open charged no counter
+// and get none (drift_restore brings their usage into the counters).
+func eventCorrections(ctx context.Context, o Options, from time.Time) ([]Adjustment, int, error) {
+	rows, err := o.Pool.Query(ctx, `
+select e.event_id, e.org, e.account, e.charged_period, e.billing_period,
+       array[e.requests, e.tokens, e.credits, e.cost_micros],
+       o.status, array[o.requests, o.tokens, o.credits, o.cost_micros],
+       exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id),
+       exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'settle_tokens') and a.source_event = e.event_id)
+from usage_events e left join usage_outcomes o on o.event_id = e.event_id
+where e.billing_period >= $1 and not e.fail_open
+  and (e.charged_period <> e.billing_period or o.event_id is not null)
+order by e.event_time, e.event_id`, from)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read events to correct: %w", err)
+	}
+	defer rows.Close()
+	var (
+		out     []Adjustment
+		skipped int
+	)
+	for rows.Next() {
+		var (
+			id, org, account string
+			charged, billing time.Time
+			est              []int64
+			status           *int
+			actual           []*int64
+			moved, settled   bool
+		)
+		if err := rows.Scan(&id, &org, &account, &charged, &billing, &est, &status, &actual, &moved, &settled); err != nil {
+			return nil, 0, fmt.Errorf("read events to correct: %w", err)
+		}
+		pol, err := o.Policies.Resolve(account)
+		if err != nil {
+			o.Log.Warn("event skipped: account does not resolve", "event_id", id, "account", account, "err", err)
+			skipped++
+			continue
+		}
+		cp, bp := periodLabel(charged), periodLabel(billing)
+		add := func(k Kind, lv policy.Level, u policy.Unit, period string, amount int64, reason string) {
+			if amount != 0 {
+				out = append(out, Adjustment{Kind: k, Org: org, Account: lv.Account, Level: lv.Kind, Unit: u,
+					Period: period, Amount: amount, Reason: reason, SourceEvent: id})
+			}
+		}
+		for _, lv := range pol.Path {
+			for _, u := range monthlyQuotas(lv) {
+				n := est[unitIndex(u)]
+				// Moves first: refunds and settlements then apply to the event time's month.
+				if !moved && cp != bp && !charged.Before(from) {
+					reason := fmt.Sprintf("event time in %s, charged to %s", bp, cp)
+					add(PeriodMove, lv, u, cp, -n, reason)
+					add(PeriodMove, lv, u, bp, n, reason)
+				}
+				switch {
+				case settled || status == nil:
+				case *status >= 500:
+					add(Refund5xx, lv, u, bp, -n, fmt.Sprintf("outcome status %d", *status))
+				case actual[unitIndex(u)] != nil:
+					a := *actual[unitIndex(u)]
+					add(SettleTokens, lv, u, bp, a-n, fmt.Sprintf("estimated %d, actual %d", n, a))
+				}
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read events to correct: %w", err)
+	}
+	return out, skipped, nil
+}
+
+// driftCorrections compares every monthly counter that the billing log has usage for in
+// the open periods with its billable total. planned adds not-yet-applied deltas to the
+// counters read (a dry run). It returns a restore for each counter below its total, and
+// every counter that differs.
+func driftCorrections(ctx context.Context, o Options, from time.Time, planned map[string]int64) ([]Adjustment, []Difference, error) {
+	rows, err := o.Pool.Query(ctx, `
+select e.org, lvl.account, e.billing_period,
+       array[sum(case when o.status >= 500 then 0 else coalesce(o.requests, e.requests) end),
+             sum(case when o.status >= 500 then 0 else coalesce(o.tokens, e.tokens) end),
+             sum(case when o.status >= 500 then 0 else coalesce(o.credits, e.credits) end),
+             sum(case when o.status >= 500 then 0 else coalesce(o.cost_micros, e.cost_micros) end)]::bigint[]
+from usage_events e
+left join usage_outcomes o on o.event_id = e.event_id
+cross join lateral unnest(e.path) as lvl(account)
+where e.billing_period >= $1
+group by 1, 2, 3
+order by 1, 2, 3`, from)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read billable totals: %w", err)
+	}
+	type counter struct {
+		Difference
+		key string
+	}
+	var counters []counter
+	for rows.Next() {
+		var (
+			org, account string
+			period       time.Time
+			totals       []int64
+		)
+		if err := rows.Scan(&org, &account, &period, &totals); err != nil {
+			rows.Close()
+			return nil, nil, fmt.Errorf("read billable totals: %w", err)
+		}
+		pol, err := o.Policies.Resolve(account)
+		if err != nil {
+			continue
+		}
+		lv := pol.Path[len(pol.Path)-1]
+		for _, u := range monthlyQuotas(lv) {
+			p := periodLabel(period)
+			counters = append(counters, counter{
+				Difference: Difference{Org: org, Account: account, Level: lv.Kind, Unit: u, Period: p, Billable: totals[unitIndex(u)]},
+				key:        counterKey(o.Keys, org, account, u, p),
+			})
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("read billable totals: %w", err)
+	}
+
+	// One GET per counter, pipelined (keys of several slots: no MGET on a cluster).
+	const batch = 500
+	for start := 0; start < len(counters); start += batch {
+		end := min(start+batch, len(counters))
+		pipe := o.Redis.Pipeline()
+		cmds := make([]*redis.StringCmd, end-start)
+		for i := range cmds {
+			cmds[i] = pipe.Get(ctx, counters[start+i].key)
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, nil, fmt.Errorf("read counters: %w", err)
+		}
+		for i, cmd := range cmds {
+			v, err := cmd.Int64()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return nil, nil, fmt.Errorf("read counter %s: %w", counters[start+i].key, err)
+			}
+			counters[start+i].Redis = v + planned[counters[start+i].key]
+		}
+	}
+
+	var (
+		restores []Adjustment
+		diffs    []Difference
+	)
+	for _, c := range counters {
+		if c.Redis == c.Billable {
+			continue
+		}
+		diffs = append(diffs, c.Difference)
+		if c.Redis < c.Billable {
+			restores = append(restores, Adjustment{Kind: DriftRestore, Org: c.Org, Account: c.Account, Level: c.Level,
+				Unit: c.Unit, Period: c.Period, Amount: c.Billable - c.Redis,
+				Reason: fmt.Sprintf("counter %d below billable total %d", c.Redis, c.Billable)})
+		}
+	}
+	return restores, diffs, nil
+}
+
+// insert records corrections in one transaction, so an event's corrections are all there
+// or none; a correction computed before (a run that died) is the row already there.
+func insert(ctx context.Context, o Options, runID uuid.UUID, adj []Adjustment) error {
+	if len(adj) == 0 {
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, o.Pool, func(tx pgx.Tx) error {
+		const chunk = 5000
+		for start := 0; start < len(adj); start += chunk {
+			part := adj[start:min(start+chunk, len(adj))]
+			var kind, org, account, level, unit, period, reason, source []string
+			var amount []int64
+			for _, a := range part {
+				kind = append(kind, string(a.Kind))
+				org = append(org, a.Org)
+				account = append(account, a.Account)
+				level = append(level, string(a.Level))
+				unit = append(unit, string(a.Unit))
+				period = append(period, a.Period+"-01")
+				amount = append(amount, a.Amount)
+				reason = append(reason, a.Reason)
+				source = append(source, a.SourceEvent)
+			}
+			_, err := tx.Exec(ctx, `
+insert into adjustments (run_id, kind, org, account, level, unit, period, amount, reason, source_event)
+select $1, k, o, a, l, u, p::date, n, r, nullif(s, '')
+from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::text[])
+  with ordinality as t(k, o, a, l, u, p, n, r, s, i)
+order by i
+on conflict do nothing`, runID, kind, org, account, level, unit, period, amount, reason, source)
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("insert adjustments: %w", err)
+	}
+	return o.fail(AfterInsert)
+}
+
+func pendingRows(ctx context.Context, pool *pgxpool.Pool) ([]Adjustment, error) {
+	rows, err := pool.Query(ctx, `
+select id, kind, org, account, level, unit, to_char(period, 'YYYY-MM'), amount, reason, coalesce(source_event, '')
+from adjustments where applied_at is null order by id`)
+	if err != nil {
+		return nil, fmt.Errorf("read pending adjustments: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Adjustment, error) {
+		var a Adjustment
+		err := r.Scan(&a.ID, &a.Kind, &a.Org, &a.Account, &a.Level, &a.Unit, &a.Period, &a.Amount, &a.Reason, &a.SourceEvent)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read pending adjustments: %w", err)
+	}
+	return out, nil
+}
+
+// apply applies every pending correction, oldest first, and returns how many it marked
+// applied. The script's marker makes the Redis change happen once even when a run died
+// after it and before the row was marked: the replay returns the values of the first
+// application, which are recorded.
+func apply(ctx context.Context, o Options, s *Summary) (int, error) {
+	pending, err := pendingRows(ctx, o.Pool)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, a := range pending {
+		key := counterKey(o.Keys, a.Org, a.Account, a.Unit, a.Period)
+		got, err := lua.Adjust.Run(ctx, o.Redis, []string{markerKey(o.Keys, a.Org, a.ID), key},
+			a.Amount, o.MarkerTTL.Milliseconds(), "").Int64Slice()
+		if err != nil {
+			return n, fmt.Errorf("apply adjustment %d: %w", a.ID, err)
+		}
+		if len(got) != 3 {
+			return n, fmt.Errorf("apply adjustment %d: unexpected reply %v", a.ID, got)
+		}
+		// A counter created by the correction (e.g. after Redis lost its keys) expires like
+		// admission's; an existing one keeps its expiry (NX).
+		period, _ := time.Parse("2006-01", a.Period)
+		expire := period.AddDate(0, 1, 0).Add(o.CounterRetention)
+		if err := o.Redis.Do(ctx, "PEXPIREAT", key, expire.UnixMilli(), "NX").Err(); err != nil {
+			return n, fmt.Errorf("expire counter %s: %w", key, err)
+		}
+		if err := o.fail(AfterRedis); err != nil {
+			return n, err
+		}
+		tag, err := o.Pool.Exec(ctx, `update adjustments set redis_before = $2, redis_after = $3, applied_at = now()
+where id = $1 and applied_at is null`, a.ID, got[1], got[2])
+		if err != nil {
+			return n, fmt.Errorf("mark adjustment %d applied: %w", a.ID, err)
+		}
+		if tag.RowsAffected() == 1 {
+			n++
+			s.AdjustmentsApplied++
+			s.ByKind[a.Kind]++
+		}
+		if err := o.fail(AfterMark); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

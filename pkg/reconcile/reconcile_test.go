@@ -1,0 +1,399 @@
+package reconcile_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/migrations"
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/pkg/reconcile"
+	"github.com/metergate/metergate/pkg/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// The tree of every test: acme (pro: requests quota; tokens quota) → eng (requests and
+// tokens quotas) → alice (a rate limit only). Counters exist at acme and eng.
+const (
+	org  = "acme"
+	team = "eng"
+	user = "alice"
+)
+
+type testBundle struct {
+	pool   *pgxpool.Pool
+	rdb    *redis.Client
+	keys   admission.Keys
+	cache  *policy.Cache
+	now    time.Time
+	cur    time.Time // first instant of now's month
+	prefix string
+	offset int64
+}
+
+func quota(n int64) policy.Limit { return policy.Limit{Quota: &n, QuotaPeriod: policy.Month} }
+
+func setup(t *testing.T, teamRequests int64) *testBundle {
+	t.Helper()
+	ctx := testenv.Context(t, time.Minute)
+	pool, _ := testenv.EmptySchema(t)
+	_, err := migrations.Up(ctx, pool)
+	require.NoError(t, err)
+	b := &testBundle{pool: pool, rdb: testenv.Redis(t), prefix: testenv.Prefix(t)}
+	b.keys = admission.Keys{Prefix: b.prefix + "mg", Shards: 16}
+	b.now = time.Now().UTC()
+	b.cur = time.Date(b.now.Year(), b.now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		b.flush(ctx, t)
+	})
+
+	store := policy.NewStore(pool)
+	for _, a := range []policy.Account{
+		{ID: org, Kind: policy.Org, Plan: "pro", Limits: map[policy.Unit]policy.Limit{policy.Tokens: quota(10_000_000)}},
+		{ID: team, Kind: policy.Team, Parent: org, Limits: map[policy.Unit]policy.Limit{policy.Requests: quota(teamRequests), policy.Tokens: quota(1_000_000)}},
+		{ID: user, Kind: policy.User, Parent: team, Limits: map[policy.Unit]policy.Limit{policy.Requests: {RatePerS: 100, Burst: 100}}},
+	} {
+		_, err := store.CreateAccount(ctx, a)
+		require.NoError(t, err)
+	}
+	b.cache = policy.NewCache(pool, nil, time.Minute)
+	require.NoError(t, b.cache.Reload(ctx))
+	return b
+}
+
+// flush deletes the test's Redis keys, as a FLUSHALL would.
+func (b *testBundle) flush(ctx context.Context, t *testing.T) {
+	keys, err := b.rdb.Keys(ctx, b.prefix+"*").Result()
+	require.NoError(t, err)
+	if len(keys) > 0 {
+		require.NoError(t, b.rdb.Del(ctx, keys...).Err())
+	}
+}
+
+func (b *testBundle) opts() reconcile.Options {
+	return reconcile.Options{Pool: b.pool, Redis: b.rdb, Keys: b.keys, Policies: b.cache, Now: b.now}
+}
+
+func (b *testBundle) counter(t *testing.T, account string, u policy.Unit, period time.Time) int64 {
+	t.Helper()
+	v, err := b.rdb.Get(context.Background(), b.keys.Quota(org, account, u, admission.MonthLabel(period))).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
+	require.NoError(t, err)
+	return v
+}
+
+// event records an admitted request of alice as the meter would, and charges the quota
+// counters of charged's month as admission would.
+func (b *testBundle) event(t *testing.T, id string, at, charged time.Time, requests, tokens int64) {
+	t.Helper()
+	ctx := testenv.Context(t, 30*time.Second)
+	billing := time.Date(at.Year(), at.Month(), 1, 0, 0, 0, 0, time.UTC)
+	chargedMonth := time.Date(charged.Year(), charged.Month(), 1, 0, 0, 0, 0, time.UTC)
+	_, err := b.pool.Exec(ctx, `select usage_events_partition($1)`, billing)
+	require.NoError(t, err)
+	b.offset++
+	_, err = b.pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+  account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
+values ($1, $2, $3, $4, $5, $6, 'user', $7, 'test', $8, $9, 0, $10)`,
+		id, billing, at, chargedMonth, org, user, []string{org, team, user}, requests, tokens, b.offset)
+	require.NoError(t, err)
+	label := admission.MonthLabel(charged)
+	for _, acc := range []string{org, team} {
+		require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, acc, policy.Tokens, label), tokens).Err())
+	}
+	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, org, policy.Requests, label), requests).Err())
+	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, team, policy.Requests, label), requests).Err())
+}
+
+func (b *testBundle) outcome(t *testing.T, id string, status int, tokens *int64) {
+	t.Helper()
+	b.offset++
+	_, err := b.pool.Exec(testenv.Context(t, 30*time.Second), `insert into usage_outcomes (event_id, status, tokens, outcome_time, source, kafka_partition, kafka_offset)
+values ($1, $2, $3, now(), 'test', 0, $4)`, id, status, tokens, b.offset)
+	require.NoError(t, err)
+}
+
+func ptr(n int64) *int64 { return &n }
+
+func run(t *testing.T, o reconcile.Options) reconcile.Summary {
+	t.Helper()
+	s, err := reconcile.Run(testenv.Context(t, time.Minute), o)
+	require.NoError(t, err)
+	return s
+}
+
+func verify(t *testing.T, b *testBundle) []reconcile.Difference {
+	t.Helper()
+	d, err := reconcile.Verify(testenv.Context(t, time.Minute), b.opts())
+	require.NoError(t, err)
+	return d
+}
+
+// Ten requests of 100 tokens, three ending in 503: every quota level gives back exactly
+// three requests and 300 tokens; a second run applies nothing. A dry run before changes
+// nothing and plans what the run then applies; verify holds after, and names a counter
+// pushed off.
+func TestRefund5xx(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1000)
+	at := b.cur.Add(time.Hour)
+	for i := range 10 {
+		id := fmt.Sprintf("ev-%d", i)
+		b.event(t, id, at, at, 1, 100)
+		status := 200
+		if i < 3 {
+			status = 503
+		}
+		b.outcome(t, id, status, nil)
+	}
+
+	o := b.opts()
+	o.DryRun = true
+	plan := run(t, o)
+	require.Equal(t, 0, plan.AdjustmentsApplied)
+	require.Equal(t, 3*2*2, plan.AdjustmentsPlanned, "3 events × 2 quota levels × 2 units")
+	require.Equal(t, int64(10), b.counter(t, team, policy.Requests, at), "a dry run changes nothing")
+	var rows int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `select count(*) from adjustments`).Scan(&rows))
+	require.Zero(t, rows)
+
+	s := run(t, b.opts())
+	require.Equal(t, 12, s.AdjustmentsApplied)
+	require.Equal(t, map[reconcile.Kind]int{reconcile.Refund5xx: 12}, s.ByKind)
+	require.Zero(t, s.DriftFound)
+	for _, acc := range []string{org, team} {
+		require.Equal(t, int64(7), b.counter(t, acc, policy.Requests, at), acc)
+		require.Equal(t, int64(700), b.counter(t, acc, policy.Tokens, at), acc)
+	}
+	require.Empty(t, verify(t, b))
+
+	again := run(t, b.opts())
+	require.Zero(t, again.AdjustmentsApplied)
+	require.Zero(t, again.AdjustmentsPlanned)
+	require.Equal(t, int64(7), b.counter(t, team, policy.Requests, at))
+
+	require.NoError(t, b.rdb.IncrBy(context.Background(), b.keys.Quota(org, team, policy.Requests, admission.MonthLabel(at)), 5).Err())
+	diffs := verify(t, b)
+	require.Len(t, diffs, 1)
+	require.Equal(t, reconcile.Difference{Org: org, Account: team, Level: policy.Team, Unit: policy.Requests,
+		Period: admission.MonthLabel(at), Redis: 12, Billable: 7}, diffs[0])
+}
+
+// Estimated 2,500 tokens, actual 1,800: the tokens counters move by −700 at every level.
+func TestSettleTokens(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1000)
+	at := b.cur.Add(time.Hour)
+	b.event(t, "ev-1", at, at, 1, 2500)
+	b.outcome(t, "ev-1", 200, ptr(1800))
+
+	s := run(t, b.opts())
+	require.Equal(t, map[reconcile.Kind]int{reconcile.SettleTokens: 2}, s.ByKind)
+	for _, acc := range []string{org, team} {
+		require.Equal(t, int64(1800), b.counter(t, acc, policy.Tokens, at), acc)
+		require.Equal(t, int64(1), b.counter(t, acc, policy.Requests, at), acc)
+	}
+	var amounts []int64
+	rows, err := b.pool.Query(context.Background(), `select amount from adjustments where kind = 'settle_tokens' and unit = 'tokens'`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var n int64
+		require.NoError(t, rows.Scan(&n))
+		amounts = append(amounts, n)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []int64{-700, -700}, amounts)
+	require.Empty(t, verify(t, b))
+	require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
+}
+
+// A request at the first millisecond of the month charged to the month before is moved:
+// minus there, plus here, at every level; verify holds.
+func TestPeriodMove(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1000)
+	at := b.cur.Add(time.Millisecond)
+	prev := b.cur.AddDate(0, -1, 0)
+	b.event(t, "ev-1", b.cur.Add(-time.Hour), prev, 1, 10) // stays where it is
+	b.event(t, "ev-2", at, prev, 1, 40)
+
+	s := run(t, b.opts())
+	require.Equal(t, map[reconcile.Kind]int{reconcile.PeriodMove: 8}, s.ByKind, "2 levels × 2 units × 2 periods")
+	for _, acc := range []string{org, team} {
+		require.Equal(t, int64(1), b.counter(t, acc, policy.Requests, prev), acc)
+		require.Equal(t, int64(10), b.counter(t, acc, policy.Tokens, prev), acc)
+		require.Equal(t, int64(1), b.counter(t, acc, policy.Requests, at), acc)
+		require.Equal(t, int64(40), b.counter(t, acc, policy.Tokens, at), acc)
+	}
+	require.Empty(t, verify(t, b))
+	require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
+}
+
+// Twenty admissions through the admission script exhaust eng's quota of 20 requests; Redis
+// loses every key; reconcile restores the counters from PostgreSQL, so the next request
+// is still refused.
+func TestDriftRestore(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 20)
+	ctx := testenv.Context(t, time.Minute)
+	adm := admission.New(b.rdb, admission.Options{KeyPrefix: b.keys.Prefix, Shards: b.keys.Shards})
+	pol, err := b.cache.Resolve(user)
+	require.NoError(t, err)
+	for i := range 20 {
+		d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(org), Policy: pol, Source: "test",
+			Units: map[policy.Unit]int64{policy.Requests: 1}})
+		require.NoError(t, err)
+		require.Equal(t, admission.Allow, d.Result, "request %d", i)
+		period, err := time.Parse("2006-01", d.Period)
+		require.NoError(t, err)
+		b.now = d.Time
+		b.eventRow(t, d.EventID, d.Time, period, 1, 0)
+	}
+	b.flush(ctx, t)
+	require.Len(t, verify(t, b), 2, "acme and eng requests counters lost")
+
+	s := run(t, b.opts())
+	require.Equal(t, 2, s.DriftFound)
+	require.Equal(t, map[reconcile.Kind]int{reconcile.DriftRestore: 2}, s.ByKind)
+	require.Equal(t, int64(20), b.counter(t, team, policy.Requests, b.now))
+	require.Equal(t, int64(20), b.counter(t, org, policy.Requests, b.now))
+	require.Greater(t, b.rdb.PTTL(ctx, b.keys.Quota(org, team, policy.Requests, admission.MonthLabel(b.now))).Val(), time.Duration(0),
+		"a restored counter expires like admission's")
+	require.Empty(t, verify(t, b))
+
+	d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(org), Policy: pol, Source: "test",
+		Units: map[policy.Unit]int64{policy.Requests: 1}})
+	require.NoError(t, err)
+	require.Equal(t, admission.QuotaExceeded, d.Result, "the quota still bites after the wipe")
+	require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
+}
+
+// eventRow records an admitted request without touching Redis (admission already did).
+func (b *testBundle) eventRow(t *testing.T, id string, at, charged time.Time, requests, tokens int64) {
+	t.Helper()
+	ctx := testenv.Context(t, 30*time.Second)
+	billing := time.Date(at.UTC().Year(), at.UTC().Month(), 1, 0, 0, 0, 0, time.UTC)
+	_, err := b.pool.Exec(ctx, `select usage_events_partition($1)`, billing)
+	require.NoError(t, err)
+	b.offset++
+	_, err = b.pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+  account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
+values ($1, $2, $3, $4, $5, $6, 'user', $7, 'test', $8, $9, 0, $10)`,
+		id, billing, at, charged, org, user, []string{org, team, user}, requests, tokens, b.offset)
+	require.NoError(t, err)
+}
+
+// scenario gives a bundle every kind of correction: refunds, a settlement, a move, and a
+// lost counter (drift).
+func scenario(t *testing.T) *testBundle {
+	b := setup(t, 1000)
+	at := b.cur.Add(time.Hour)
+	for i := range 6 {
+		id := fmt.Sprintf("ev-%d", i)
+		b.event(t, id, at, at, 1, 1000)
+		switch i {
+		case 0, 1:
+			b.outcome(t, id, 502, nil)
+		case 2:
+			b.outcome(t, id, 200, ptr(400))
+		}
+	}
+	b.event(t, "ev-move", b.cur.Add(time.Millisecond), b.cur.AddDate(0, -1, 0), 1, 50)
+	// Redis lost eng's tokens counter.
+	require.NoError(t, b.rdb.Del(context.Background(), b.keys.Quota(org, team, policy.Tokens, admission.MonthLabel(at))).Err())
+	return b
+}
+
+type state struct {
+	Counters map[string]int64
+	Rows     []string
+}
+
+func (b *testBundle) state(t *testing.T) state {
+	t.Helper()
+	st := state{Counters: map[string]int64{}}
+	for _, p := range []time.Time{b.cur, b.cur.AddDate(0, -1, 0)} {
+		for _, acc := range []string{org, team} {
+			for _, u := range []policy.Unit{policy.Requests, policy.Tokens} {
+				st.Counters[acc+":"+string(u)+":"+admission.MonthLabel(p)] = b.counter(t, acc, u, p)
+			}
+		}
+	}
+	rows, err := b.pool.Query(context.Background(), `select format('%s %s %s %s %s %s %s %s→%s %s', kind, account, level, unit, period, amount,
+  coalesce(source_event, '-'), redis_before, redis_after, applied_at is not null) from adjustments order by id`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		st.Rows = append(st.Rows, s)
+	}
+	require.NoError(t, rows.Err())
+	sort.Strings(st.Rows)
+	return st
+}
+
+var errCrash = errors.New("crash")
+
+// A run that dies at a failpoint (after inserting corrections, after changing Redis and
+// before marking, after marking), followed by a clean run, leaves the same counters and
+// the same adjustment rows as one uninterrupted run; and verify holds.
+func TestCrashSafety(t *testing.T) {
+	t.Parallel()
+	ref := scenario(t)
+	s := run(t, ref.opts())
+	require.Positive(t, s.ByKind[reconcile.Refund5xx])
+	require.Positive(t, s.ByKind[reconcile.SettleTokens])
+	require.Positive(t, s.ByKind[reconcile.PeriodMove])
+	require.Positive(t, s.ByKind[reconcile.DriftRestore])
+	want := ref.state(t)
+	require.Empty(t, verify(t, ref))
+
+	for _, tc := range []struct {
+		point string
+		hit   int
+	}{
+		{reconcile.AfterInsert, 1}, // event corrections recorded, none applied
+		{reconcile.AfterInsert, 2}, // drift recorded, not applied
+		{reconcile.AfterRedis, 1},
+		{reconcile.AfterRedis, 7},
+		{reconcile.AfterRedis, s.AdjustmentsApplied}, // the last one: a drift restore
+		{reconcile.AfterMark, 4},
+	} {
+		t.Run(fmt.Sprintf("%s#%d", tc.point, tc.hit), func(t *testing.T) {
+			t.Parallel()
+			b := scenario(t)
+			o := b.opts()
+			hits := 0
+			o.Failpoint = func(point string) error {
+				if point == tc.point {
+					hits++
+					if hits == tc.hit {
+						return errCrash
+					}
+				}
+				return nil
+			}
+			_, err := reconcile.Run(testenv.Context(t, time.Minute), o)
+			require.ErrorIs(t, err, errCrash)
+
+			run(t, b.opts())
+			require.Equal(t, want, b.state(t))
+			require.Empty(t, verify(t, b))
+			require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
+		})
+	}
+}
