@@ -1,0 +1,523 @@
+package invoice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultGrace is how long after a period's end Close waits, unless told otherwise: long
+// enough for the pipeline to drain and reconcile to settle the month.
+const DefaultGrace = 3 * 24 * time.Hour
+
+var (
+	// ErrTooEarly is returned by Close before the period's end plus the grace (without Force).
+	ErrTooEarly = errors.New("period not over yet (end + grace)")
+	// ErrLaterPeriodClosed is returned by Close for a period older than a closed one: late
+	// events would otherwise be billed on an earlier invoice than the one they follow.
+	ErrLaterPeriodClosed = errors.New("a later period is already closed")
+	// ErrNotFound is returned by Export when the org has no invoice for the period.
+	ErrNotFound = errors.New("invoice not found")
+)
+
+// Options tunes Close. The zero value closes a period that ended more than DefaultGrace ago.
+type Options struct {
+	Now   time.Time     // the clock; zero = time.Now()
+	Grace time.Duration // after the period's end; zero = DefaultGrace
+	Force bool          // close even before the end plus the grace
+	By    string        // who closes, recorded in periods.closed_by; empty = "invoice.Close"
+}
+
+// Invoice is an issued invoice and its lines.
+type Invoice struct {
+	ID            int64     `json:"id"`
+	Org           string    `json:"org"`
+	Period        string    `json:"period"`
+	Plan          string    `json:"plan"`
+	Currency      string    `json:"currency"`
+	SubtotalMinor int64     `json:"subtotal_minor"`
+	TotalMinor    int64     `json:"total_minor"`
+	IssuedAt      time.Time `json:"issued_at"`
+	Status        string    `json:"status"`
+	Lines         []Line    `json:"lines"`
+}
+
+// Result is what Close did.
+type Result struct {
+	Period   time.Time
+	ClosedAt time.Time
+	Created  bool // false: the period was already closed and nothing was written
+	Invoices []Invoice
+}
+
+// PeriodOf returns the billing period (first day of the UTC month) of t.
+func PeriodOf(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+}
+
+const periodLayout = "2006-01-02"
+
+// Close freezes a billing period and issues one invoice per org, in one transaction: the
+// orgs with usage in the period, with unbilled late events of earlier closed periods, or
+// on a plan with a base fee. Closing a closed period again writes nothing and returns its
+// invoices. Concurrent closes are serialized by an advisory lock.
+func Close(ctx context.Context, pool *pgxpool.Pool, period time.Time, opts Options) (Result, error) {
+	period = PeriodOf(period)
+	end := period.AddDate(0, 1, 0)
+	now, grace, by := opts.Now, opts.Grace, opts.By
+	if now.IsZero() {
+		now = time.Now()
+	}
+	if grace == 0 {
+		grace = DefaultGrace
+	}
+	if by == "" {
+		by = "invoice.Close"
+	}
+	if !opts.Force && now.Before(end.Add(grace)) {
+		return Result{}, fmt.Errorf("close %s before %s: %w", period.Format("2006-01"), end.Add(grace).Format(time.RFC3339), ErrTooEarly)
+	}
+	res := Result{Period: period}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('metergate.invoice.close'))`); err != nil {
+			return fmt.Errorf("lock close: %w", err)
+		}
+		var closedAt *time.Time
+		var later bool
+		if err := tx.QueryRow(ctx, `select (select closed_at from periods where period = $1),
+		        exists (select 1 from periods where period > $1)`, period).Scan(&closedAt, &later); err != nil {
+			return fmt.Errorf("read periods: %w", err)
+		}
+		if closedAt != nil {
+			res.ClosedAt = *closedAt
+			invs, err := loadInvoices(ctx, tx, period, "")
+			res.Invoices = invs
+			return err
+		}
+		if later {
+			return fmt.Errorf("close %s: %w", period.Format("2006-01"), ErrLaterPeriodClosed)
+		}
+		// Wait for the meter's transactions writing this month, and keep new ones out until
+		// the close commits: what the invoice reads is then exactly what was ingested by
+		// closed_at. Later rows are late.
+		var part *string
+		if err := tx.QueryRow(ctx, `select to_regclass('usage_events_' || to_char($1::date, 'YYYY_MM'))::text`, period).Scan(&part); err != nil {
+			return fmt.Errorf("find partition: %w", err)
+		}
+		if part != nil {
+			if _, err := tx.Exec(ctx, "lock table "+pgx.Identifier{*part}.Sanitize()+" in share mode"); err != nil {
+				return fmt.Errorf("lock partition %s: %w", *part, err)
+			}
+		}
+		if err := tx.QueryRow(ctx, `insert into periods (period, closed_at, closed_by) values ($1, clock_timestamp(), $2) returning closed_at`,
+			period, by).Scan(&res.ClosedAt); err != nil {
+			return fmt.Errorf("insert period: %w", err)
+		}
+		res.Created = true
+		if err := issue(ctx, tx, period, end, res.ClosedAt); err != nil {
+			return err
+		}
+		invs, err := loadInvoices(ctx, tx, period, "")
+		res.Invoices = invs
+		return err
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("close period %s: %w", period.Format("2006-01"), err)
+	}
+	return res, nil
+}
+
+type lateEvent struct {
+	eventID string
+	period  time.Time
+	org     string
+	path    string
+	units   map[string]int64
+}
+
+// issue writes the invoices of a period being closed.
+func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) error {
+	plans, smallest, err := loadPlans(ctx, tx)
+	if err != nil {
+		return err
+	}
+	orgPlan := map[string]string{}
+	rows, err := tx.Query(ctx, `select id, plan from accounts where kind = 'org'`)
+	if err != nil {
+		return fmt.Errorf("read orgs: %w", err)
+	}
+	for rows.Next() {
+		var id string
+		var plan *string
+		if err := rows.Scan(&id, &plan); err != nil {
+			return fmt.Errorf("read orgs: %w", err)
+		}
+		orgPlan[id] = smallest
+		if plan != nil {
+			if _, ok := plans[*plan]; ok {
+				orgPlan[id] = *plan
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read orgs: %w", err)
+	}
+	planOf := func(org string) string {
+		if p, ok := orgPlan[org]; ok {
+			return p
+		}
+		return smallest // an org no longer in accounts: the smallest plan, as admit clamps
+	}
+
+	usage := map[string][]Usage{}
+	rows, err = tx.Query(ctx, `
+		select org, account_path, sum(billable_requests)::bigint, sum(billable_tokens)::bigint,
+		       sum(billable_credits)::bigint, sum(billable_cost_micros)::bigint
+		from finance_billable_events
+		where billing_period = $1 and not late
+		group by org, account_path`, period)
+	if err != nil {
+		return fmt.Errorf("read usage: %w", err)
+	}
+	for rows.Next() {
+		var org, path string
+		var q [4]int64
+		if err := rows.Scan(&org, &path, &q[0], &q[1], &q[2], &q[3]); err != nil {
+			return fmt.Errorf("read usage: %w", err)
+		}
+		for i, unit := range units {
+			usage[org] = append(usage[org], Usage{AccountPath: path, Unit: unit, Quantity: q[i]})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read usage: %w", err)
+	}
+
+	late, err := loadLate(ctx, tx, period)
+	if err != nil {
+		return err
+	}
+
+	orgs := map[string]bool{}
+	for org := range usage {
+		orgs[org] = true
+	}
+	for _, e := range late {
+		orgs[e.org] = true
+	}
+	var active []string
+	rows, err = tx.Query(ctx, `select id from accounts where kind = 'org' and created_at < $1`, end)
+	if err != nil {
+		return fmt.Errorf("read active orgs: %w", err)
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return fmt.Errorf("read active orgs: %w", err)
+		}
+		active = append(active, id)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read active orgs: %w", err)
+	}
+	for _, id := range active {
+		if plans[planOf(id)].BaseFeeMinor > 0 {
+			orgs[id] = true
+		}
+	}
+
+	sorted := make([]string, 0, len(orgs))
+	for org := range orgs {
+		sorted = append(sorted, org)
+	}
+	sort.Strings(sorted)
+	for _, org := range sorted {
+		plan := plans[planOf(org)]
+		lines, err := Price(plan, org, usage[org])
+		if err != nil {
+			return fmt.Errorf("price org %s: %w", org, err)
+		}
+		var mine []lateEvent
+		for _, e := range late {
+			if e.org == org {
+				mine = append(mine, e)
+			}
+		}
+		lateLines, err := priceLate(ctx, tx, plans, plan, org, mine)
+		if err != nil {
+			return fmt.Errorf("price late events of org %s: %w", org, err)
+		}
+		lines = append(lines, lateLines...)
+		total, err := Sum(lines)
+		if err != nil {
+			return fmt.Errorf("org %s: %w", org, err)
+		}
+		var id int64
+		if err := tx.QueryRow(ctx, `
+			insert into invoices (org, period, plan, currency, subtotal_minor, total_minor, issued_at, status)
+			values ($1, $2, $3, $4, $5, $5, $6, 'issued') returning id`,
+			org, period, plan.ID, plan.Currency, total, closedAt).Scan(&id); err != nil {
+			return fmt.Errorf("insert invoice of org %s: %w", org, err)
+		}
+		if err := insertLines(ctx, tx, id, lines); err != nil {
+			return fmt.Errorf("insert lines of org %s: %w", org, err)
+		}
+		if len(mine) > 0 {
+			ids := make([]string, len(mine))
+			periods := make([]time.Time, len(mine))
+			for i, e := range mine {
+				ids[i], periods[i] = e.eventID, e.period
+			}
+			if _, err := tx.Exec(ctx, `insert into invoice_late_events (event_id, billing_period, invoice_id)
+				select * , $3::bigint from unnest($1::text[], $2::date[])`, ids, periods, id); err != nil {
+				return fmt.Errorf("record late events of org %s: %w", org, err)
+			}
+		}
+	}
+	return nil
+}
+
+// units are the billing log's units, in the order of finance_billable_events' billable_*.
+var units = []string{"requests", "tokens", "credits", "cost_micros"}
+
+func insertLines(ctx context.Context, tx pgx.Tx, id int64, lines []Line) error {
+	rows := make([][]any, len(lines))
+	for i, l := range lines {
+		var unit, forPeriod any
+		if l.Unit != "" {
+			unit = l.Unit
+		}
+		if l.ForPeriod != "" {
+			forPeriod = l.ForPeriod
+		}
+		rows[i] = []any{id, i + 1, l.Kind, l.AccountPath, unit, l.Quantity, l.UnitPriceMinor, l.PerUnits, l.AmountMinor, forPeriod}
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"invoice_lines"},
+		[]string{"invoice_id", "line_no", "kind", "account_path", "unit", "quantity", "unit_price_minor", "per_units", "amount_minor", "for_period"},
+		pgx.CopyFromRows(rows))
+	return err
+}
+
+// loadLate reads the late events not billed yet of the closed periods before period: events
+// flagged late by the meter, or ingested after their period's close.
+func loadLate(ctx context.Context, tx pgx.Tx, period time.Time) ([]lateEvent, error) {
+	rows, err := tx.Query(ctx, `
+		select event_id, billing_period, org, account_path,
+		       billable_requests, billable_tokens, billable_credits, billable_cost_micros
+		from finance_late_events
+		where billed_on is null and billing_period < $1
+		order by billing_period, org, account_path, event_id`, period)
+	if err != nil {
+		return nil, fmt.Errorf("read late events: %w", err)
+	}
+	defer rows.Close()
+	var out []lateEvent
+	for rows.Next() {
+		var e lateEvent
+		var q [4]int64
+		if err := rows.Scan(&e.eventID, &e.period, &e.org, &e.path, &q[0], &q[1], &q[2], &q[3]); err != nil {
+			return nil, fmt.Errorf("read late events: %w", err)
+		}
+		e.units = map[string]int64{}
+		for i, u := range units {
+			e.units[u] = q[i]
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read late events: %w", err)
+	}
+	return out, nil
+}
+
+// priceLate prices late events at the margin of the period they belong to: with B units
+// already billed for that period (its invoice's usage lines and earlier late lines) and L
+// late ones, they cost price(B+L) − price(B), under the plan of that period's invoice
+// (the current plan if the org had none). One late line per period, account path and unit,
+// each the margin over the lines before it, so the lines add up to the exact margin.
+func priceLate(ctx context.Context, tx pgx.Tx, plans map[string]Plan, current Plan, org string, events []lateEvent) ([]Line, error) {
+	type key struct {
+		period time.Time
+		path   string
+		unit   string
+	}
+	qty := map[key]int64{}
+	var keys []key
+	for _, e := range events {
+		for _, u := range units {
+			if e.units[u] == 0 {
+				continue
+			}
+			k := key{e.period, e.path, u}
+			if _, ok := qty[k]; !ok {
+				keys = append(keys, k)
+			}
+			qty[k] += e.units[u]
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := keys[i], keys[j]
+		if !a.period.Equal(b.period) {
+			return a.period.Before(b.period)
+		}
+		if a.unit != b.unit {
+			return a.unit < b.unit
+		}
+		return a.path < b.path
+	})
+	billed := map[[2]string]int64{} // (period, unit) → units billed so far
+	var lines []Line
+	for _, k := range keys {
+		pk := [2]string{k.period.Format(periodLayout), k.unit}
+		plan := current
+		var planID *string
+		if err := tx.QueryRow(ctx, `select plan from invoices where org = $1 and period = $2`, org, k.period).Scan(&planID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return nil, fmt.Errorf("read invoice plan: %w", err)
+		}
+		if planID != nil {
+			if p, ok := plans[*planID]; ok {
+				plan = p
+			}
+		}
+		if plan.Currency != current.Currency {
+			return nil, fmt.Errorf("late units of %s were priced in %s, the invoice is in %s", pk[0], plan.Currency, current.Currency)
+		}
+		var up *UnitPrice
+		for i := range plan.Units {
+			if plan.Units[i].Unit == k.unit {
+				up = &plan.Units[i]
+			}
+		}
+		if up == nil {
+			continue // a unit the plan does not bill
+		}
+		if _, ok := billed[pk]; !ok {
+			var b int64
+			if err := tx.QueryRow(ctx, `
+				select coalesce(sum(l.quantity) filter (where i.period = $2 and l.kind = 'usage'), 0)::bigint
+				     + coalesce(sum(l.quantity) filter (where l.kind = 'late' and l.for_period = $2), 0)::bigint
+				from invoices i join invoice_lines l on l.invoice_id = i.id
+				where i.org = $1 and l.unit = $3`, org, k.period, k.unit).Scan(&b); err != nil {
+				return nil, fmt.Errorf("read billed units: %w", err)
+			}
+			billed[pk] = b
+		}
+		before, err := up.Amount(billed[pk])
+		if err != nil {
+			return nil, err
+		}
+		after, err := up.Amount(billed[pk] + qty[k])
+		if err != nil {
+			return nil, err
+		}
+		billed[pk] += qty[k]
+		lines = append(lines, Line{Kind: KindLate, AccountPath: k.path, Unit: k.unit, Quantity: qty[k],
+			PerUnits: 1, AmountMinor: after - before, ForPeriod: pk[0]})
+	}
+	return lines, nil
+}
+
+// loadPlans reads every priced plan, and the smallest plan (lowest rank), which an org with
+// an unknown or missing plan is billed on, as admit clamps it.
+func loadPlans(ctx context.Context, tx pgx.Tx) (map[string]Plan, string, error) {
+	plans := map[string]Plan{}
+	rows, err := tx.Query(ctx, `select plan, currency, base_fee_minor from plan_prices`)
+	if err != nil {
+		return nil, "", fmt.Errorf("read plan prices: %w", err)
+	}
+	for rows.Next() {
+		var p Plan
+		if err := rows.Scan(&p.ID, &p.Currency, &p.BaseFeeMinor); err != nil {
+			return nil, "", fmt.Errorf("read plan prices: %w", err)
+		}
+		plans[p.ID] = p
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", fmt.Errorf("read plan prices: %w", err)
+	}
+	rows, err = tx.Query(ctx, `
+		select u.plan, u.unit, u.included_units,
+		       coalesce(array_agg(t.from_units order by t.from_units) filter (where t.plan is not null), '{}'),
+		       coalesce(array_agg(coalesce(t.up_to_units, 0) order by t.from_units) filter (where t.plan is not null), '{}'),
+		       coalesce(array_agg(t.price_minor order by t.from_units) filter (where t.plan is not null), '{}'),
+		       coalesce(array_agg(t.per_units order by t.from_units) filter (where t.plan is not null), '{}')
+		from plan_price_units u
+		left join plan_price_tiers t on t.plan = u.plan and t.unit = u.unit
+		group by u.plan, u.unit
+		order by u.plan, u.unit`)
+	if err != nil {
+		return nil, "", fmt.Errorf("read plan units: %w", err)
+	}
+	for rows.Next() {
+		var plan string
+		var up UnitPrice
+		var from, upTo, price, per []int64
+		if err := rows.Scan(&plan, &up.Unit, &up.Included, &from, &upTo, &price, &per); err != nil {
+			return nil, "", fmt.Errorf("read plan units: %w", err)
+		}
+		for i := range from {
+			up.Tiers = append(up.Tiers, Tier{From: from[i], UpTo: upTo[i], PriceMinor: price[i], PerUnits: per[i]})
+		}
+		if err := up.Validate(); err != nil {
+			return nil, "", fmt.Errorf("plan %s: %w", plan, err)
+		}
+		p := plans[plan]
+		p.Units = append(p.Units, up)
+		plans[plan] = p
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", fmt.Errorf("read plan units: %w", err)
+	}
+	var smallest string
+	if err := tx.QueryRow(ctx, `select id from plans order by rank limit 1`).Scan(&smallest); err != nil {
+		return nil, "", fmt.Errorf("read the smallest plan: %w", err)
+	}
+	if _, ok := plans[smallest]; !ok {
+		return nil, "", fmt.Errorf("the smallest plan %s has no price", smallest)
+	}
+	return plans, smallest, nil
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// loadInvoices reads the invoices of a period (of one org when org is not empty), with
+// their lines, ordered by org and line number.
+func loadInvoices(ctx context.Context, q querier, period time.Time, org string) ([]Invoice, error) {
+	rows, err := q.Query(ctx, `
+		select i.id, i.org, i.period::text, i.plan, i.currency, i.subtotal_minor, i.total_minor, i.issued_at, i.status,
+		       l.kind, l.account_path, coalesce(l.unit, ''), l.quantity, l.unit_price_minor, l.per_units, l.amount_minor,
+		       coalesce(l.for_period::text, '')
+		from invoices i join invoice_lines l on l.invoice_id = i.id
+		where i.period = $1 and ($2 = '' or i.org = $2)
+		order by i.org, l.line_no`, period, org)
+	if err != nil {
+		return nil, fmt.Errorf("read invoices: %w", err)
+	}
+	defer rows.Close()
+	var out []Invoice
+	for rows.Next() {
+		var inv Invoice
+		var l Line
+		if err := rows.Scan(&inv.ID, &inv.Org, &inv.Period, &inv.Plan, &inv.Currency, &inv.SubtotalMinor, &inv.TotalMinor,
+			&inv.IssuedAt, &inv.Status, &l.Kind, &l.AccountPath, &l.Unit, &l.Quantity, &l.UnitPriceMinor, &l.PerUnits,
+			&l.AmountMinor, &l.ForPeriod); err != nil {
+			return nil, fmt.Errorf("read invoices: %w", err)
+		}
+		if n := len(out); n == 0 || out[n-1].ID != inv.ID {
+			out = append(out, inv)
+		}
+		out[len(out)-1].Lines = append(out[len(out)-1].Lines, l)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read invoices: %w", err)
+	}
+	return out, nil
+}
