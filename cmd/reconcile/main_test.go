@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -8,6 +11,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/migrations"
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/pkg/reconcile"
 	"github.com/metergate/metergate/pkg/testenv"
 )
 
@@ -56,4 +63,101 @@ func TestBadSetting(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, code)
 	require.Contains(t, p.Output(), "DATABASE_MAX_CONNS=0")
+}
+
+// Five requests of acme (pro: a monthly requests quota), two ending in 503. verify lists
+// the counter that is off and fails; -dry-run -json plans two refunds and changes nothing;
+// a run killed with SIGKILL after changing Redis and before marking the row, then a run
+// again, gives back exactly two requests; a third run applies nothing; verify passes.
+func TestRunVerifyAndKill(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 2*time.Minute)
+	pool, schema := testenv.EmptySchema(t)
+	_, err := migrations.Up(ctx, pool)
+	require.NoError(t, err)
+	_, err = policy.NewStore(pool).CreateAccount(ctx, policy.Account{ID: "acme", Kind: policy.Org, Plan: "pro"})
+	require.NoError(t, err)
+	rdb := testenv.Redis(t)
+	keys := admission.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 16}
+	now := time.Now().UTC()
+	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	counter := keys.Quota("acme", "acme", policy.Requests, admission.MonthLabel(now))
+	t.Cleanup(func() {
+		ks, _ := rdb.Keys(context.Background(), keys.Prefix+"*").Result()
+		if len(ks) > 0 {
+			rdb.Del(context.Background(), ks...)
+		}
+	})
+	_, err = pool.Exec(ctx, `select usage_events_partition($1)`, month)
+	require.NoError(t, err)
+	for i := range 5 {
+		id := fmt.Sprintf("ev-%d", i)
+		_, err = pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+  account_kind, path, source, requests, kafka_partition, kafka_offset)
+values ($1, $2, $3, $2, 'acme', 'acme', 'org', '{acme}', 'test', 1, 0, $4)`, id, month, now, i)
+		require.NoError(t, err)
+		if i < 2 {
+			_, err = pool.Exec(ctx, `insert into usage_outcomes (event_id, status, outcome_time, source, kafka_partition, kafka_offset)
+values ($1, 503, now(), 'test', 1, $2)`, id, i)
+			require.NoError(t, err)
+		}
+	}
+	require.NoError(t, rdb.Set(ctx, counter, 5, 0).Err())
+
+	env := []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "ADMIT_KEY_PREFIX=" + keys.Prefix,
+		"DATABASE_URL=" + testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema)}
+	start := func(extra []string, args ...string) (int, string) {
+		t.Helper()
+		p := testenv.StartMain(t, append(append([]string{}, env...), extra...), args...)
+		code, err := p.Wait(time.Minute)
+		require.NoError(t, err)
+		return code, p.Output()
+	}
+	summary := func(out string) reconcile.Summary {
+		t.Helper()
+		var s reconcile.Summary
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, `{"run_id"`) {
+				require.NoError(t, json.Unmarshal([]byte(line), &s))
+				return s
+			}
+		}
+		t.Fatalf("no summary in output:\n%s", out)
+		return s
+	}
+
+	code, out := start(nil, "verify")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, fmt.Sprintf("acme acme requests %s: redis 5, billable 3", admission.MonthLabel(now)))
+
+	code, out = start(nil, "-dry-run", "-json")
+	require.Equal(t, 0, code, out)
+	s := summary(out)
+	require.True(t, s.DryRun)
+	require.Equal(t, 2, s.AdjustmentsPlanned)
+	require.Zero(t, s.AdjustmentsApplied)
+	require.Len(t, s.Plan, 2)
+	require.Equal(t, "5", rdb.Get(ctx, counter).Val(), "a dry run changes nothing")
+
+	code, out = start([]string{"METERGATE_FAILPOINT=" + reconcile.AfterRedis + ":1"})
+	require.Equal(t, -1, code, "killed by SIGKILL: %s", out)
+	require.Equal(t, "4", rdb.Get(ctx, counter).Val(), "the first refund reached Redis")
+
+	code, out = start(nil, "-json")
+	require.Equal(t, 0, code, out)
+	s = summary(out)
+	require.Equal(t, 2, s.Recovered, "the killed run's rows are finished, the first without changing Redis again")
+	require.Equal(t, 2, s.AdjustmentsApplied)
+	require.Equal(t, map[reconcile.Kind]int{reconcile.Refund5xx: 2}, s.ByKind)
+	require.Equal(t, "3", rdb.Get(ctx, counter).Val())
+
+	code, out = start(nil, "-json")
+	require.Equal(t, 0, code, out)
+	require.Zero(t, summary(out).AdjustmentsApplied)
+
+	code, out = start(nil, "verify")
+	require.Equal(t, 0, code, out)
+	var applied int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from adjustments where applied_at is not null and redis_before - redis_after = 1`).Scan(&applied))
+	require.Equal(t, 2, applied)
 }

@@ -206,7 +206,15 @@ type Reconcile struct {
 	Log      Log
 	Redis    Redis
 	Postgres Postgres
-	Migrate  bool
+	// KeyPrefix and Shards name the quota counters: they must be admit's (the same
+	// variables, ADMIT_KEY_PREFIX and ADMIT_SHARDS).
+	KeyPrefix string
+	Shards    int
+	Migrate   bool
+	// DryRun (-dry-run) prints the plan and changes nothing; JSON (-json) prints the summary
+	// as one JSON object. Flags only: they describe one invocation, not a deployment.
+	DryRun bool
+	JSON   bool
 }
 
 // Register adds every setting of reconcile to l.
@@ -214,12 +222,23 @@ func (c *Reconcile) Register(l *Loader) {
 	c.Log.Register(l)
 	c.Redis.Register(l)
 	c.Postgres.Register(l)
+	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", "mg", "start of every Redis key: admit's value")
+	l.Int(&c.Shards, "ADMIT_SHARDS", 16, "Redis hash-tag shards: admit's value")
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
+	l.fs.BoolVar(&c.DryRun, "dry-run", false, "print the corrections a run would make and change nothing")
+	l.fs.BoolVar(&c.JSON, "json", false, "print the run's summary (or verify's differences) as one JSON object")
 }
 
 // Validate reports every problem of the configuration, one per line, prefixed by section.
 func (c Reconcile) Validate() error {
-	return errors.Join(c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate())
+	var errs []error
+	if !keyPrefix.MatchString(c.KeyPrefix) {
+		errs = append(errs, fmt.Errorf("ADMIT_KEY_PREFIX=%q: want 1-64 of [A-Za-z0-9:._-]", c.KeyPrefix))
+	}
+	if c.Shards < 1 || c.Shards > 1024 {
+		errs = append(errs, fmt.Errorf("ADMIT_SHARDS=%d: want 1-1024", c.Shards))
+	}
+	return errors.Join(c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), prefix("reconcile", errs))
 }
 
 // Validator is a configuration that can check itself.
