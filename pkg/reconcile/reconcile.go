@@ -42,6 +42,9 @@ const (
 	DriftRestore Kind = "drift_restore"
 )
 
+// ErrRunning is returned when another run holds the run lock.
+var ErrRunning = errors.New("another reconcile run is in progress")
+
 // Failpoints: where Options.Failpoint is called, to test that a run dying there converges.
 const (
 	// AfterInsert: a batch of corrections is committed, none applied.
@@ -205,6 +208,29 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		}
 		return s, nil
 	}
+
+	// One run at a time: two runs measuring the same drift would both restore it. The
+	// session lock goes with the connection, so a run killed with -9 releases it.
+	lock, err := o.Pool.Acquire(ctx)
+	if err != nil {
+		return s, fmt.Errorf("acquire lock connection: %w", err)
+	}
+	defer lock.Release()
+	var locked bool
+	if err := lock.QueryRow(ctx, `select pg_try_advisory_lock(hashtext('metergate.reconcile.' || current_schema()))`).Scan(&locked); err != nil {
+		return s, fmt.Errorf("take run lock: %w", err)
+	}
+	if !locked {
+		return s, ErrRunning
+	}
+	defer func() {
+		// A fresh context: the run's may be done; the lock must not stay with a pooled connection.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := lock.Exec(uctx, `select pg_advisory_unlock(hashtext('metergate.reconcile.' || current_schema()))`); err != nil {
+			_ = lock.Conn().Close(uctx) // closing the session releases the lock
+		}
+	}()
 
 	if _, err := o.Pool.Exec(ctx, `insert into reconcile_runs (run_id) values ($1)`, runID); err != nil {
 		return s, fmt.Errorf("record run: %w", err)

@@ -397,3 +397,22 @@ func TestCrashSafety(t *testing.T) {
 		})
 	}
 }
+
+// Two runs at once would both restore the same drift: the second is refused.
+func TestOneRunAtATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1000)
+	ctx := testenv.Context(t, time.Minute)
+	conn, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `select pg_advisory_lock(hashtext('metergate.reconcile.' || current_schema()))`)
+	require.NoError(t, err)
+	_, err = reconcile.Run(ctx, b.opts())
+	require.ErrorIs(t, err, reconcile.ErrRunning)
+
+	_, err = conn.Exec(ctx, `select pg_advisory_unlock(hashtext('metergate.reconcile.' || current_schema()))`)
+	require.NoError(t, err)
+	run(t, b.opts())
+	run(t, b.opts()) // the lock was given back
+}
