@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
@@ -22,8 +23,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
-// The tree of every test: acme (pro: requests quota; tokens quota) → eng (requests and
-// tokens quotas) → alice (a rate limit only). Counters exist at acme and eng.
+// The tree of every test: acme (pro, requests and tokens quotas, rates high enough for a
+// burst of a thousand) → eng (requests and tokens quotas) → alice (a rate limit only).
+// Quota counters exist at acme and eng.
 const (
 	org  = "acme"
 	team = "eng"
@@ -61,9 +63,11 @@ func setup(t *testing.T, teamRequests int64) *testBundle {
 
 	store := policy.NewStore(pool)
 	for _, a := range []policy.Account{
-		{ID: org, Kind: policy.Org, Plan: "pro", Limits: map[policy.Unit]policy.Limit{policy.Tokens: quota(10_000_000)}},
+		{ID: org, Kind: policy.Org, Plan: "pro", Limits: map[policy.Unit]policy.Limit{
+			policy.Requests: {RatePerS: 100_000, Burst: 100_000, Quota: quota(5_000_000).Quota, QuotaPeriod: policy.Month},
+			policy.Tokens:   quota(10_000_000)}},
 		{ID: team, Kind: policy.Team, Parent: org, Limits: map[policy.Unit]policy.Limit{policy.Requests: quota(teamRequests), policy.Tokens: quota(1_000_000)}},
-		{ID: user, Kind: policy.User, Parent: team, Limits: map[policy.Unit]policy.Limit{policy.Requests: {RatePerS: 100, Burst: 100}}},
+		{ID: user, Kind: policy.User, Parent: team, Limits: map[policy.Unit]policy.Limit{policy.Requests: {RatePerS: 100_000, Burst: 100_000}}},
 	} {
 		_, err := store.CreateAccount(ctx, a)
 		require.NoError(t, err)
@@ -243,34 +247,59 @@ func TestPeriodMove(t *testing.T) {
 	require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
 }
 
-// Twenty admissions through the admission script exhaust eng's quota of 20 requests; Redis
-// loses every key; reconcile restores the counters from PostgreSQL, so the next request
-// is still refused.
+// A thousand admissions through the admission script use up eng's quota of 1,000
+// requests; Redis loses every key (as after a FLUSHALL); reconcile restores the counters
+// from PostgreSQL, so the next request is still refused.
 func TestDriftRestore(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 20)
-	ctx := testenv.Context(t, time.Minute)
+	const n = 1000
+	b := setup(t, n)
+	ctx := testenv.Context(t, 2*time.Minute)
 	adm := admission.New(b.rdb, admission.Options{KeyPrefix: b.keys.Prefix, Shards: b.keys.Shards})
 	pol, err := b.cache.Resolve(user)
 	require.NoError(t, err)
-	for i := range 20 {
-		d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(org), Policy: pol, Source: "test",
-			Units: map[policy.Unit]int64{policy.Requests: 1}})
-		require.NoError(t, err)
-		require.Equal(t, admission.Allow, d.Result, "request %d", i)
-		period, err := time.Parse("2006-01", d.Period)
-		require.NoError(t, err)
-		b.now = d.Time
-		b.eventRow(t, d.EventID, d.Time, period, 1, 0)
+	decisions := make([]admission.Decision, n)
+	var g errgroup.Group
+	g.SetLimit(16)
+	for i := range decisions {
+		g.Go(func() error {
+			d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(org), Policy: pol, Source: "test",
+				Units: map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 10}})
+			decisions[i] = d
+			return err
+		})
 	}
+	require.NoError(t, g.Wait())
+	var ids []string
+	var times []time.Time
+	for i, d := range decisions {
+		require.Equal(t, admission.Allow, d.Result, "request %d", i)
+		ids, times = append(ids, d.EventID), append(times, d.Time)
+	}
+	b.now = decisions[n-1].Time
+	for _, m := range []time.Time{times[0], b.now} {
+		_, err = b.pool.Exec(ctx, `select usage_events_partition($1)`, m)
+		require.NoError(t, err)
+	}
+	// What the meter would have written, in one statement.
+	_, err = b.pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+  account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
+select id, date_trunc('month', at at time zone 'UTC')::date, at, date_trunc('month', at at time zone 'UTC')::date, $3, $4,
+  'user', $5, 'test', 1, 10, 0, ord
+from unnest($1::text[], $2::timestamptz[]) with ordinality as e(id, at, ord)`, ids, times, org, user, []string{org, team, user})
+	require.NoError(t, err)
+	require.Empty(t, verify(t, b), "counters match the log before the wipe")
+
 	b.flush(ctx, t)
-	require.Len(t, verify(t, b), 2, "acme and eng requests counters lost")
+	require.Len(t, verify(t, b), 4, "acme and eng requests and tokens counters lost")
 
 	s := run(t, b.opts())
-	require.Equal(t, 2, s.DriftFound)
-	require.Equal(t, map[reconcile.Kind]int{reconcile.DriftRestore: 2}, s.ByKind)
-	require.Equal(t, int64(20), b.counter(t, team, policy.Requests, b.now))
-	require.Equal(t, int64(20), b.counter(t, org, policy.Requests, b.now))
+	require.Equal(t, 4, s.DriftFound)
+	require.Equal(t, map[reconcile.Kind]int{reconcile.DriftRestore: 4}, s.ByKind)
+	for _, acc := range []string{org, team} {
+		require.Equal(t, int64(n), b.counter(t, acc, policy.Requests, b.now), acc)
+		require.Equal(t, int64(10*n), b.counter(t, acc, policy.Tokens, b.now), acc)
+	}
 	require.Greater(t, b.rdb.PTTL(ctx, b.keys.Quota(org, team, policy.Requests, admission.MonthLabel(b.now))).Val(), time.Duration(0),
 		"a restored counter expires like admission's")
 	require.Empty(t, verify(t, b))
@@ -279,6 +308,7 @@ func TestDriftRestore(t *testing.T) {
 		Units: map[policy.Unit]int64{policy.Requests: 1}})
 	require.NoError(t, err)
 	require.Equal(t, admission.QuotaExceeded, d.Result, "the quota still bites after the wipe")
+	require.Equal(t, &admission.Blocker{Account: team, Level: policy.Team, Unit: string(policy.Requests)}, d.Blocked)
 	require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
 }
 
