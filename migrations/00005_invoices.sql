@@ -229,19 +229,44 @@ WHERE b.late OR b.ingest_time > p.closed_at;
 
 COMMENT ON VIEW finance_late_events IS 'Events of closed periods not covered by that period''s invoice (flagged late, or ingested after closed_at); billed_on = the invoice that billed them as late lines, NULL until then.';
 
--- Billable units per org, period and unit that the closed period's invoice covers: the
--- period's events present at close.
-CREATE VIEW finance_invoiced_usage AS
-SELECT b.billing_period AS period, b.org, u.unit,
-       sum(CASE u.unit WHEN 'requests' THEN b.billable_requests WHEN 'tokens' THEN b.billable_tokens
-                       WHEN 'credits' THEN b.billable_credits ELSE b.billable_cost_micros END) AS quantity
-FROM finance_billable_events b
-JOIN periods p ON p.period = b.billing_period
-CROSS JOIN (VALUES ('requests'), ('tokens'), ('credits'), ('cost_micros')) AS u (unit)
-WHERE NOT b.late AND b.ingest_time <= p.closed_at
-GROUP BY b.billing_period, b.org, u.unit;
+-- What each closed period's invoice and the later invoices billed for it, against what the
+-- billing log says is billable for it now, per org, period and unit the invoice's plan bills.
+-- billable_quantity: the period's events covered by its invoice (not late, ingested by
+-- closed_at) and its late events already billed, with today's outcomes (a 5xx reported after
+-- the close is refunded here). billed_quantity: usage lines of the period's invoice plus late
+-- and adjustment lines for the period on later invoices; billed_amount: their amounts
+-- (included, overage tiers, late, adjustment). A difference in quantity is a correction the
+-- next close bills as an adjustment line.
+CREATE VIEW finance_period_billing AS
+WITH billable AS (
+    SELECT b.org, b.billing_period AS period, u.unit,
+           sum(CASE u.unit WHEN 'requests' THEN b.billable_requests WHEN 'tokens' THEN b.billable_tokens
+                           WHEN 'credits' THEN b.billable_credits ELSE b.billable_cost_micros END) AS quantity
+    FROM finance_billable_events b
+    JOIN periods p ON p.period = b.billing_period
+    LEFT JOIN invoice_late_events l ON l.event_id = b.event_id AND l.billing_period = b.billing_period
+    CROSS JOIN (VALUES ('requests'), ('tokens'), ('credits'), ('cost_micros')) AS u (unit)
+    WHERE (NOT b.late AND b.ingest_time <= p.closed_at) OR l.invoice_id IS NOT NULL
+    GROUP BY b.org, b.billing_period, u.unit
+), billed AS (
+    SELECT i.org, coalesce(l.for_period, i.period) AS period, l.unit,
+           coalesce(sum(l.quantity) FILTER (WHERE l.kind IN ('usage', 'late', 'adjustment')), 0) AS quantity,
+           coalesce(sum(l.amount_minor) FILTER (WHERE l.kind IN ('included', 'overage_tier', 'late', 'adjustment')), 0) AS amount
+    FROM invoices i
+    JOIN invoice_lines l ON l.invoice_id = i.id
+    WHERE l.unit IS NOT NULL
+    GROUP BY i.org, coalesce(l.for_period, i.period), l.unit
+)
+SELECT i.id AS invoice_id, i.org, i.period, i.plan, pu.unit,
+       coalesce(bl.quantity, 0)::bigint AS billable_quantity,
+       coalesce(bd.quantity, 0)::bigint AS billed_quantity,
+       coalesce(bd.amount, 0)::bigint AS billed_amount
+FROM invoices i
+JOIN plan_price_units pu ON pu.plan = i.plan
+LEFT JOIN billable bl ON bl.org = i.org AND bl.period = i.period AND bl.unit = pu.unit
+LEFT JOIN billed bd ON bd.org = i.org AND bd.period = i.period AND bd.unit = pu.unit;
 
-COMMENT ON VIEW finance_invoiced_usage IS 'Billable units per closed period, org and unit covered by the period''s invoice (events not late, ingested by closed_at).';
+COMMENT ON VIEW finance_period_billing IS 'Per closed period, org and billed unit: billable units now (covered events and billed late events, today''s outcomes) against units and amounts billed for the period on its invoice and later ones (late and adjustment lines).';
 
 -- Every way an invoice can fail to tie out, one row per difference; empty when every
 -- invoice ties out. check names the test, expected and actual its two sides.
@@ -266,19 +291,21 @@ SELECT i.id, i.org, i.period, 'subtotal = sum of lines', NULL, coalesce(l.amount
 FROM invoices i LEFT JOIN lines l ON l.invoice_id = i.id
 WHERE i.subtotal_minor <> coalesce(l.amount, 0)
 UNION ALL
-SELECT u.invoice_id, u.org, u.period, 'usage lines = billable usage covered', u.unit,
-       coalesce(v.quantity, 0), u.usage_qty
-FROM by_unit u LEFT JOIN finance_invoiced_usage v ON v.period = u.period AND v.org = u.org AND v.unit = u.unit
-WHERE u.usage_qty <> coalesce(v.quantity, 0)
-UNION ALL
 SELECT u.invoice_id, u.org, u.period, 'included + overage quantity = usage', u.unit, u.usage_qty, u.priced_qty
 FROM by_unit u WHERE u.priced_qty <> u.usage_qty
 UNION ALL
 SELECT u.invoice_id, u.org, u.period, 'overage amount = price_usage(usage)', u.unit,
        price_usage(u.plan, u.unit, u.usage_qty), u.priced_amount
-FROM by_unit u WHERE u.priced_amount <> price_usage(u.plan, u.unit, u.usage_qty);
+FROM by_unit u WHERE u.priced_amount <> price_usage(u.plan, u.unit, u.usage_qty)
+UNION ALL
+SELECT b.invoice_id, b.org, b.period, 'billed for the period = billable usage', b.unit, b.billable_quantity, b.billed_quantity
+FROM finance_period_billing b WHERE b.billed_quantity <> b.billable_quantity
+UNION ALL
+SELECT b.invoice_id, b.org, b.period, 'amount billed for the period = price_usage(billed)', b.unit,
+       price_usage(b.plan, b.unit, b.billed_quantity), b.billed_amount
+FROM finance_period_billing b WHERE b.billed_amount <> price_usage(b.plan, b.unit, b.billed_quantity);
 
-COMMENT ON VIEW finance_invoice_tieout IS 'Invoice tie-out: one row per difference (total vs subtotal, subtotal vs lines, usage lines vs the billable usage the invoice covers, priced quantity vs usage, amounts vs price_usage). Empty when every invoice ties out.';
+COMMENT ON VIEW finance_invoice_tieout IS 'Invoice tie-out: one row per difference (total vs subtotal, subtotal vs lines, priced quantity vs usage lines, amounts vs price_usage, units billed for a period vs its billable usage now). Empty when every invoice ties out; a billed/billable difference after a close is a correction the next close bills.';
 
 CREATE VIEW finance_dead_letters AS
 SELECT id, topic, "partition", "offset", received_at, error, octet_length(value) AS bytes,
@@ -290,7 +317,7 @@ COMMENT ON VIEW finance_dead_letters IS 'Kafka messages the meter could not pars
 -- +goose Down
 DROP VIEW finance_dead_letters;
 DROP VIEW finance_invoice_tieout;
-DROP VIEW finance_invoiced_usage;
+DROP VIEW finance_period_billing;
 DROP VIEW finance_late_events;
 DROP VIEW finance_usage_by_org;
 DROP VIEW finance_usage_by_account;

@@ -203,6 +203,10 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 	if err != nil {
 		return err
 	}
+	corrections, err := loadCorrections(ctx, tx, period)
+	if err != nil {
+		return err
+	}
 
 	orgs := map[string]bool{}
 	for org := range usage {
@@ -210,6 +214,9 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 	}
 	for _, e := range late {
 		orgs[e.org] = true
+	}
+	for _, c := range corrections {
+		orgs[c.org] = true
 	}
 	var active []string
 	rows, err = tx.Query(ctx, `select id from accounts where kind = 'org' and created_at < $1`, end)
@@ -249,7 +256,23 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 				mine = append(mine, e)
 			}
 		}
-		lateLines, err := priceLate(ctx, tx, plans, plan, org, mine)
+		// Corrections first: they bring what was billed for a period up (or down) to what is
+		// billable, and the late lines are priced at the margin after them.
+		billed := map[[2]string]int64{}
+		for _, c := range corrections {
+			if c.org != org {
+				continue
+			}
+			l, err := priceCorrection(plans, plan, c)
+			if err != nil {
+				return fmt.Errorf("price correction of org %s: %w", org, err)
+			}
+			if l != nil {
+				lines = append(lines, *l)
+			}
+			billed[[2]string{c.period.Format(periodLayout), c.unit}] = c.billable
+		}
+		lateLines, err := priceLate(ctx, tx, plans, plan, org, mine, billed)
 		if err != nil {
 			return fmt.Errorf("price late events of org %s: %w", org, err)
 		}
@@ -341,7 +364,7 @@ func loadLate(ctx context.Context, tx pgx.Tx, period time.Time) ([]lateEvent, er
 // late ones, they cost price(B+L) − price(B), under the plan of that period's invoice
 // (the current plan if the org had none). One late line per period, account path and unit,
 // each the margin over the lines before it, so the lines add up to the exact margin.
-func priceLate(ctx context.Context, tx pgx.Tx, plans map[string]Plan, current Plan, org string, events []lateEvent) ([]Line, error) {
+func priceLate(ctx context.Context, tx pgx.Tx, plans map[string]Plan, current Plan, org string, events []lateEvent, billed map[[2]string]int64) ([]Line, error) {
 	type key struct {
 		period time.Time
 		path   string
@@ -371,7 +394,7 @@ func priceLate(ctx context.Context, tx pgx.Tx, plans map[string]Plan, current Pl
 		}
 		return a.path < b.path
 	})
-	billed := map[[2]string]int64{} // (period, unit) → units billed so far
+	// billed: (period, unit) → units billed so far, when a correction set it already.
 	var lines []Line
 	for _, k := range keys {
 		pk := [2]string{k.period.Format(periodLayout), k.unit}
@@ -401,7 +424,7 @@ func priceLate(ctx context.Context, tx pgx.Tx, plans map[string]Plan, current Pl
 			var b int64
 			if err := tx.QueryRow(ctx, `
 				select coalesce(sum(l.quantity) filter (where i.period = $2 and l.kind = 'usage'), 0)::bigint
-				     + coalesce(sum(l.quantity) filter (where l.kind = 'late' and l.for_period = $2), 0)::bigint
+				     + coalesce(sum(l.quantity) filter (where l.kind in ('late', 'adjustment') and l.for_period = $2), 0)::bigint
 				from invoices i join invoice_lines l on l.invoice_id = i.id
 				where i.org = $1 and l.unit = $3`, org, k.period, k.unit).Scan(&b); err != nil {
 				return nil, fmt.Errorf("read billed units: %w", err)
@@ -421,6 +444,75 @@ func priceLate(ctx context.Context, tx pgx.Tx, plans map[string]Plan, current Pl
 			PerUnits: 1, AmountMinor: after - before, ForPeriod: pk[0]})
 	}
 	return lines, nil
+}
+
+// correctionWindow is how far back a close looks for closed periods whose billable usage
+// changed after their close (outcomes reported late: a 5xx refunds, actual tokens settle).
+const correctionWindow = 3
+
+type correction struct {
+	org, plan, unit  string
+	period           time.Time
+	billed, billable int64
+}
+
+// loadCorrections reads, for the closed periods of the correctionWindow months before
+// period, every (org, period, unit) whose billed units differ from its billable units now
+// (finance_period_billing).
+func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correction, error) {
+	var out []correction
+	for m := correctionWindow; m >= 1; m-- {
+		// One period per query: the equality reaches into the view's grouped subqueries.
+		rows, err := tx.Query(ctx, `
+			select org, plan, unit, billed_quantity, billable_quantity
+			from finance_period_billing
+			where period = $1 and billed_quantity <> billable_quantity
+			order by org, unit`, period.AddDate(0, -m, 0))
+		if err != nil {
+			return nil, fmt.Errorf("read corrections: %w", err)
+		}
+		for rows.Next() {
+			c := correction{period: period.AddDate(0, -m, 0)}
+			if err := rows.Scan(&c.org, &c.plan, &c.unit, &c.billed, &c.billable); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("read corrections: %w", err)
+			}
+			out = append(out, c)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("read corrections: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// priceCorrection prices the change from billed to billable units of a closed period at its
+// margin, under that period's invoice's plan: price(billable) − price(billed), negative for
+// a refund. nil when the plan does not bill the unit.
+func priceCorrection(plans map[string]Plan, current Plan, c correction) (*Line, error) {
+	plan, ok := plans[c.plan]
+	if !ok {
+		return nil, fmt.Errorf("plan %s of the %s invoice has no price", c.plan, c.period.Format("2006-01"))
+	}
+	if plan.Currency != current.Currency {
+		return nil, fmt.Errorf("units of %s were priced in %s, the invoice is in %s", c.period.Format("2006-01"), plan.Currency, current.Currency)
+	}
+	for _, up := range plan.Units {
+		if up.Unit != c.unit {
+			continue
+		}
+		before, err := up.Amount(c.billed)
+		if err != nil {
+			return nil, err
+		}
+		after, err := up.Amount(c.billable)
+		if err != nil {
+			return nil, err
+		}
+		return &Line{Kind: KindAdjustment, AccountPath: c.org, Unit: c.unit, Quantity: c.billable - c.billed,
+			PerUnits: 1, AmountMinor: after - before, ForPeriod: c.period.Format(periodLayout)}, nil
+	}
+	return nil, nil
 }
 
 // loadPlans reads every priced plan, and the smallest plan (lowest rank), which an org with

@@ -341,3 +341,41 @@ func TestExport(t *testing.T) {
 	require.ErrorIs(t, invoice.Export(b.ctx, b.pool, jan, "nobody", "csv", &cs), invoice.ErrNotFound)
 	require.Error(t, invoice.Export(b.ctx, b.pool, jan, "acme", "xml", &cs))
 }
+
+func TestOutcomesAfterTheCloseAreCorrectedOnTheNextInvoice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.org(t, "acme", "pro", "acme/eng")
+	jan, feb := month(2025, time.January), month(2025, time.February)
+	b.event(t, event{path: "acme/eng", at: jan.Add(time.Hour), requests: 5_100_000})
+	refunded := b.event(t, event{path: "acme/eng", at: jan.Add(2 * time.Hour), requests: 100_000})
+	res, err := invoice.Close(b.ctx, b.pool, jan, invoice.Options{Force: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(4900+100), res.Invoices[0].TotalMinor, "200,000 requests over at 50 per 100,000")
+
+	// After the close: the 5xx outcome of a January request, and a late January event.
+	_, err = b.pool.Exec(b.ctx, `insert into usage_outcomes (event_id, status, outcome_time, source, kafka_partition, kafka_offset)
+		values ($1, 503, $2, 'test', 0, 1)`, refunded, jan.Add(2*time.Hour))
+	require.NoError(t, err)
+	b.event(t, event{path: "acme/eng", at: jan.Add(3 * time.Hour), requests: 30_001})
+	require.Equal(t, int64(1), b.count(t, `select count(*) from finance_invoice_tieout where "check" = 'billed for the period = billable usage'`),
+		"the tie-out shows the refund waiting for the next invoice")
+
+	res, err = invoice.Close(b.ctx, b.pool, feb, invoice.Options{Force: true})
+	require.NoError(t, err)
+	require.Len(t, res.Invoices, 1)
+	var extra []invoice.Line
+	for _, l := range res.Invoices[0].Lines {
+		if l.ForPeriod != "" {
+			extra = append(extra, l)
+		}
+	}
+	// Billed 5,200,000 (100); billable 5,100,000 (50): −50. Then the late 30,001 at the
+	// margin: price(5,130,001) = ceil(65.0005) = 66, − 50 = 16.
+	require.Equal(t, []invoice.Line{
+		{Kind: invoice.KindAdjustment, AccountPath: "acme", Unit: "requests", Quantity: -100_000, PerUnits: 1, AmountMinor: -50, ForPeriod: "2025-01-01"},
+		{Kind: invoice.KindLate, AccountPath: "acme/eng", Unit: "requests", Quantity: 30_001, PerUnits: 1, AmountMinor: 16, ForPeriod: "2025-01-01"},
+	}, extra)
+	require.Equal(t, int64(4900-50+16), res.Invoices[0].TotalMinor)
+	b.tiesOut(t)
+}
