@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/migrations"
@@ -72,6 +74,69 @@ func TestBadSetting(t *testing.T) {
 func TestRunVerifyAndKill(t *testing.T) {
 	t.Parallel()
 	ctx := testenv.Context(t, 2*time.Minute)
+	pool, rdb, counter, env := setupAcme(t)
+	start := func(extra []string, args ...string) (int, string) {
+		t.Helper()
+		p := testenv.StartMain(t, append(append([]string{}, env...), extra...), args...)
+		code, err := p.Wait(time.Minute)
+		require.NoError(t, err)
+		return code, p.Output()
+	}
+	summary := func(out string) reconcile.Summary {
+		t.Helper()
+		var s reconcile.Summary
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, `{"run_id"`) {
+				require.NoError(t, json.Unmarshal([]byte(line), &s))
+				return s
+			}
+		}
+		t.Fatalf("no summary in output:\n%s", out)
+		return s
+	}
+
+	code, out := start(nil, "verify")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, fmt.Sprintf("acme acme requests %s: redis 5, billable 3", counter[len(counter)-len("2006-01"):]))
+
+	code, out = start(nil, "-dry-run", "-json")
+	require.Equal(t, 0, code, out)
+	s := summary(out)
+	require.True(t, s.DryRun)
+	require.Equal(t, 2, s.AdjustmentsPlanned)
+	require.Zero(t, s.AdjustmentsApplied)
+	require.Len(t, s.Plan, 2)
+	require.Equal(t, "5", rdb.Get(ctx, counter).Val(), "a dry run changes nothing")
+
+	code, out = start([]string{"METERGATE_FAILPOINT=" + reconcile.AfterRedis + ":1"})
+	require.Equal(t, -1, code, "killed by SIGKILL: %s", out)
+	require.Equal(t, "4", rdb.Get(ctx, counter).Val(), "the first refund reached Redis")
+
+	code, out = start(nil, "-json")
+	require.Equal(t, 0, code, out)
+	s = summary(out)
+	require.Equal(t, 2, s.Recovered, "the killed run's rows are finished, the first without changing Redis again")
+	require.Equal(t, 2, s.AdjustmentsApplied)
+	require.Equal(t, map[reconcile.Kind]int{reconcile.Refund5xx: 2}, s.ByKind)
+	require.Equal(t, "3", rdb.Get(ctx, counter).Val())
+
+	code, out = start(nil, "-json")
+	require.Equal(t, 0, code, out)
+	require.Zero(t, summary(out).AdjustmentsApplied)
+
+	code, out = start(nil, "verify")
+	require.Equal(t, 0, code, out)
+	var applied int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from adjustments where applied_at is not null and redis_before - redis_after = 1`).Scan(&applied))
+	require.Equal(t, 2, applied)
+}
+
+// setupAcme migrates a schema of the test's own, creates acme (pro: a monthly requests
+// quota) and records five requests of acme, two ending in 503, with acme's counter at 5.
+// It returns the counter's key and the environment of a reconcile process.
+func setupAcme(t *testing.T) (*pgxpool.Pool, *redis.Client, string, []string) {
+	t.Helper()
+	ctx := testenv.Context(t, 2*time.Minute)
 	pool, schema := testenv.EmptySchema(t)
 	_, err := migrations.Up(ctx, pool)
 	require.NoError(t, err)
@@ -106,58 +171,50 @@ values ($1, 503, now(), 'test', 1, $2)`, id, i)
 
 	env := []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "ADMIT_KEY_PREFIX=" + keys.Prefix,
 		"DATABASE_URL=" + testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema)}
-	start := func(extra []string, args ...string) (int, string) {
-		t.Helper()
-		p := testenv.StartMain(t, append(append([]string{}, env...), extra...), args...)
-		code, err := p.Wait(time.Minute)
-		require.NoError(t, err)
-		return code, p.Output()
-	}
-	summary := func(out string) reconcile.Summary {
-		t.Helper()
-		var s reconcile.Summary
-		for _, line := range strings.Split(out, "\n") {
-			if strings.HasPrefix(line, `{"run_id"`) {
-				require.NoError(t, json.Unmarshal([]byte(line), &s))
-				return s
+	return pool, rdb, counter, env
+}
+
+// A reconcile process killed with SIGKILL at each failpoint (after inserting the refunds,
+// after inserting the drift restore, after changing Redis and before marking, after
+// marking), then run again, ends where an uninterrupted run does: the two refunds and the
+// restore of three lost requests each applied once; a further run applies nothing.
+func TestKilledRunConverges(t *testing.T) {
+	t.Parallel()
+	for _, point := range []string{"after-insert:1", "after-insert:2", "after-redis:1", "after-redis:3", "after-mark:2"} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			ctx := testenv.Context(t, 2*time.Minute)
+			pool, rdb, counter, env := setupAcme(t)
+			require.NoError(t, rdb.Set(ctx, counter, 2, 0).Err(), "Redis lost three of the five")
+			start := func(extra ...string) (int, string) {
+				p := testenv.StartMain(t, append(append([]string{}, env...), extra...))
+				code, err := p.Wait(time.Minute)
+				require.NoError(t, err)
+				return code, p.Output()
 			}
-		}
-		t.Fatalf("no summary in output:\n%s", out)
-		return s
+			code, out := start("METERGATE_FAILPOINT=" + point)
+			require.Equal(t, -1, code, "killed by SIGKILL: %s", out)
+			code, out = start()
+			require.Equal(t, 0, code, out)
+			require.Equal(t, "3", rdb.Get(ctx, counter).Val())
+
+			var rows []string
+			r, err := pool.Query(ctx, `select format('%s %s %s→%s', kind, amount, redis_before, redis_after) from adjustments
+where applied_at is not null order by id`)
+			require.NoError(t, err)
+			for r.Next() {
+				var row string
+				require.NoError(t, r.Scan(&row))
+				rows = append(rows, row)
+			}
+			require.NoError(t, r.Err())
+			require.Equal(t, []string{"refund_5xx -1 2→1", "refund_5xx -1 1→0", "drift_restore 3 0→3"}, rows)
+
+			code, out = start("-json")
+			require.Equal(t, 0, code, out)
+			require.Contains(t, out, `"adjustments_applied":0`)
+			code, out = start("verify")
+			require.Equal(t, 0, code, out)
+		})
 	}
-
-	code, out := start(nil, "verify")
-	require.Equal(t, 1, code, out)
-	require.Contains(t, out, fmt.Sprintf("acme acme requests %s: redis 5, billable 3", admission.MonthLabel(now)))
-
-	code, out = start(nil, "-dry-run", "-json")
-	require.Equal(t, 0, code, out)
-	s := summary(out)
-	require.True(t, s.DryRun)
-	require.Equal(t, 2, s.AdjustmentsPlanned)
-	require.Zero(t, s.AdjustmentsApplied)
-	require.Len(t, s.Plan, 2)
-	require.Equal(t, "5", rdb.Get(ctx, counter).Val(), "a dry run changes nothing")
-
-	code, out = start([]string{"METERGATE_FAILPOINT=" + reconcile.AfterRedis + ":1"})
-	require.Equal(t, -1, code, "killed by SIGKILL: %s", out)
-	require.Equal(t, "4", rdb.Get(ctx, counter).Val(), "the first refund reached Redis")
-
-	code, out = start(nil, "-json")
-	require.Equal(t, 0, code, out)
-	s = summary(out)
-	require.Equal(t, 2, s.Recovered, "the killed run's rows are finished, the first without changing Redis again")
-	require.Equal(t, 2, s.AdjustmentsApplied)
-	require.Equal(t, map[reconcile.Kind]int{reconcile.Refund5xx: 2}, s.ByKind)
-	require.Equal(t, "3", rdb.Get(ctx, counter).Val())
-
-	code, out = start(nil, "-json")
-	require.Equal(t, 0, code, out)
-	require.Zero(t, summary(out).AdjustmentsApplied)
-
-	code, out = start(nil, "verify")
-	require.Equal(t, 0, code, out)
-	var applied int
-	require.NoError(t, pool.QueryRow(ctx, `select count(*) from adjustments where applied_at is not null and redis_before - redis_after = 1`).Scan(&applied))
-	require.Equal(t, 2, applied)
 }
