@@ -152,6 +152,7 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 	if err != nil {
 		return fmt.Errorf("read orgs: %w", err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var id string
 		var plan *string
@@ -185,6 +186,7 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 	if err != nil {
 		return fmt.Errorf("read usage: %w", err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var org, path string
 		var q [4]int64
@@ -223,6 +225,7 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 	if err != nil {
 		return fmt.Errorf("read active orgs: %w", err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
@@ -523,6 +526,7 @@ func loadPlans(ctx context.Context, tx pgx.Tx) (map[string]Plan, string, error) 
 	if err != nil {
 		return nil, "", fmt.Errorf("read plan prices: %w", err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var p Plan
 		if err := rows.Scan(&p.ID, &p.Currency, &p.BaseFeeMinor); err != nil {
@@ -546,6 +550,7 @@ func loadPlans(ctx context.Context, tx pgx.Tx) (map[string]Plan, string, error) 
 	if err != nil {
 		return nil, "", fmt.Errorf("read plan units: %w", err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var plan string
 		var up UnitPrice

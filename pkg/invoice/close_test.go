@@ -379,3 +379,37 @@ func TestOutcomesAfterTheCloseAreCorrectedOnTheNextInvoice(t *testing.T) {
 	require.Equal(t, int64(4900-50+16), res.Invoices[0].TotalMinor)
 	b.tiesOut(t)
 }
+
+func TestConcurrentClosesIssueOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.org(t, "acme", "pro", "acme/eng")
+	jan := month(2025, time.January)
+	b.event(t, event{path: "acme/eng", at: jan.Add(time.Hour), requests: 6_000_000})
+	const n = 4
+	results := make(chan invoice.Result, n)
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			res, err := invoice.Close(b.ctx, b.pool, jan, invoice.Options{Force: true})
+			results <- res
+			errs <- err
+		}()
+	}
+	created := 0
+	var first []invoice.Invoice
+	for range n {
+		require.NoError(t, <-errs)
+		res := <-results
+		if res.Created {
+			created++
+		}
+		if first == nil {
+			first = res.Invoices
+		}
+		require.Equal(t, first, res.Invoices, "every close returns the same invoices")
+	}
+	require.Equal(t, 1, created)
+	require.Equal(t, int64(1), b.count(t, `select count(*) from invoices`))
+	b.tiesOut(t)
+}
