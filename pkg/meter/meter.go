@@ -244,10 +244,10 @@ func (m *Meter) process(ctx context.Context, reader *kafka.Reader, msgs []kafka.
 			"err", err, "messages", len(msgs))
 	}
 	elapsed := time.Since(start)
-	m.metrics.messages.Add(float64(len(msgs)))
 	m.metrics.observe(w)
 	m.metrics.batch.Observe(elapsed.Seconds())
 	m.metrics.batchSize.Observe(float64(len(msgs)))
+	m.metrics.messages.Add(float64(len(msgs))) // last: a reader that sees it sees the rest of the batch's counts
 	m.log.Debug("batch written", "messages", len(msgs), "usage_events", w.usage.inserted, "usage_outcomes", w.outcomes.inserted,
 		"dead_letters", w.deadLetters.staged, "duplicates", w.usage.staged-w.usage.inserted+w.outcomes.staged-w.outcomes.inserted,
 		"elapsed", elapsed.String())

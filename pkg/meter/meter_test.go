@@ -624,3 +624,30 @@ func TestKafkaUnreachableIsRetried(t *testing.T) {
 	waitFor(t, ctx, "fetch errors", func() bool { return testutil.ToFloat64(m.metrics.fetchErrs) >= 2 })
 	require.NoError(t, m.stop(), "still running, and stops cleanly")
 }
+
+// An event of a closed (invoiced) period is recorded and flagged late, for the next
+// invoice to bill; an event of an open period is not.
+func TestEventsOfAClosedPeriodAreLate(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	// Months no other test of the package writes or closes.
+	closed := monthOf(time.Now().UTC().AddDate(-2, -8, 0))
+	open := closed.AddDate(0, -1, 0)
+	_, err := b.pool.Exec(b.ctx, `insert into periods (period, closed_at, closed_by) values ($1, now(), 'test')`, closed)
+	require.NoError(t, err)
+	org := b.name + "-org"
+	lateID, onTimeID := b.name+"-late", b.name+"-on-time"
+	b.produce(t,
+		message(t, org, admittedEvent(t, lateID, closed.Add(36*time.Hour), orgPath(org), map[string]int64{"tokens": 5})),
+		message(t, org, admittedEvent(t, onTimeID, open.Add(36*time.Hour), orgPath(org), map[string]int64{"tokens": 7})))
+
+	start(t, b.pool, b.options("g"))
+	waitFor(t, b.ctx, "both events", func() bool {
+		return count(t, b.ctx, b.pool, `select count(*) from usage_events where event_id = any($1)`, []string{lateID, onTimeID}) == 2
+	})
+	var late, onTime bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `select late from usage_events where event_id = $1`, lateID).Scan(&late))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `select late from usage_events where event_id = $1`, onTimeID).Scan(&onTime))
+	require.True(t, late, "an event of a closed period is late")
+	require.False(t, onTime, "an event of an open period is not")
+}

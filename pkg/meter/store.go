@@ -117,8 +117,11 @@ var (
 // The ORDER BY makes the first delivery win within a batch, and makes concurrent meters
 // take index locks in one order (fewer deadlocks when their batches overlap).
 var (
-	insertUsage = `INSERT INTO usage_events (` + strings.Join(usageColumns, ", ") + `)
-SELECT ` + strings.Join(usageColumns, ", ") + ` FROM meter_usage
+	// late: the event's billing period was closed (invoiced) before this batch took its
+	// partition locks; the next invoice bills it (pkg/invoice).
+	insertUsage = `INSERT INTO usage_events (` + strings.Join(usageColumns, ", ") + `, late)
+SELECT ` + strings.Join(usageColumns, ", ") + `, EXISTS (SELECT 1 FROM periods p WHERE p.period = m.billing_period)
+FROM meter_usage m
 ORDER BY event_id, kafka_partition, kafka_offset
 ON CONFLICT (event_id, billing_period) DO NOTHING`
 	insertOutcomes = `INSERT INTO usage_outcomes (` + strings.Join(outcomeColumns, ", ") + `)
@@ -196,6 +199,19 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 		_ = tx.Rollback(rctx)
 	}()
 
+	if len(usage) > 0 {
+		// Lock the batch's partitions before the insert takes its snapshot. A period close
+		// takes a SHARE lock on the partition: it either committed before this lock (the
+		// insert then sees the period closed and flags its rows late) or waits for this
+		// batch to commit (and then invoices its rows). No event falls between the two.
+		parts := make([]string, len(months))
+		for i, m := range months {
+			parts[i] = pgx.Identifier{"usage_events_" + m.Format("2006_01")}.Sanitize()
+		}
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+strings.Join(parts, ", ")+" IN ROW EXCLUSIVE MODE"); err != nil {
+			return written{}, fmt.Errorf("lock usage partitions: %w", err)
+		}
+	}
 	if len(usage)+len(outcomes) > 0 {
 		if _, err := tx.Exec(ctx, createStaging); err != nil {
 			return written{}, fmt.Errorf("create staging tables: %w", err)
