@@ -106,13 +106,19 @@ func Close(ctx context.Context, pool *pgxpool.Pool, period time.Time, opts Optio
 		// Wait for the meter's transactions writing this month, and keep new ones out until
 		// the close commits: what the invoice reads is then exactly what was ingested by
 		// closed_at. Later rows are late.
-		var part *string
-		if err := tx.QueryRow(ctx, `select to_regclass('usage_events_' || to_char($1::date, 'YYYY_MM'))::text`, period).Scan(&part); err != nil {
+		var part pgx.Identifier
+		err := tx.QueryRow(ctx, `
+			select array[n.nspname::text, c.relname::text]
+			from pg_inherits i join pg_class c on c.oid = i.inhrelid join pg_namespace n on n.oid = c.relnamespace
+			where i.inhparent = 'usage_events'::regclass and c.relname = 'usage_events_' || to_char($1::date, 'YYYY_MM')`,
+			period).Scan(&part)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows): // no partition: no usage, nothing to wait for
+		case err != nil:
 			return fmt.Errorf("find partition: %w", err)
-		}
-		if part != nil {
-			if _, err := tx.Exec(ctx, "lock table "+pgx.Identifier{*part}.Sanitize()+" in share mode"); err != nil {
-				return fmt.Errorf("lock partition %s: %w", *part, err)
+		default:
+			if _, err := tx.Exec(ctx, "lock table "+part.Sanitize()+" in share mode"); err != nil {
+				return fmt.Errorf("lock partition %s: %w", part.Sanitize(), err)
 			}
 		}
 		if err := tx.QueryRow(ctx, `insert into periods (period, closed_at, closed_by) values ($1, clock_timestamp(), $2) returning closed_at`,

@@ -413,3 +413,47 @@ func TestConcurrentClosesIssueOnce(t *testing.T) {
 	require.Equal(t, int64(1), b.count(t, `select count(*) from invoices`))
 	b.tiesOut(t)
 }
+
+// A meter transaction writing the month when the close starts is waited for, and its rows
+// are on the invoice: the close reads exactly what was ingested by closed_at.
+func TestCloseWaitsForInFlightMeterWrites(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.org(t, "acme", "pro", "acme/eng")
+	jan := month(2025, time.January)
+	b.event(t, event{path: "acme/eng", at: jan.Add(time.Hour), requests: 1})
+
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `
+		insert into usage_events (event_id, billing_period, event_time, charged_period, org, account, account_kind,
+		                          path, source, requests, kafka_partition, kafka_offset)
+		values ('in-flight', $1, $2, $1, 'acme', 'eng', 'team', '{acme,eng}', 'test', 41, 0, 1)`, jan, jan.Add(time.Hour))
+	require.NoError(t, err)
+
+	done := make(chan invoice.Result, 1)
+	go func() {
+		res, err := invoice.Close(b.ctx, b.pool, jan, invoice.Options{Force: true})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	// Poll until the close waits on the partition's lock.
+	require.Eventually(t, func() bool {
+		return b.count(t, `select count(*) from pg_locks where not granted and relation = 'usage_events_2025_01'::regclass`) > 0
+	}, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, tx.Commit(b.ctx))
+
+	res := <-done
+	require.Len(t, res.Invoices, 1)
+	var qty int64
+	for _, l := range res.Invoices[0].Lines {
+		if l.Kind == invoice.KindUsage {
+			qty += l.Quantity
+		}
+	}
+	require.Equal(t, int64(42), qty)
+	b.tiesOut(t)
+}
