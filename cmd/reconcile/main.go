@@ -91,7 +91,10 @@ func run(ctx context.Context, cfg config.Reconcile, log *slog.Logger, sub string
 		return err
 	}
 	defer rdb.Close()
-	if err := rdb.Ping(cctx).Err(); err != nil {
+	// A context of its own: the migrations may have used up the first one's time.
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	if err := rdb.Ping(rctx).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
 	policies := policy.NewCache(pool, log, 0)

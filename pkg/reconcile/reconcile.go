@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -283,8 +284,75 @@ func Verify(ctx context.Context, o Options) ([]Difference, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	_, diffs, err := driftCorrections(ctx, o, since(o.Now), nil)
-	return diffs, err
+	from := since(o.Now)
+	_, diffs, err := driftCorrections(ctx, o, from, nil)
+	if err != nil {
+		return nil, err
+	}
+	// Counters of accounts without any usage in the log (events lost on the way, or
+	// counters no event explains) are found by scanning Redis.
+	checked := map[string]bool{}
+	totals, err := billableCounters(ctx, o, from)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range totals {
+		checked[c.key] = true
+	}
+	stray, err := strayCounters(ctx, o, from, checked)
+	if err != nil {
+		return nil, err
+	}
+	return append(diffs, stray...), nil
+}
+
+// strayCounters lists the monthly counters of the open periods that are not in checked
+// and hold a value other than 0: each is a difference from a billable total of 0.
+func strayCounters(ctx context.Context, o Options, from time.Time, checked map[string]bool) ([]Difference, error) {
+	var out []Difference
+	scan := func(ctx context.Context, c redis.UniversalClient) error {
+		for m := from; !m.After(o.Now); m = m.AddDate(0, 1, 0) {
+			label := periodLabel(m)
+			iter := c.Scan(ctx, 0, o.Keys.Prefix+"{*}:q:*:"+label, 1000).Iterator()
+			for iter.Next(ctx) {
+				key := iter.Val()
+				if checked[key] {
+					continue
+				}
+				_, rest, ok := strings.Cut(strings.TrimPrefix(key, o.Keys.Prefix), "}:q:")
+				parts := strings.Split(rest, ":")
+				if !ok || len(parts) != 3 || !policy.Unit(parts[1]).Valid() {
+					continue // not a monthly quota counter of this prefix
+				}
+				v, err := c.Get(ctx, key).Int64()
+				if errors.Is(err, redis.Nil) || (err == nil && v == 0) {
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("read counter %s: %w", key, err)
+				}
+				d := Difference{Account: parts[0], Unit: policy.Unit(parts[1]), Period: parts[2], Redis: v}
+				if pol, err := o.Policies.Resolve(parts[0]); err == nil {
+					d.Org, d.Level = pol.Org, pol.Path[len(pol.Path)-1].Kind
+				}
+				out = append(out, d)
+			}
+			if err := iter.Err(); err != nil {
+				return fmt.Errorf("scan counters: %w", err)
+			}
+		}
+		return nil
+	}
+	if cc, ok := o.Redis.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			mu.Lock() // out is shared; masters are few
+			defer mu.Unlock()
+			return scan(ctx, c)
+		})
+		return out, err
+	}
+	return out, scan(ctx, o.Redis)
 }
 
 func periodLabel(t time.Time) string { return t.UTC().Format("2006-01") }
@@ -400,52 +468,9 @@ order by e.event_time, e.event_id`, from)
 // counters read (a dry run). It returns a restore for each counter below its total, and
 // every counter that differs.
 func driftCorrections(ctx context.Context, o Options, from time.Time, planned map[string]int64) ([]Adjustment, []Difference, error) {
-	rows, err := o.Pool.Query(ctx, `
-select e.org, lvl.account, e.billing_period,
-       array[sum(case when o.status >= 500 then 0 else coalesce(o.requests, e.requests) end),
-             sum(case when o.status >= 500 then 0 else coalesce(o.tokens, e.tokens) end),
-             sum(case when o.status >= 500 then 0 else coalesce(o.credits, e.credits) end),
-             sum(case when o.status >= 500 then 0 else coalesce(o.cost_micros, e.cost_micros) end)]::bigint[]
-from usage_events e
-left join usage_outcomes o on o.event_id = e.event_id
-cross join lateral unnest(e.path) as lvl(account)
-where e.billing_period >= $1
-group by 1, 2, 3
-order by 1, 2, 3`, from)
+	counters, err := billableCounters(ctx, o, from)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read billable totals: %w", err)
-	}
-	type counter struct {
-		Difference
-		key string
-	}
-	var counters []counter
-	for rows.Next() {
-		var (
-			org, account string
-			period       time.Time
-			totals       []int64
-		)
-		if err := rows.Scan(&org, &account, &period, &totals); err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("read billable totals: %w", err)
-		}
-		pol, err := o.Policies.Resolve(account)
-		if err != nil {
-			continue
-		}
-		lv := pol.Path[len(pol.Path)-1]
-		for _, u := range monthlyQuotas(lv) {
-			p := periodLabel(period)
-			counters = append(counters, counter{
-				Difference: Difference{Org: org, Account: account, Level: lv.Kind, Unit: u, Period: p, Billable: totals[unitIndex(u)]},
-				key:        counterKey(o.Keys, org, account, u, p),
-			})
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("read billable totals: %w", err)
+		return nil, nil, err
 	}
 
 	// One GET per counter, pipelined (keys of several slots: no MGET on a cluster).
@@ -485,6 +510,62 @@ order by 1, 2, 3`, from)
 		}
 	}
 	return restores, diffs, nil
+}
+
+// counter is a quota counter with its billable total (Billable) and, once read, its value.
+type counter struct {
+	Difference
+	key string
+}
+
+// billableCounters lists every monthly counter of the open periods that the billing log has
+// usage for, with its billable total.
+func billableCounters(ctx context.Context, o Options, from time.Time) ([]counter, error) {
+	rows, err := o.Pool.Query(ctx, `
+select e.org, lvl.account, e.billing_period,
+       array[sum(case when o.status >= 500 then 0 else coalesce(o.requests, e.requests) end),
+             sum(case when o.status >= 500 then 0 else coalesce(o.tokens, e.tokens) end),
+             sum(case when o.status >= 500 then 0 else coalesce(o.credits, e.credits) end),
+             sum(case when o.status >= 500 then 0 else coalesce(o.cost_micros, e.cost_micros) end)]::bigint[]
+from usage_events e
+left join usage_outcomes o on o.event_id = e.event_id
+cross join lateral unnest(e.path) as lvl(account)
+where e.billing_period >= $1
+group by 1, 2, 3
+order by 1, 2, 3`, from)
+	if err != nil {
+		return nil, fmt.Errorf("read billable totals: %w", err)
+	}
+	var counters []counter
+	for rows.Next() {
+		var (
+			org, account string
+			period       time.Time
+			totals       []int64
+		)
+		if err := rows.Scan(&org, &account, &period, &totals); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read billable totals: %w", err)
+		}
+		pol, err := o.Policies.Resolve(account)
+		if err != nil {
+			continue
+		}
+		lv := pol.Path[len(pol.Path)-1]
+		for _, u := range monthlyQuotas(lv) {
+			p := periodLabel(period)
+			counters = append(counters, counter{
+				Difference: Difference{Org: org, Account: account, Level: lv.Kind, Unit: u, Period: p, Billable: totals[unitIndex(u)]},
+				key:        counterKey(o.Keys, org, account, u, p),
+			})
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read billable totals: %w", err)
+	}
+
+	return counters, nil
 }
 
 // insert records corrections in one transaction, so an event's corrections are all there

@@ -150,7 +150,7 @@ func verify(t *testing.T, b *testBundle) []reconcile.Difference {
 // Ten requests of 100 tokens, three ending in 503: every quota level gives back exactly
 // three requests and 300 tokens; a second run applies nothing. A dry run before changes
 // nothing and plans what the run then applies; verify holds after, and names a counter
-// pushed off.
+// pushed off and a counter no event explains.
 func TestRefund5xx(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1000)
@@ -195,6 +195,14 @@ func TestRefund5xx(t *testing.T) {
 	require.Len(t, diffs, 1)
 	require.Equal(t, reconcile.Difference{Org: org, Account: team, Level: policy.Team, Unit: policy.Requests,
 		Period: admission.MonthLabel(at), Redis: 12, Billable: 7}, diffs[0])
+
+	// A counter that no event in the log explains (its events never reached PostgreSQL).
+	prev := admission.MonthLabel(b.cur.AddDate(0, -1, 0))
+	require.NoError(t, b.rdb.Set(context.Background(), b.keys.Quota(org, team, policy.Tokens, prev), 4, 0).Err())
+	diffs = verify(t, b)
+	require.Len(t, diffs, 2)
+	require.Equal(t, reconcile.Difference{Org: org, Account: team, Level: policy.Team, Unit: policy.Tokens,
+		Period: prev, Redis: 4, Billable: 0}, diffs[1])
 }
 
 // Estimated 2,500 tokens, actual 1,800: the tokens counters move by −700 at every level.
