@@ -193,11 +193,13 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		}
 		s.EventsSkipped = skipped
 		plan := append(pending, events...)
+		// Drift is measured against the corrections recorded (pending ones included, as if
+		// applied); the new event corrections are not recorded, so they count on neither side.
 		planned := map[string]int64{}
-		for _, a := range plan {
+		for _, a := range pending {
 			planned[counterKey(o.Keys, a.Org, a.Account, a.Unit, a.Period)] += a.Amount
 		}
-		drift, _, err := driftCorrections(ctx, o, from, planned)
+		drift, _, err := driftCorrections(ctx, o, from, planned, true)
 		if err != nil {
 			return s, err
 		}
@@ -255,7 +257,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return s, err
 	}
 
-	drift, _, err := driftCorrections(ctx, o, from, nil)
+	drift, _, err := driftCorrections(ctx, o, from, nil, true)
 	if err != nil {
 		return s, err
 	}
@@ -285,14 +287,14 @@ func Verify(ctx context.Context, o Options) ([]Difference, error) {
 		return nil, err
 	}
 	from := since(o.Now)
-	_, diffs, err := driftCorrections(ctx, o, from, nil)
+	_, diffs, err := driftCorrections(ctx, o, from, nil, false)
 	if err != nil {
 		return nil, err
 	}
 	// Counters of accounts without any usage in the log (events lost on the way, or
 	// counters no event explains) are found by scanning Redis.
 	checked := map[string]bool{}
-	totals, err := billableCounters(ctx, o, from)
+	totals, err := billableCounters(ctx, o, from, false)
 	if err != nil {
 		return nil, err
 	}
@@ -464,11 +466,11 @@ order by e.event_time, e.event_id`, from)
 }
 
 // driftCorrections compares every monthly counter that the billing log has usage for in
-// the open periods with its billable total. planned adds not-yet-applied deltas to the
-// counters read (a dry run). It returns a restore for each counter below its total, and
-// every counter that differs.
-func driftCorrections(ctx context.Context, o Options, from time.Time, planned map[string]int64) ([]Adjustment, []Difference, error) {
-	counters, err := billableCounters(ctx, o, from)
+// the open periods with its billable total (asCorrected: see billableCounters). planned adds
+// not-yet-applied deltas to the counters read (a dry run). It returns a restore for each
+// counter below its total, and every counter that differs.
+func driftCorrections(ctx context.Context, o Options, from time.Time, planned map[string]int64, asCorrected bool) ([]Adjustment, []Difference, error) {
+	counters, err := billableCounters(ctx, o, from, asCorrected)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -520,19 +522,41 @@ type counter struct {
 
 // billableCounters lists every monthly counter of the open periods that the billing log has
 // usage for, with its billable total.
-func billableCounters(ctx context.Context, o Options, from time.Time) ([]counter, error) {
+//
+// With asCorrected, the total is what the counter must hold given the corrections recorded
+// so far: drift is then only what Redis lost. An outcome or a boundary event metered after
+// this run computed its event corrections is left to the next run's refund, settlement or
+// move, and is not restored as drift first (which would count it twice).
+func billableCounters(ctx context.Context, o Options, from time.Time, asCorrected bool) ([]counter, error) {
+	// asCorrected: an event of a counter that can lose nothing (not fail-open) counts as the
+	// corrections recorded so far have left it (moved or not, refunded or not, settled or
+	// not); otherwise as billed (event time's month, 5xx nothing, actual units).
 	rows, err := o.Pool.Query(ctx, `
-select e.org, lvl.account, e.billing_period,
-       array[sum(case when o.status >= 500 then 0 else coalesce(o.requests, e.requests) end),
-             sum(case when o.status >= 500 then 0 else coalesce(o.tokens, e.tokens) end),
-             sum(case when o.status >= 500 then 0 else coalesce(o.credits, e.credits) end),
-             sum(case when o.status >= 500 then 0 else coalesce(o.cost_micros, e.cost_micros) end)]::bigint[]
-from usage_events e
-left join usage_outcomes o on o.event_id = e.event_id
-cross join lateral unnest(e.path) as lvl(account)
-where e.billing_period >= $1
+select x.org, lvl.account, x.period,
+       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
+from (
+  select e.org, e.path, z.period,
+         case when z.zero then 0 when z.actual then coalesce(o.requests, e.requests) else e.requests end as requests,
+         case when z.zero then 0 when z.actual then coalesce(o.tokens, e.tokens) else e.tokens end as tokens,
+         case when z.zero then 0 when z.actual then coalesce(o.credits, e.credits) else e.credits end as credits,
+         case when z.zero then 0 when z.actual then coalesce(o.cost_micros, e.cost_micros) else e.cost_micros end as cost_micros
+  from usage_events e
+  left join usage_outcomes o on o.event_id = e.event_id
+  cross join lateral (select $2::boolean and not e.fail_open as corrected) c
+  cross join lateral (select
+      case when not c.corrected then coalesce(o.status >= 500, false)
+           else exists (select 1 from adjustments a where a.kind = 'refund_5xx' and a.source_event = e.event_id) end as zero,
+      case when not c.corrected then true
+           else exists (select 1 from adjustments a where a.kind = 'settle_tokens' and a.source_event = e.event_id) end as actual,
+      case when not c.corrected or e.charged_period = e.billing_period
+             or exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id)
+           then e.billing_period else e.charged_period end as period) z
+  where e.billing_period >= $1
+) x
+cross join lateral unnest(x.path) as lvl(account)
+where x.period >= $1
 group by 1, 2, 3
-order by 1, 2, 3`, from)
+order by 1, 2, 3`, from, asCorrected)
 	if err != nil {
 		return nil, fmt.Errorf("read billable totals: %w", err)
 	}

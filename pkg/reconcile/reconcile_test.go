@@ -454,3 +454,41 @@ func TestOneRunAtATime(t *testing.T) {
 	run(t, b.opts())
 	run(t, b.opts()) // the lock was given back
 }
+
+// Outcomes and boundary events metered while a run is under way (after it computed its
+// event corrections, before it measures drift) are left to the next run: they are not
+// restored as drift first and then settled, moved or refunded again.
+func TestLateOutcomeNotCountedTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1000)
+	at := b.cur.Add(time.Hour)
+	b.event(t, "ev-503", at, at, 1, 100)
+	b.outcome(t, "ev-503", 503, nil)
+	b.event(t, "ev-late", at, at, 1, 100)
+
+	o := b.opts()
+	done := false
+	o.Failpoint = func(point string) error {
+		if point == reconcile.AfterInsert && !done {
+			done = true
+			// The meter writes these while the run applies its first corrections.
+			if _, err := b.pool.Exec(context.Background(), `insert into usage_outcomes (event_id, status, tokens, outcome_time, source, kafka_partition, kafka_offset)
+values ('ev-late', 200, 150, now(), 'test', 9, 1) on conflict do nothing`); err != nil {
+				return err
+			}
+			b.event(t, "ev-move", b.cur.Add(time.Millisecond), b.cur.AddDate(0, -1, 0), 1, 10)
+		}
+		return nil
+	}
+	s := run(t, o)
+	require.Zero(t, s.DriftFound)
+	s = run(t, b.opts())
+	require.Zero(t, s.DriftFound)
+	require.Equal(t, map[reconcile.Kind]int{reconcile.SettleTokens: 2, reconcile.PeriodMove: 8}, s.ByKind)
+	for _, acc := range []string{org, team} {
+		require.Equal(t, int64(160), b.counter(t, acc, policy.Tokens, at), acc)
+		require.Equal(t, int64(2), b.counter(t, acc, policy.Requests, at), acc)
+	}
+	require.Empty(t, verify(t, b))
+	require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
+}
