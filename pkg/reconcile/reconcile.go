@@ -404,7 +404,10 @@ select e.event_id, e.org, e.account, e.charged_period, e.billing_period,
        exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'settle_tokens') and a.source_event = e.event_id)
 from usage_events e left join usage_outcomes o on o.event_id = e.event_id
 where e.billing_period >= $1 and not e.fail_open
-  and (e.charged_period <> e.billing_period or o.event_id is not null)
+  and ((e.charged_period <> e.billing_period
+        and not exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id))
+    or ((o.status >= 500 or num_nonnulls(o.requests, o.tokens, o.credits, o.cost_micros) > 0)
+        and not exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'settle_tokens') and a.source_event = e.event_id)))
 order by e.event_time, e.event_id`, from)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read events to correct: %w", err)
