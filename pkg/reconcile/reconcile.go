@@ -195,9 +195,23 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		plan := append(pending, events...)
 		// Drift is measured against the corrections recorded (pending ones included, as if
 		// applied); the new event corrections are not recorded, so they count on neither side.
+		// A pending row whose marker is there has reached Redis already (its run died before
+		// marking it): its delta is in the counter read.
 		planned := map[string]int64{}
-		for _, a := range pending {
-			planned[counterKey(o.Keys, a.Org, a.Account, a.Unit, a.Period)] += a.Amount
+		pipe := o.Redis.Pipeline()
+		applied := make([]*redis.IntCmd, len(pending))
+		for i, a := range pending {
+			applied[i] = pipe.Exists(ctx, markerKey(o.Keys, a.Org, a.ID))
+		}
+		if len(pending) > 0 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				return s, fmt.Errorf("read markers: %w", err)
+			}
+		}
+		for i, a := range pending {
+			if applied[i].Val() == 0 {
+				planned[counterKey(o.Keys, a.Org, a.Account, a.Unit, a.Period)] += a.Amount
+			}
 		}
 		drift, _, err := driftCorrections(ctx, o, from, planned, true)
 		if err != nil {

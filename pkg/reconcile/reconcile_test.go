@@ -408,6 +408,7 @@ func TestCrashSafety(t *testing.T) {
 		{reconcile.AfterInsert, 2}, // drift recorded, not applied
 		{reconcile.AfterRedis, 1},
 		{reconcile.AfterRedis, 7},
+		{reconcile.AfterRedis, 9}, // the first refund (after ev-move's eight moves)
 		{reconcile.AfterRedis, s.AdjustmentsApplied}, // the last one: a drift restore
 		{reconcile.AfterMark, 4},
 	} {
@@ -428,7 +429,12 @@ func TestCrashSafety(t *testing.T) {
 			_, err := reconcile.Run(testenv.Context(t, time.Minute), o)
 			require.ErrorIs(t, err, errCrash)
 
-			run(t, b.opts())
+			// A dry run now plans exactly what the next run applies.
+			dry := b.opts()
+			dry.DryRun = true
+			plan := run(t, dry)
+			applied := run(t, b.opts())
+			require.Equal(t, plan.ByKind, applied.ByKind)
 			require.Equal(t, want, b.state(t))
 			require.Empty(t, verify(t, b))
 			require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
