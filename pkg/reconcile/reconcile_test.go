@@ -408,7 +408,7 @@ func TestCrashSafety(t *testing.T) {
 		{reconcile.AfterInsert, 2}, // drift recorded, not applied
 		{reconcile.AfterRedis, 1},
 		{reconcile.AfterRedis, 7},
-		{reconcile.AfterRedis, 9}, // the first refund (after ev-move's eight moves)
+		{reconcile.AfterRedis, 9},                    // the first refund (after ev-move's eight moves)
 		{reconcile.AfterRedis, s.AdjustmentsApplied}, // the last one: a drift restore
 		{reconcile.AfterMark, 4},
 	} {
