@@ -294,8 +294,9 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 
 // Verify compares, for every (account, unit, open period) with a monthly quota that the
 // billing log has usage for, the Redis counter with the billable total: admitted units,
-// minus those of 5xx outcomes, with actual units in place of estimates. On a drained
-// pipeline after a reconcile run the list is empty.
+// minus those of 5xx outcomes, with actual units in place of estimates; and reports every
+// other non-zero monthly counter of the open periods found in Redis (billable 0). On a
+// drained pipeline after a reconcile run the list is empty.
 func Verify(ctx context.Context, o Options) ([]Difference, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
