@@ -8,6 +8,12 @@
 //	                           -json: print the summary as one JSON object)
 //	reconcile verify [flags]   on a drained pipeline: every quota counter of the open periods
 //	                           equals its billable total; lists every difference, exit 1
+//	reconcile close [-period YYYY-MM] [-force] [-grace 72h]
+//	                           freeze a period and issue one invoice per org (refused before
+//	                           the period's end plus the grace unless -force; again: no-op);
+//	                           without -period, the last month whose end plus grace has passed
+//	reconcile invoice -period YYYY-MM -org ID [-format csv|json]
+//	                           print an issued invoice
 //	reconcile migrate [flags]  apply pending database migrations and exit
 //
 // Configuration comes from environment variables, each mirrored by a flag (reconcile -h
@@ -29,9 +35,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/config"
+	"github.com/metergate/metergate/pkg/invoice"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
 )
@@ -46,7 +55,7 @@ var errDifferences = errors.New("counters differ from their billable totals")
 
 func main() {
 	args, sub := os.Args[1:], "run"
-	if len(args) > 0 && (args[0] == "migrate" || args[0] == "verify") {
+	if len(args) > 0 && (args[0] == "migrate" || args[0] == "verify" || args[0] == "close" || args[0] == "invoice") {
 		args, sub = args[1:], args[0]
 	}
 	var cfg config.Reconcile
@@ -82,8 +91,11 @@ func run(ctx context.Context, cfg config.Reconcile, log *slog.Logger, sub string
 		}
 		log.Info("migrations applied", "versions", applied)
 	}
-	if sub == "migrate" {
+	switch sub {
+	case "migrate":
 		return nil
+	case "close", "invoice":
+		return runInvoice(ctx, cfg, log, sub, pool, out)
 	}
 
 	rdb, err := cfg.Redis.Open()
@@ -175,4 +187,34 @@ func failpointFromEnv() (func(string) error, error) {
 		}
 		return nil
 	}, nil
+}
+
+// runInvoice closes a period (close) or prints an issued invoice (invoice).
+func runInvoice(ctx context.Context, cfg config.Reconcile, log *slog.Logger, sub string, pool *pgxpool.Pool, out io.Writer) error {
+	var period time.Time
+	if cfg.Period == "" && sub == "close" {
+		// The last month whose end plus the grace has passed: what a monthly CronJob closes.
+		period = invoice.PeriodOf(time.Now().Add(-cfg.Grace)).AddDate(0, -1, 0)
+	} else {
+		p, err := time.Parse("2006-01", cfg.Period)
+		if err != nil {
+			return fmt.Errorf("-period %q: want YYYY-MM", cfg.Period)
+		}
+		period = p
+	}
+	if sub == "invoice" {
+		if cfg.Org == "" {
+			return errors.New("-org: the org whose invoice to print is required")
+		}
+		return invoice.Export(ctx, pool, period, cfg.Org, cfg.Format, out)
+	}
+	res, err := invoice.Close(ctx, pool, period, invoice.Options{Force: cfg.Force, Grace: cfg.Grace, By: "reconcile close"})
+	if err != nil {
+		return err
+	}
+	if err := json.NewEncoder(out).Encode(res); err != nil {
+		return fmt.Errorf("print the close: %w", err)
+	}
+	log.Info("period closed", "period", period.Format("2006-01"), "created", res.Created)
+	return nil
 }

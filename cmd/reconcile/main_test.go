@@ -218,3 +218,55 @@ where applied_at is not null order by id`)
 		})
 	}
 }
+
+// reconcile close issues the invoices of a period once (refused before the period's end
+// plus the grace without -force); reconcile invoice prints one as CSV or JSON.
+func TestCloseAndInvoice(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 2*time.Minute)
+	pool, schema := testenv.EmptySchema(t)
+	_, err := migrations.Up(ctx, pool)
+	require.NoError(t, err)
+	_, err = policy.NewStore(pool).CreateAccount(ctx, policy.Account{ID: "acme", Kind: policy.Org, Plan: "pro"})
+	require.NoError(t, err)
+	now := time.Now().UTC()
+	past := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).AddDate(0, -2, 0)
+	_, err = pool.Exec(ctx, `select usage_events_partition($1)`, past)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+  account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
+values ('ev-1', $1, $2, $1, 'acme', 'acme', 'org', '{acme}', 'test', 1, 2500, 0, 1)`, past, past.Add(time.Hour))
+	require.NoError(t, err)
+	env := []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=",
+		"DATABASE_URL=" + testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema)}
+	reconcile := func(args ...string) (int, string) {
+		p := testenv.StartMain(t, env, args...)
+		code, err := p.Wait(time.Minute)
+		require.NoError(t, err)
+		return code, p.Output()
+	}
+
+	code, out := reconcile("close", "-period", now.Format("2006-01"))
+	require.Equal(t, 1, code, "the current month cannot be closed yet: %s", out)
+	code, out = reconcile("close", "-period", past.Format("2006-01"))
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, `"Created":true`)
+	require.Contains(t, out, `"org":"acme"`)
+	code, out = reconcile("close", "-period", past.Format("2006-01"))
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, `"Created":false`, "a second close writes nothing")
+	var invoices int
+	require.NoError(t, pool.QueryRow(ctx, `select count(*) from invoices`).Scan(&invoices))
+	require.Equal(t, 1, invoices)
+
+	code, out = reconcile("invoice", "-period", past.Format("2006-01"), "-org", "acme", "-format", "csv")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "acme")
+	code, out = reconcile("invoice", "-period", past.Format("2006-01"), "-org", "nobody")
+	require.Equal(t, 1, code, out)
+	code, out = reconcile("close") // the last month past its grace: last month, or the one before
+	require.Equal(t, 0, code, out)
+	code, out = reconcile("close", "-period", "2026-13")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "YYYY-MM")
+}

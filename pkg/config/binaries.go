@@ -215,6 +215,13 @@ type Reconcile struct {
 	// as one JSON object. Flags only: they describe one invocation, not a deployment.
 	DryRun bool
 	JSON   bool
+	// Period (-period YYYY-MM), Force (-force), Grace (-grace), Org (-org) and Format
+	// (-format csv|json) are the flags of `reconcile close` and `reconcile invoice`.
+	Period string
+	Force  bool
+	Grace  time.Duration
+	Org    string
+	Format string
 }
 
 // Register adds every setting of reconcile to l.
@@ -227,6 +234,11 @@ func (c *Reconcile) Register(l *Loader) {
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 	l.fs.BoolVar(&c.DryRun, "dry-run", false, "print the corrections a run would make and change nothing")
 	l.fs.BoolVar(&c.JSON, "json", false, "print the run's summary (or verify's differences) as one JSON object")
+	l.fs.StringVar(&c.Period, "period", "", "close, invoice: the billing period, YYYY-MM (close: default the last month whose end plus the grace has passed)")
+	l.fs.BoolVar(&c.Force, "force", false, "close: close before the period's end plus the grace")
+	l.fs.DurationVar(&c.Grace, "grace", 72*time.Hour, "close: how long after the period's end late events are still awaited")
+	l.fs.StringVar(&c.Org, "org", "", "invoice: the org whose invoice to export")
+	l.fs.StringVar(&c.Format, "format", "json", "invoice: csv or json")
 }
 
 // Validate reports every problem of the configuration, one per line, prefixed by section.
