@@ -119,12 +119,12 @@ func (s *Server) createAccount(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	since := time.Now()
 	a, err := s.cfg.Admin.CreateAccount(r.Context(), policy.Account{ID: b.ID, Kind: b.Kind, Parent: b.Parent, Plan: b.Plan, Limits: b.Limits, Concurrency: b.Concurrency})
 	if err != nil {
 		s.adminError(w, "create account", err)
 		return
 	}
+	since := time.Now() // after the commit: a load that starts later sees the write
 	s.writeAccount(w, r, http.StatusCreated, a, since)
 }
 
@@ -139,12 +139,12 @@ func (s *Server) updateAccount(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("invalid_id", "the body's id %q differs from the path's %q", b.ID, id))
 		return
 	}
-	since := time.Now()
 	a, err := s.cfg.Admin.UpdateAccount(r.Context(), policy.Account{ID: id, Kind: b.Kind, Parent: b.Parent, Plan: b.Plan, Limits: b.Limits, Concurrency: b.Concurrency})
 	if err != nil {
 		s.adminError(w, "update account", err)
 		return
 	}
+	since := time.Now() // after the commit: a load that starts later sees the write
 	s.writeAccount(w, r, http.StatusOK, a, since)
 }
 

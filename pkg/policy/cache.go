@@ -40,6 +40,8 @@ type Cache struct {
 	reloadMu sync.Mutex // one load at a time, so a slower older load never replaces a newer one
 
 	listenerPID atomic.Uint32 // backend pid of the LISTEN connection, 0 when down (for tests)
+
+	dirty chan struct{} // a load is wanted (notifications, WaitFresh)
 }
 
 // snapshot is one consistent load of every policy table.
@@ -59,7 +61,7 @@ func NewCache(pool *pgxpool.Pool, log *slog.Logger, reloadEvery time.Duration) *
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Cache{pool: pool, log: log, reloadEvery: reloadEvery}
+	return &Cache{pool: pool, log: log, reloadEvery: reloadEvery, dirty: make(chan struct{}, 1)}
 }
 
 // Loaded reports whether at least one load succeeded (readiness: admit cannot decide
@@ -108,10 +110,16 @@ func (c *Cache) Authenticate(secret string) (APIKey, Resolved, error) {
 	return key, r, nil
 }
 
-// WaitFresh waits until the cache holds a snapshot loaded after since, so that a write
-// committed before since is visible (it arrives through LISTEN/NOTIFY, well within 1 s).
-// It returns the context's error if that does not happen first.
+// WaitFresh waits until the cache holds a snapshot whose load began after since, so that
+// a write committed before since is visible: take since after the write's commit, not
+// before it (a load that began between the two would not see it). It asks Run for a load,
+// coalesced with the one the write's notification asked for, and returns the context's
+// error if no such load is done first.
 func (c *Cache) WaitFresh(ctx context.Context, since time.Time) error {
+	select {
+	case c.dirty <- struct{}{}:
+	default: // a load is already wanted
+	}
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -262,7 +270,7 @@ func (c *Cache) Run(ctx context.Context) error {
 	if err != nil && ctx.Err() == nil {
 		c.log.Warn("policy listener: cannot listen yet, retrying", "err", err)
 	}
-	dirty := make(chan struct{}, 1)
+	dirty := c.dirty
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
