@@ -7,7 +7,8 @@
 //	reconcile [flags]          one reconcile run (-dry-run: print the plan, change nothing;
 //	                           -json: print the summary as one JSON object)
 //	reconcile verify [flags]   on a drained pipeline: every quota counter of the open periods
-//	                           equals its billable total; lists every difference, exit 1
+//	                           equals its billable total, and every issued invoice ties out
+//	                           (total = lines = priced usage); lists every difference, exit 1
 //	reconcile close [-period YYYY-MM] [-force] [-grace 72h]
 //	                           freeze a period and issue one invoice per org (refused before
 //	                           the period's end plus the grace unless -force; again: no-op);
@@ -52,6 +53,9 @@ const FailpointEnv = "METERGATE_FAILPOINT"
 
 // errDifferences is verify's failure: counters differ from their billable totals.
 var errDifferences = errors.New("counters differ from their billable totals")
+
+// errInvoices is verify's failure: issued invoices do not tie out.
+var errInvoices = errors.New("invoice checks fail (finance_invoice_tieout)")
 
 func main() {
 	args, sub := os.Args[1:], "run"
@@ -127,20 +131,33 @@ func run(ctx context.Context, cfg config.Reconcile, log *slog.Logger, sub string
 		if err != nil {
 			return err
 		}
+		invoiceDiffs, err := invoice.TieOut(ctx, pool)
+		if err != nil {
+			return err
+		}
 		if cfg.JSON {
 			if diffs == nil {
 				diffs = []reconcile.Difference{}
 			}
-			if err := json.NewEncoder(out).Encode(map[string]any{"differences": diffs}); err != nil {
+			if invoiceDiffs == nil {
+				invoiceDiffs = []invoice.TieOutDifference{}
+			}
+			if err := json.NewEncoder(out).Encode(map[string]any{"differences": diffs, "invoice_differences": invoiceDiffs}); err != nil {
 				return fmt.Errorf("print differences: %w", err)
 			}
 		} else {
 			for _, d := range diffs {
 				fmt.Fprintln(out, d.String())
 			}
+			for _, d := range invoiceDiffs {
+				fmt.Fprintln(out, d.String())
+			}
 		}
 		if len(diffs) > 0 {
 			return fmt.Errorf("verify: %d %w", len(diffs), errDifferences)
+		}
+		if len(invoiceDiffs) > 0 {
+			return fmt.Errorf("verify: %d %w", len(invoiceDiffs), errInvoices)
 		}
 		log.Info("verify passed")
 		return nil

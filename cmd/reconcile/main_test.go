@@ -237,7 +237,7 @@ func TestCloseAndInvoice(t *testing.T) {
   account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
 values ('ev-1', $1, $2, $1, 'acme', 'acme', 'org', '{acme}', 'test', 1, 2500, 0, 1)`, past, past.Add(time.Hour))
 	require.NoError(t, err)
-	env := []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=",
+	env := []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "ADMIT_KEY_PREFIX=" + testenv.Prefix(t) + "mg",
 		"DATABASE_URL=" + testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema)}
 	reconcile := func(args ...string) (int, string) {
 		p := testenv.StartMain(t, env, args...)
@@ -259,6 +259,10 @@ values ('ev-1', $1, $2, $1, 'acme', 'acme', 'org', '{acme}', 'test', 1, 2500, 0,
 	require.NoError(t, pool.QueryRow(ctx, `select count(*) from invoices`).Scan(&invoices))
 	require.Equal(t, 1, invoices)
 
+	code, out = reconcile("verify", "-json")
+	require.Equal(t, 0, code, "the issued invoice ties out: %s", out)
+	require.Contains(t, out, `"invoice_differences":[]`)
+
 	code, out = reconcile("invoice", "-period", past.Format("2006-01"), "-org", "acme", "-format", "csv")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "acme")
@@ -266,6 +270,13 @@ values ('ev-1', $1, $2, $1, 'acme', 'acme', 'org', '{acme}', 'test', 1, 2500, 0,
 	require.Equal(t, 1, code, out)
 	code, out = reconcile("close") // the last month past its grace: last month, or the one before
 	require.Equal(t, 0, code, out)
+	// A line slipped in behind the close's back: verify says the invoice no longer ties out.
+	_, err = pool.Exec(ctx, `insert into invoice_lines (invoice_id, line_no, kind, account_path, unit, quantity, unit_price_minor, per_units, amount_minor)
+select id, 999, 'adjustment', 'acme', 'requests', 1, 1, 1, 1 from invoices`)
+	require.NoError(t, err)
+	code, out = reconcile("verify")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "subtotal = sum of lines")
 	code, out = reconcile("close", "-period", "2026-13")
 	require.Equal(t, 1, code, out)
 	require.Contains(t, out, "YYYY-MM")
