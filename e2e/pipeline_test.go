@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/admit", "../cmd/meter")
+	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/admit", "../cmd/meter", "../cmd/reconcile")
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build the binaries: %v\n%s", err, out)
 		os.Exit(1)
@@ -136,6 +136,7 @@ type stack struct {
 	org, key     string
 	topic        string
 	brokers      []string
+	env          []string // the services' environment, for more binaries
 	// warmup holds the event ids of admissions made while waiting for the key to reach
 	// admit's cache: they are rows too.
 	warmup []string
@@ -157,7 +158,8 @@ func newStackOn(t *testing.T, brokers []string, topic string) *stack {
 		"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=",
 		"KAFKA_BROKERS="+strings.Join(brokers, ","), "KAFKA_TOPIC="+topic,
 		"LOG_LEVEL=warn", "REDIS_TIMEOUT=5s")
-	s := &stack{db: db, org: strings.ReplaceAll(name, "_", "-"), topic: topic, brokers: brokers}
+	s := &stack{db: db, org: strings.ReplaceAll(name, "_", "-"), topic: topic, brokers: brokers,
+		env: append(common[:len(common):len(common)], "ADMIT_KEY_PREFIX=t:"+name+":mg")}
 
 	meterAddr := testenv.FreeAddr(t)
 	start(t, "meter", append(common, "METER_ADDR="+meterAddr, "METER_GROUP=g-"+name), "-migrate")
@@ -301,6 +303,25 @@ func (s *stack) waitRows(t *testing.T, want map[string]bool, within time.Duratio
 	}
 }
 
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// reconcile runs the reconcile binary once on the stack's schema and keys.
+func (s *stack) reconcile(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	p := start(t, "reconcile", s.env, args...)
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("reconcile did not finish within 2 minutes")
+	}
+	return p.cmd.ProcessState.ExitCode(), p.out.String()
+}
+
 // eventIDs returns the event ids of the org's rows.
 func (s *stack) eventIDs(t *testing.T, ctx context.Context) []string {
 	t.Helper()
@@ -402,4 +423,75 @@ func TestBrokerOutage(t *testing.T) {
 	admit(200)
 	s.waitRows(t, want, 2*time.Minute)
 	t.Logf("%d events through a 20 s broker outage, each in PostgreSQL once", len(want))
+}
+
+// A 5xx refund through the whole pipeline: N requests admitted through the API, k of them
+// report 503; once the meter has them all, reconcile gives the quota back, so GET
+// /v1/usage drops by exactly k at every level with a quota; a second run applies nothing.
+func TestRefundOf5xxThroughThePipeline(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, 4)
+	ctx := testenv.Context(t, 3*time.Minute)
+	team, agent := s.org+"-team", s.org+"-agent"
+	for _, a := range []map[string]any{
+		{"id": team, "kind": "team", "parent": s.org, "limits": map[string]any{"requests": map[string]any{"quota": 1000}}},
+		{"id": agent, "kind": "agent", "parent": team, "limits": map[string]any{"requests": map[string]any{"quota": 100}}},
+	} {
+		status, body, err := call("POST", s.admit+"/v1/admin/accounts", adminToken, a)
+		require.NoError(t, err)
+		require.Equal(t, 201, status, "%v", body)
+	}
+	const n, k = 20, 5
+	want := map[string]bool{}
+	for _, id := range s.warmup {
+		want[id] = true
+	}
+	var ids []string
+	for len(ids) < n {
+		status, body, err := call("POST", s.admit+"/v1/admit", serviceToken, map[string]any{"account": agent})
+		require.NoError(t, err)
+		if status == 401 { // the new accounts reach admit's cache within 1 s
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		require.Equal(t, 200, status, "%v", body)
+		ids = append(ids, body["event_id"].(string))
+		want[ids[len(ids)-1]] = true
+	}
+	for _, id := range ids[:k] {
+		status, body, err := call("POST", s.admit+"/v1/outcomes", serviceToken, map[string]any{"event_id": id, "status": 503})
+		require.NoError(t, err)
+		require.Equal(t, 202, status, "%v", body)
+	}
+	used := func(account string) float64 {
+		status, body, err := call("GET", s.admit+"/v1/usage/"+account, serviceToken, nil)
+		require.NoError(t, err)
+		require.Equal(t, 200, status, "%v", body)
+		return body["units"].(map[string]any)["requests"].(map[string]any)["used"].(float64)
+	}
+	require.Equal(t, float64(n), used(team))
+	require.Equal(t, float64(n), used(agent))
+
+	s.waitRows(t, want, 2*time.Minute)
+	for { // the outcomes are metered too
+		var outcomes int
+		require.NoError(t, s.db.QueryRow(ctx, `SELECT count(*) FROM usage_outcomes WHERE status >= 500`).Scan(&outcomes))
+		if outcomes == k {
+			break
+		}
+		require.NoError(t, ctx.Err(), "%d of %d outcomes metered", outcomes, k)
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	code, out := s.reconcile(t, "-json")
+	require.Equal(t, 0, code, out)
+	t.Logf("reconcile: %s", lastLine(out))
+	require.Equal(t, float64(n-k), used(team), "the team's quota got k back")
+	require.Equal(t, float64(n-k), used(agent), "the agent's quota got k back")
+	code, out = s.reconcile(t, "-json")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, `"adjustments_applied":0`, "a second run applies nothing")
+	require.Equal(t, float64(n-k), used(agent))
+	code, out = s.reconcile(t, "verify")
+	require.Equal(t, 0, code, "counters equal the billable totals: %s", out)
 }
