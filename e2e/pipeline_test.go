@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,50 +51,10 @@ const (
 	adminToken   = "adm-e2e-0123456789abcdef"
 )
 
-// proc is a binary of this run, killed when the test ends.
-type proc struct {
-	cmd *exec.Cmd
-	out *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func start(t *testing.T, name string, env []string, args ...string) *proc {
+// start starts one of this run's binaries (see testenv.Start).
+func start(t *testing.T, name string, env []string, args ...string) *testenv.Process {
 	t.Helper()
-	p := &proc{cmd: exec.Command(filepath.Join(bin, name), args...), out: &syncBuffer{}}
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	require.NoError(t, p.cmd.Start())
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		_ = p.cmd.Wait()
-		if t.Failed() {
-			t.Logf("output of %s:\n%s", name, tail(p.out.String(), 4000))
-		}
-	})
-	return p
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
+	return testenv.Start(t, filepath.Join(bin, name), env, args...)
 }
 
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
@@ -312,14 +271,9 @@ func lastLine(s string) string {
 func (s *stack) reconcile(t *testing.T, args ...string) (int, string) {
 	t.Helper()
 	p := start(t, "reconcile", s.env, args...)
-	done := make(chan error, 1)
-	go func() { done <- p.cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(2 * time.Minute):
-		t.Fatal("reconcile did not finish within 2 minutes")
-	}
-	return p.cmd.ProcessState.ExitCode(), p.out.String()
+	code, err := p.Wait(2 * time.Minute)
+	require.NoError(t, err, "reconcile")
+	return code, p.Output()
 }
 
 // eventIDs returns the event ids of the org's rows.

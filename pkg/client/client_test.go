@@ -1,7 +1,6 @@
 package client_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/pkg/client"
+	"github.com/metergate/metergate/pkg/testenv"
 )
 
 const serviceToken = "svc-token-0123456789abcdef"
@@ -271,34 +271,16 @@ func (f *fakeAdmit) outcome(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// syncBuffer collects log lines written from background goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type testBundle struct {
 	fake   *fakeAdmit
 	client *client.Client
-	logs   *syncBuffer
+	logs   *testenv.SyncBuffer
 	served atomic.Int32 // calls of the wrapped handler
 }
 
 func setup(t *testing.T, script ...step) *testBundle {
 	t.Helper()
-	b := &testBundle{fake: newFakeAdmit(t, script...), logs: &syncBuffer{}}
+	b := &testBundle{fake: newFakeAdmit(t, script...), logs: &testenv.SyncBuffer{}}
 	b.client = &client.Client{
 		BaseURL: b.fake.URL() + "/", // the trailing slash must not make "//v1/admit"
 		Token:   serviceToken,

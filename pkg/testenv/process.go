@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -33,23 +34,26 @@ func MainOrTests(m *testing.M, main func()) int {
 // Process is a command's main running in a child process.
 type Process struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *SyncBuffer
 	done chan struct{}
 	err  error
 }
 
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer that goroutines may write to while another reads it (a
+// child process's output, logs written in the background).
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
@@ -60,12 +64,20 @@ func (s *syncBuffer) String() string {
 // killed when the test ends if it still runs.
 func StartMain(tb testing.TB, env []string, args ...string) *Process {
 	tb.Helper()
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(append(os.Environ(), ReexecEnv+"=1"), env...)
-	p := &Process{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	return Start(tb, os.Args[0], append([]string{ReexecEnv + "=1"}, env...), args...)
+}
+
+// Start starts the program at path with args and the extra environment variables env
+// ("K=V") on top of the test's own. The process is killed when the test ends if it still
+// runs, and its output is logged if the test failed.
+func Start(tb testing.TB, path string, env []string, args ...string) *Process {
+	tb.Helper()
+	cmd := exec.Command(path, args...)
+	cmd.Env = append(os.Environ(), env...)
+	p := &Process{cmd: cmd, out: &SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start %s: %v", os.Args[0], err)
+		tb.Fatalf("start %s: %v", path, err)
 	}
 	go func() { p.err = cmd.Wait(); close(p.done) }()
 	tb.Cleanup(func() {
@@ -76,7 +88,7 @@ func StartMain(tb testing.TB, env []string, args ...string) *Process {
 			<-p.done
 		}
 		if tb.Failed() {
-			tb.Logf("output of %v:\n%s", args, p.out.String())
+			tb.Logf("output of %s %v:\n%s", filepath.Base(path), args, p.out.String())
 		}
 	})
 	return p
