@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/policy"
 )
 
 // The script stamps each event with Redis TIME and the period it charged, so Go sends the
@@ -30,27 +31,39 @@ func envelopeHead(id, source, typ, subject string) string {
 
 const envelopeData = `","datacontenttype":"application/json","data":`
 
-// admittedEvent returns the usage.admitted event of r in three pieces.
-func admittedEvent(r Request) (head, middle, tail string) {
+// Admitted is the data of r's usage.admitted event, charged to period ("YYYY-MM"). The
+// admission script and the fail-open path (pkg/api) both record it.
+func (r Request) Admitted(period string) event.Admitted {
 	pol := r.Policy
 	path := make([]event.PathNode, len(pol.Path))
 	for i, lv := range pol.Path {
 		path[i] = event.PathNode{Account: lv.Account, Kind: string(lv.Kind)}
 	}
-	units := make(map[string]int64, len(r.Units))
-	for u, v := range r.Units {
-		units[string(u)] = v
-	}
-	data, err := json.Marshal(event.Admitted{
+	return event.Admitted{
 		Org: pol.Org, Account: pol.Account(), Path: path, APIKeyID: r.APIKeyID,
-		IdempotencyKey: r.IdempotencyKey, Units: units, Period: periodMark, Plan: pol.Plan, Tool: r.Tool,
-	})
+		IdempotencyKey: r.IdempotencyKey, Units: unitMap(r.Units), Period: period, Plan: pol.Plan, Tool: r.Tool,
+	}
+}
+
+// unitMap is units keyed by their names, as events carry them.
+func unitMap(units map[policy.Unit]int64) map[string]int64 {
+	out := make(map[string]int64, len(units))
+	for u, v := range units {
+		out[string(u)] = v
+	}
+	return out
+}
+
+// admittedEvent returns the usage.admitted event of r in three pieces.
+func admittedEvent(r Request) (head, middle, tail string) {
+	admitted := r.Admitted(periodMark)
+	data, err := json.Marshal(admitted)
 	i := bytes.Index(data, periodNeedle)
 	if err != nil || i < 0 {
 		// Only a change to event.Admitted can get here; every test would catch it.
 		panic(fmt.Sprintf("admission: cannot place the period in %s: %v", data, err))
 	}
-	head = envelopeHead(r.EventID, r.Source, event.TypeAdmitted, event.Subject(path))
+	head = envelopeHead(r.EventID, r.Source, event.TypeAdmitted, event.Subject(admitted.Path))
 	middle = envelopeData + string(data[:i]) + `"period":"`
 	tail = string(data[i+len(periodNeedle)-1:]) + "}"
 	return head, middle, tail

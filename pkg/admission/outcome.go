@@ -46,11 +46,7 @@ func (a *Admitter) Outcome(ctx context.Context, o Outcome) error {
 	if held != "" {
 		keys = append(keys, strings.Fields(held)...)
 	}
-	units := make(map[string]int64, len(o.Units))
-	for u, v := range o.Units {
-		units[string(u)] = v
-	}
-	data, err := json.Marshal(event.Outcome{EventID: o.EventID, Status: o.Status, Units: units})
+	data, err := json.Marshal(event.Outcome{EventID: o.EventID, Status: o.Status, Units: unitMap(o.Units)})
 	if err != nil {
 		return fmt.Errorf("encode outcome: %w", err)
 	}

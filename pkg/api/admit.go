@@ -110,20 +110,9 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 	log := s.cfg.Log.With("org", pol.Org, "account", pol.Account(), "err", cause)
 	if policyFor == FailOpen && s.cfg.Recorder != nil {
 		now := s.cfg.Clock().UTC()
-		path := make([]event.PathNode, len(pol.Path))
-		for i, lv := range pol.Path {
-			path[i] = event.PathNode{Account: lv.Account, Kind: string(lv.Kind)}
-		}
-		units := make(map[string]int64, len(req.Units))
-		for u, v := range req.Units {
-			units[string(u)] = v
-		}
-		data := event.Admitted{
-			Org: pol.Org, Account: pol.Account(), Path: path, APIKeyID: req.APIKeyID,
-			IdempotencyKey: req.IdempotencyKey, Units: units, Period: now.Format("2006-01"),
-			Plan: pol.Plan, Tool: req.Tool, FailOpen: true,
-		}
-		ev, err := event.New(req.EventID, s.cfg.Source, event.TypeAdmitted, event.Subject(path), now, data)
+		data := req.Admitted(admission.MonthLabel(now))
+		data.FailOpen = true
+		ev, err := event.New(req.EventID, s.cfg.Source, event.TypeAdmitted, event.Subject(data.Path), now, data)
 		if err == nil {
 			err = s.cfg.Recorder.Record(r.Context(), pol.Org, ev)
 		}
