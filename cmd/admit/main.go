@@ -107,7 +107,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 
 	g, ctx := errgroup.WithContext(ctx)
 	if a.Relay {
-		relay, closeRelay, err := newRelay(cfg, log, reg)
+		relay, closeRelay, err := newRelay(cfg, log, reg, recorder)
 		if err != nil {
 			return err
 		}
@@ -129,7 +129,9 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 // runRelay runs the outbox relay alone, for deployments that scale it apart from the API.
 func runRelay(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	reg := ops.NewRegistry()
-	relay, closeRelay, err := newRelay(cfg, log, reg)
+	w := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)
+	defer w.Close()
+	relay, closeRelay, err := newRelay(cfg, log, reg, w)
 	if err != nil {
 		return err
 	}
@@ -149,20 +151,20 @@ func runRelay(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	return g.Wait()
 }
 
-// newRelay builds the relay with a Redis client of its own: every shard blocks one
-// connection while it waits for entries, which must not starve the decisions' pool.
-func newRelay(cfg config.Admit, log *slog.Logger, reg prometheus.Registerer) (*outbox.Relay, func(), error) {
+// newRelay builds the relay producing through w, with a Redis client of its own: every
+// shard blocks one connection while it waits for entries, which must not starve the
+// decisions' pool.
+func newRelay(cfg config.Admit, log *slog.Logger, reg prometheus.Registerer, w *outbox.Writer) (*outbox.Relay, func(), error) {
 	a := cfg.Admission
 	rdb, err := cfg.Redis.OpenPool(a.Shards + 4)
 	if err != nil {
 		return nil, nil, err
 	}
-	w := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)
 	relay := outbox.NewRelay(rdb, w, outbox.RelayOptions{
 		Keys: admission.Keys{Prefix: a.KeyPrefix, Shards: a.Shards}, Consumer: a.Node,
 		Batch: a.RelayBatch, ClaimAfter: a.RelayClaimAfter, Log: log.With("component", "relay"), Registerer: reg,
 	})
-	return relay, func() { _ = w.Close(); _ = rdb.Close() }, nil
+	return relay, func() { _ = rdb.Close() }, nil
 }
 
 // outboxCheck fails when the oldest unrelayed event is older than limit: Kafka is down or
