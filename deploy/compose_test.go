@@ -66,6 +66,11 @@ func TestComposeMatchesBinaries(t *testing.T) {
 			require.Contains(t, c.Services, dep, "%s depends on unknown service %s", name, dep)
 		}
 	}
+	// The monthly close is reconcile's close subcommand, configured as reconcile.
+	closeSvc, ok := c.Services["close"]
+	require.True(t, ok, "service close missing")
+	require.Equal(t, []string{"/reconcile", "close"}, closeSvc.Command[:2])
+	require.Equal(t, c.Services["reconcile"].Environment, closeSvc.Environment)
 	_, err = os.Stat("Dockerfile")
 	require.NoError(t, err)
 }

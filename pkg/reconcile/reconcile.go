@@ -4,7 +4,8 @@
 // script as the counter change), then marked applied. A run that dies anywhere is finished
 // by the next one, and a run right after a clean one applies nothing.
 //
-// Only monthly quota counters are corrected; daily ones are left alone.
+// Monthly counters are corrected for the open months (the run's and the one before), daily
+// counters for the open days (the run's and the one before).
 package reconcile
 
 import (
@@ -70,13 +71,13 @@ type Options struct {
 	// DryRun computes the plan and changes nothing, in PostgreSQL or Redis.
 	DryRun bool
 	// Now is the run's time (time.Now when zero): the open periods are its month and the
-	// month before.
+	// month before, and its day and the day before.
 	Now time.Time
 	Log *slog.Logger
 	// MarkerTTL is how long a marker key outlives its correction (40 days when zero).
 	MarkerTTL time.Duration
 	// CounterRetention is how long a counter created by a correction outlives its period
-	// (35 days when zero, as admission's quota counters).
+	// (35 days when zero, as admission's quota counters, monthly and daily).
 	CounterRetention time.Duration
 	// Failpoint, when set, is called at each failpoint; an error aborts the run there.
 	Failpoint func(point string) error
@@ -90,8 +91,10 @@ type Adjustment struct {
 	Account     string      `json:"account"`
 	Level       policy.Kind `json:"level"`
 	Unit        policy.Unit `json:"unit"`
-	Period      string      `json:"period"` // YYYY-MM
-	Amount      int64       `json:"amount"`
+	// QuotaPeriod is the window of the counter: month (Period is YYYY-MM) or day (YYYY-MM-DD).
+	QuotaPeriod policy.QuotaPeriod `json:"quota_period"`
+	Period      string             `json:"period"`
+	Amount      int64              `json:"amount"`
 	Reason      string      `json:"reason"`
 	SourceEvent string      `json:"source_event,omitempty"`
 }
@@ -116,11 +119,12 @@ type Summary struct {
 
 // Difference is a counter that does not equal its billable total.
 type Difference struct {
-	Org      string      `json:"org"`
-	Account  string      `json:"account"`
-	Level    policy.Kind `json:"level"`
-	Unit     policy.Unit `json:"unit"`
-	Period   string      `json:"period"`
+	Org         string             `json:"org"`
+	Account     string             `json:"account"`
+	Level       policy.Kind        `json:"level"`
+	Unit        policy.Unit        `json:"unit"`
+	QuotaPeriod policy.QuotaPeriod `json:"quota_period"`
+	Period      string             `json:"period"` // YYYY-MM, or YYYY-MM-DD for a daily counter
 	Redis    int64       `json:"redis"`
 	Billable int64       `json:"billable"`
 }
@@ -164,10 +168,16 @@ func (o *Options) fail(point string) error {
 	return nil
 }
 
-// since is the first day of the first open period: the month before Now's.
+// since is the first day of the first open month: the month before Now's.
 func since(now time.Time) time.Time {
 	now = now.UTC()
 	return time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC).AddDate(0, -1, 0)
+}
+
+// sinceDay is the first open day: the day before Now's.
+func sinceDay(now time.Time) time.Time {
+	now = now.UTC()
+	return time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC).AddDate(0, 0, -1)
 }
 
 // Run computes the corrections, records and applies them (or, with DryRun, only lists
@@ -292,10 +302,10 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	return s, nil
 }
 
-// Verify compares, for every (account, unit, open period) with a monthly quota that the
-// billing log has usage for, the Redis counter with the billable total: admitted units,
-// minus those of 5xx outcomes, with actual units in place of estimates; and reports every
-// other non-zero monthly counter of the open periods found in Redis (billable 0). On a
+// Verify compares, for every (account, unit, open period) with a quota (monthly or daily)
+// that the billing log has usage for, the Redis counter with the billable total: admitted
+// units, minus those of 5xx outcomes, with actual units in place of estimates; and reports
+// every other non-zero quota counter of the open periods found in Redis (billable 0). On a
 // drained pipeline after a reconcile run the list is empty.
 func Verify(ctx context.Context, o Options) ([]Difference, error) {
 	if err := o.defaults(); err != nil {
@@ -323,13 +333,19 @@ func Verify(ctx context.Context, o Options) ([]Difference, error) {
 	return append(diffs, stray...), nil
 }
 
-// strayCounters lists the monthly counters of the open periods that are not in checked
-// and hold a value other than 0: each is a difference from a billable total of 0.
+// strayCounters lists the quota counters of the open periods that are not in checked and
+// hold a value other than 0: each is a difference from a billable total of 0.
 func strayCounters(ctx context.Context, o Options, from time.Time, checked map[string]bool) ([]Difference, error) {
+	var labels []string
+	for m := from; !m.After(o.Now); m = m.AddDate(0, 1, 0) {
+		labels = append(labels, periodLabel(m))
+	}
+	for d := sinceDay(o.Now); !d.After(o.Now); d = d.AddDate(0, 0, 1) {
+		labels = append(labels, admission.DayLabel(d))
+	}
 	var out []Difference
 	scan := func(ctx context.Context, c redis.UniversalClient) error {
-		for m := from; !m.After(o.Now); m = m.AddDate(0, 1, 0) {
-			label := periodLabel(m)
+		for _, label := range labels {
 			iter := c.Scan(ctx, 0, o.Keys.Prefix+"{*}:q:*:"+label, 1000).Iterator()
 			for iter.Next(ctx) {
 				key := iter.Val()
@@ -339,7 +355,7 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 				_, rest, ok := strings.Cut(strings.TrimPrefix(key, o.Keys.Prefix), "}:q:")
 				parts := strings.Split(rest, ":")
 				if !ok || len(parts) != 3 || !policy.Unit(parts[1]).Valid() {
-					continue // not a monthly quota counter of this prefix
+					continue // not a quota counter of this prefix
 				}
 				v, err := c.Get(ctx, key).Int64()
 				if errors.Is(err, redis.Nil) || (err == nil && v == 0) {
@@ -348,7 +364,7 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 				if err != nil {
 					return fmt.Errorf("read counter %s: %w", key, err)
 				}
-				d := Difference{Account: parts[0], Unit: policy.Unit(parts[1]), Period: parts[2], Redis: v}
+				d := Difference{Account: parts[0], Unit: policy.Unit(parts[1]), QuotaPeriod: windowOf(parts[2]), Period: parts[2], Redis: v}
 				if pol, err := o.Policies.Resolve(parts[0]); err == nil {
 					d.Org, d.Level = pol.Org, pol.Path[len(pol.Path)-1].Kind
 				}
@@ -374,6 +390,38 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 
 func periodLabel(t time.Time) string { return t.UTC().Format("2006-01") }
 
+// label is the counter label of the period of kind q containing t.
+func label(q policy.QuotaPeriod, t time.Time) string {
+	if q == policy.Day {
+		return admission.DayLabel(t)
+	}
+	return periodLabel(t)
+}
+
+// windowOf is the kind of period a counter label names.
+func windowOf(label string) policy.QuotaPeriod {
+	if len(label) == len("2006-01-02") {
+		return policy.Day
+	}
+	return policy.Month
+}
+
+// periodStart parses a counter label: the first instant of its month or day.
+func periodStart(label string) (time.Time, error) {
+	if windowOf(label) == policy.Day {
+		return time.Parse("2006-01-02", label)
+	}
+	return time.Parse("2006-01", label)
+}
+
+// periodEnd is the first instant after the period a counter label names.
+func periodEnd(label string) (time.Time, error) {
+	t, err := periodStart(label)
+	if windowOf(label) == policy.Day {
+		return t.AddDate(0, 0, 1), err
+	}
+	return t.AddDate(0, 1, 0), err
+}
 func counterKey(k admission.Keys, org, account string, u policy.Unit, period string) string {
 	return k.Quota(org, account, u, period)
 }
@@ -385,13 +433,13 @@ func markerKey(k admission.Keys, org string, id int64) string {
 	return tag + "adj:" + strconv.FormatInt(id, 10)
 }
 
-// monthlyQuotas lists the units that a level counts with a monthly quota counter (capped
-// or not: admission charges the counter of every limit with a quota).
-func monthlyQuotas(lv policy.Level) []policy.Unit {
+// quotas lists the units that a level counts with a quota counter of window q (capped or
+// not: admission charges the counter of every limit with a quota).
+func quotas(lv policy.Level, q policy.QuotaPeriod) []policy.Unit {
 	var units []policy.Unit
 	for _, u := range policy.Units {
 		l, ok := lv.Limits[u]
-		if ok && l.Quota != nil && l.QuotaPeriod != policy.Day {
+		if ok && l.Quota != nil && (l.QuotaPeriod == q || l.QuotaPeriod == "" && q == policy.Month) {
 			units = append(units, u)
 		}
 	}
@@ -410,9 +458,14 @@ func unitIndex(u policy.Unit) int {
 // eventCorrections computes the period moves, refunds and settlements of the events of the
 // open periods that have not had them yet. Events admitted fail-open charged no counter
 // and get none (drift_restore brings their usage into the counters).
+//
+// Admission charges a daily counter of the day of the event time (both come from Redis
+// TIME), so daily counters need no moves; they are refunded and settled while their day is
+// open. An event's corrections are computed together, once.
 func eventCorrections(ctx context.Context, o Options, from time.Time) ([]Adjustment, int, error) {
+	fromDay := sinceDay(o.Now)
 	rows, err := o.Pool.Query(ctx, `
-select e.event_id, e.org, e.account, e.charged_period, e.billing_period,
+select e.event_id, e.org, e.account, e.charged_period, e.billing_period, e.event_time,
        array[e.requests, e.tokens, e.credits, e.cost_micros],
        o.status, array[o.requests, o.tokens, o.credits, o.cost_micros],
        exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id),
@@ -436,12 +489,13 @@ order by e.event_time, e.event_id`, from)
 		var (
 			id, org, account string
 			charged, billing time.Time
+			at               time.Time
 			est              []int64
 			status           *int
 			actual           []*int64
 			moved, settled   bool
 		)
-		if err := rows.Scan(&id, &org, &account, &charged, &billing, &est, &status, &actual, &moved, &settled); err != nil {
+		if err := rows.Scan(&id, &org, &account, &charged, &billing, &at, &est, &status, &actual, &moved, &settled); err != nil {
 			return nil, 0, fmt.Errorf("read events to correct: %w", err)
 		}
 		pol, err := o.Policies.Resolve(account)
@@ -454,11 +508,23 @@ order by e.event_time, e.event_id`, from)
 		add := func(k Kind, lv policy.Level, u policy.Unit, period string, amount int64, reason string) {
 			if amount != 0 {
 				out = append(out, Adjustment{Kind: k, Org: org, Account: lv.Account, Level: lv.Kind, Unit: u,
-					Period: period, Amount: amount, Reason: reason, SourceEvent: id})
+					QuotaPeriod: windowOf(period), Period: period, Amount: amount, Reason: reason, SourceEvent: id})
+			}
+		}
+		// settle refunds or settles the counter of period.
+		settle := func(lv policy.Level, u policy.Unit, period string) {
+			n := est[unitIndex(u)]
+			switch {
+			case settled || status == nil:
+			case *status >= 500:
+				add(Refund5xx, lv, u, period, -n, fmt.Sprintf("outcome status %d", *status))
+			case actual[unitIndex(u)] != nil:
+				a := *actual[unitIndex(u)]
+				add(SettleTokens, lv, u, period, a-n, fmt.Sprintf("estimated %d, actual %d", n, a))
 			}
 		}
 		for _, lv := range pol.Path {
-			for _, u := range monthlyQuotas(lv) {
+			for _, u := range quotas(lv, policy.Month) {
 				n := est[unitIndex(u)]
 				// Moves first: refunds and settlements then apply to the event time's month.
 				if !moved && cp != bp && !charged.Before(from) {
@@ -466,13 +532,11 @@ order by e.event_time, e.event_id`, from)
 					add(PeriodMove, lv, u, cp, -n, reason)
 					add(PeriodMove, lv, u, bp, n, reason)
 				}
-				switch {
-				case settled || status == nil:
-				case *status >= 500:
-					add(Refund5xx, lv, u, bp, -n, fmt.Sprintf("outcome status %d", *status))
-				case actual[unitIndex(u)] != nil:
-					a := *actual[unitIndex(u)]
-					add(SettleTokens, lv, u, bp, a-n, fmt.Sprintf("estimated %d, actual %d", n, a))
+				settle(lv, u, bp)
+			}
+			if !at.Before(fromDay) {
+				for _, u := range quotas(lv, policy.Day) {
+					settle(lv, u, admission.DayLabel(at))
 				}
 			}
 		}
@@ -525,7 +589,7 @@ func driftCorrections(ctx context.Context, o Options, from time.Time, planned ma
 		diffs = append(diffs, c.Difference)
 		if c.Redis < c.Billable {
 			restores = append(restores, Adjustment{Kind: DriftRestore, Org: c.Org, Account: c.Account, Level: c.Level,
-				Unit: c.Unit, Period: c.Period, Amount: c.Billable - c.Redis,
+				Unit: c.Unit, QuotaPeriod: c.QuotaPeriod, Period: c.Period, Amount: c.Billable - c.Redis,
 				Reason: fmt.Sprintf("counter %d below billable total %d", c.Redis, c.Billable)})
 		}
 	}
@@ -538,8 +602,8 @@ type counter struct {
 	key string
 }
 
-// billableCounters lists every monthly counter of the open periods that the billing log has
-// usage for, with its billable total.
+// billableCounters lists every quota counter of the open periods (months and days) that the
+// billing log has usage for, with its billable total.
 //
 // With asCorrected, the total is what the counter must hold given the corrections recorded
 // so far: drift is then only what Redis lost. An outcome or a boundary event metered after
@@ -550,10 +614,8 @@ func billableCounters(ctx context.Context, o Options, from time.Time, asCorrecte
 	// corrections recorded so far have left it (moved or not, refunded or not, settled or
 	// not); otherwise as billed (event time's month, 5xx nothing, actual units).
 	rows, err := o.Pool.Query(ctx, `
-select x.org, lvl.account, x.period,
-       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
-from (
-  select e.org, e.path, z.period,
+with x as (
+  select e.org, e.path, z.period, date_trunc('day', e.event_time at time zone 'UTC') as day,
          case when z.zero then 0 when z.actual then coalesce(o.requests, e.requests) else e.requests end as requests,
          case when z.zero then 0 when z.actual then coalesce(o.tokens, e.tokens) else e.tokens end as tokens,
          case when z.zero then 0 when z.actual then coalesce(o.credits, e.credits) else e.credits end as credits,
@@ -570,11 +632,19 @@ from (
              or exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id)
            then e.billing_period else e.charged_period end as period) z
   where e.billing_period >= $1
-) x
-cross join lateral unnest(x.path) as lvl(account)
+)
+select x.org, lvl.account, 'month', x.period::timestamp,
+       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
+from x cross join lateral unnest(x.path) as lvl(account)
 where x.period >= $1
-group by 1, 2, 3
-order by 1, 2, 3`, from, asCorrected)
+group by 1, 2, 3, 4
+union all
+select x.org, lvl.account, 'day', x.day,
+       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
+from x cross join lateral unnest(x.path) as lvl(account)
+where x.day >= $3
+group by 1, 2, 3, 4
+order by 1, 2, 3, 4`, from, asCorrected, sinceDay(o.Now))
 	if err != nil {
 		return nil, fmt.Errorf("read billable totals: %w", err)
 	}
@@ -582,10 +652,11 @@ order by 1, 2, 3`, from, asCorrected)
 	for rows.Next() {
 		var (
 			org, account string
+			window       policy.QuotaPeriod
 			period       time.Time
 			totals       []int64
 		)
-		if err := rows.Scan(&org, &account, &period, &totals); err != nil {
+		if err := rows.Scan(&org, &account, &window, &period, &totals); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read billable totals: %w", err)
 		}
@@ -594,10 +665,10 @@ order by 1, 2, 3`, from, asCorrected)
 			continue
 		}
 		lv := pol.Path[len(pol.Path)-1]
-		for _, u := range monthlyQuotas(lv) {
-			p := periodLabel(period)
+		for _, u := range quotas(lv, window) {
+			p := label(window, period)
 			counters = append(counters, counter{
-				Difference: Difference{Org: org, Account: account, Level: lv.Kind, Unit: u, Period: p, Billable: totals[unitIndex(u)]},
+				Difference: Difference{Org: org, Account: account, Level: lv.Kind, Unit: u, QuotaPeriod: window, Period: p, Billable: totals[unitIndex(u)]},
 				key:        counterKey(o.Keys, org, account, u, p),
 			})
 		}
@@ -620,7 +691,7 @@ func insert(ctx context.Context, o Options, runID uuid.UUID, adj []Adjustment) e
 		const chunk = 5000
 		for start := 0; start < len(adj); start += chunk {
 			part := adj[start:min(start+chunk, len(adj))]
-			var kind, org, account, level, unit, period, reason, source []string
+			var kind, org, account, level, unit, window, period, reason, source []string
 			var amount []int64
 			for _, a := range part {
 				kind = append(kind, string(a.Kind))
@@ -628,18 +699,23 @@ func insert(ctx context.Context, o Options, runID uuid.UUID, adj []Adjustment) e
 				account = append(account, a.Account)
 				level = append(level, string(a.Level))
 				unit = append(unit, string(a.Unit))
-				period = append(period, a.Period+"-01")
+				start, err := periodStart(a.Period)
+				if err != nil {
+					return fmt.Errorf("adjustment of %s: period %q: %w", a.Account, a.Period, err)
+				}
+				window = append(window, string(windowOf(a.Period)))
+				period = append(period, start.Format("2006-01-02"))
 				amount = append(amount, a.Amount)
 				reason = append(reason, a.Reason)
 				source = append(source, a.SourceEvent)
 			}
 			_, err := tx.Exec(ctx, `
-insert into adjustments (run_id, kind, org, account, level, unit, period, amount, reason, source_event)
-select $1, k, o, a, l, u, p::date, n, r, nullif(s, '')
-from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::text[])
-  with ordinality as t(k, o, a, l, u, p, n, r, s, i)
+insert into adjustments (run_id, kind, org, account, level, unit, quota_period, period, amount, reason, source_event)
+select $1, k, o, a, l, u, w, p::date, n, r, nullif(s, '')
+from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], $10::text[], $11::text[])
+  with ordinality as t(k, o, a, l, u, w, p, n, r, s, i)
 order by i
-on conflict do nothing`, runID, kind, org, account, level, unit, period, amount, reason, source)
+on conflict do nothing`, runID, kind, org, account, level, unit, window, period, amount, reason, source)
 			if err != nil {
 				return err
 			}
@@ -654,14 +730,15 @@ on conflict do nothing`, runID, kind, org, account, level, unit, period, amount,
 
 func pendingRows(ctx context.Context, pool *pgxpool.Pool) ([]Adjustment, error) {
 	rows, err := pool.Query(ctx, `
-select id, kind, org, account, level, unit, to_char(period, 'YYYY-MM'), amount, reason, coalesce(source_event, '')
+select id, kind, org, account, level, unit, quota_period,
+       to_char(period, case quota_period when 'day' then 'YYYY-MM-DD' else 'YYYY-MM' end), amount, reason, coalesce(source_event, '')
 from adjustments where applied_at is null order by id`)
 	if err != nil {
 		return nil, fmt.Errorf("read pending adjustments: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Adjustment, error) {
 		var a Adjustment
-		err := r.Scan(&a.ID, &a.Kind, &a.Org, &a.Account, &a.Level, &a.Unit, &a.Period, &a.Amount, &a.Reason, &a.SourceEvent)
+		err := r.Scan(&a.ID, &a.Kind, &a.Org, &a.Account, &a.Level, &a.Unit, &a.QuotaPeriod, &a.Period, &a.Amount, &a.Reason, &a.SourceEvent)
 		return a, err
 	})
 	if err != nil {
@@ -692,8 +769,11 @@ func apply(ctx context.Context, o Options, s *Summary) (int, error) {
 		}
 		// A counter created by the correction (e.g. after Redis lost its keys) expires like
 		// admission's; an existing one keeps its expiry (NX).
-		period, _ := time.Parse("2006-01", a.Period)
-		expire := period.AddDate(0, 1, 0).Add(o.CounterRetention)
+		end, err := periodEnd(a.Period)
+		if err != nil {
+			return n, fmt.Errorf("adjustment %d: period %q: %w", a.ID, a.Period, err)
+		}
+		expire := end.Add(o.CounterRetention)
 		if err := o.Redis.Do(ctx, "PEXPIREAT", key, expire.UnixMilli(), "NX").Err(); err != nil {
 			return n, fmt.Errorf("expire counter %s: %w", key, err)
 		}

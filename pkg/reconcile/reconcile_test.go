@@ -24,17 +24,20 @@ import (
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
 // The tree of every test: acme (pro, requests and tokens quotas, rates high enough for a
-// burst of a thousand) → eng (requests and tokens quotas) → alice (a rate limit only).
-// Quota counters exist at acme and eng.
+// burst of a thousand) → eng (requests and tokens quotas) → alice (a rate limit only) and
+// bob (daily requests and tokens quotas). Monthly counters exist at acme and eng.
 const (
 	org  = "acme"
 	team = "eng"
 	user = "alice"
+	bob  = "bob"
+
+	bobRequestsPerDay = 30
 )
 
 type testBundle struct {
 	pool   *pgxpool.Pool
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	keys   admission.Keys
 	cache  *policy.Cache
 	now    time.Time
@@ -47,11 +50,16 @@ func quota(n int64) policy.Limit { return policy.Limit{Quota: &n, QuotaPeriod: p
 
 func setup(t *testing.T, teamRequests int64) *testBundle {
 	t.Helper()
+	return setupOn(t, teamRequests, testenv.Redis(t))
+}
+
+func setupOn(t *testing.T, teamRequests int64, rdb redis.UniversalClient) *testBundle {
+	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
 	pool, _ := testenv.EmptySchema(t)
 	_, err := migrations.Up(ctx, pool)
 	require.NoError(t, err)
-	b := &testBundle{pool: pool, rdb: testenv.Redis(t), prefix: testenv.Prefix(t)}
+	b := &testBundle{pool: pool, rdb: rdb, prefix: testenv.Prefix(t)}
 	b.keys = admission.Keys{Prefix: b.prefix + "mg", Shards: 16}
 	b.now = time.Now().UTC()
 	b.cur = time.Date(b.now.Year(), b.now.Month(), 1, 0, 0, 0, 0, time.UTC)
@@ -68,6 +76,9 @@ func setup(t *testing.T, teamRequests int64) *testBundle {
 			policy.Tokens:   quota(10_000_000)}},
 		{ID: team, Kind: policy.Team, Parent: org, Limits: map[policy.Unit]policy.Limit{policy.Requests: quota(teamRequests), policy.Tokens: quota(1_000_000)}},
 		{ID: user, Kind: policy.User, Parent: team, Limits: map[policy.Unit]policy.Limit{policy.Requests: {RatePerS: 100_000, Burst: 100_000}}},
+		{ID: bob, Kind: policy.User, Parent: team, Limits: map[policy.Unit]policy.Limit{
+			policy.Requests: {Quota: quota(bobRequestsPerDay).Quota, QuotaPeriod: policy.Day},
+			policy.Tokens:   {Quota: quota(100_000).Quota, QuotaPeriod: policy.Day}}},
 	} {
 		_, err := store.CreateAccount(ctx, a)
 		require.NoError(t, err)
@@ -77,13 +88,25 @@ func setup(t *testing.T, teamRequests int64) *testBundle {
 	return b
 }
 
-// flush deletes the test's Redis keys, as a FLUSHALL would.
+// flush deletes the test's Redis keys, as a FLUSHALL would (on every master of a cluster).
 func (b *testBundle) flush(ctx context.Context, t *testing.T) {
-	keys, err := b.rdb.Keys(ctx, b.prefix+"*").Result()
-	require.NoError(t, err)
-	if len(keys) > 0 {
-		require.NoError(t, b.rdb.Del(ctx, keys...).Err())
+	del := func(ctx context.Context, c *redis.Client) error {
+		keys, err := c.Keys(ctx, b.prefix+"*").Result()
+		if err != nil || len(keys) == 0 {
+			return err
+		}
+		pipe := c.Pipeline() // one key per DEL: a cluster node refuses keys of several slots
+		for _, k := range keys {
+			pipe.Del(ctx, k)
+		}
+		_, err = pipe.Exec(ctx)
+		return err
 	}
+	if cc, ok := b.rdb.(*redis.ClusterClient); ok {
+		require.NoError(t, cc.ForEachMaster(ctx, del))
+		return
+	}
+	require.NoError(t, del(ctx, b.rdb.(*redis.Client)))
 }
 
 func (b *testBundle) opts() reconcile.Options {
@@ -121,6 +144,40 @@ values ($1, $2, $3, $4, $5, $6, 'user', $7, 'test', $8, $9, 0, $10)`,
 	}
 	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, org, policy.Requests, label), requests).Err())
 	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, team, policy.Requests, label), requests).Err())
+}
+
+// dayCounter is bob's daily counter of unit on day's day.
+func (b *testBundle) dayCounter(t *testing.T, u policy.Unit, day time.Time) int64 {
+	t.Helper()
+	v, err := b.rdb.Get(context.Background(), b.keys.Quota(org, bob, u, admission.DayLabel(day))).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
+	require.NoError(t, err)
+	return v
+}
+
+// bobEvent records an admitted request of bob as the meter would, and charges the counters
+// admission would: acme's and eng's of at's month, bob's of at's day.
+func (b *testBundle) bobEvent(t *testing.T, id string, at time.Time, requests, tokens int64) {
+	t.Helper()
+	ctx := testenv.Context(t, 30*time.Second)
+	at = at.UTC()
+	month := time.Date(at.Year(), at.Month(), 1, 0, 0, 0, 0, time.UTC)
+	_, err := b.pool.Exec(ctx, `select usage_events_partition($1)`, month)
+	require.NoError(t, err)
+	b.offset++
+	_, err = b.pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+  account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
+values ($1, $2, $3, $2, $4, $5, 'user', $6, 'test', $7, $8, 0, $9)`,
+		id, month, at, org, bob, []string{org, team, bob}, requests, tokens, b.offset)
+	require.NoError(t, err)
+	for _, acc := range []string{org, team} {
+		require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, acc, policy.Requests, admission.MonthLabel(at)), requests).Err())
+		require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, acc, policy.Tokens, admission.MonthLabel(at)), tokens).Err())
+	}
+	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, bob, policy.Requests, admission.DayLabel(at)), requests).Err())
+	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, bob, policy.Tokens, admission.DayLabel(at)), tokens).Err())
 }
 
 func (b *testBundle) outcome(t *testing.T, id string, status int, tokens *int64) {
@@ -193,7 +250,7 @@ func TestRefund5xx(t *testing.T) {
 	require.NoError(t, b.rdb.IncrBy(context.Background(), b.keys.Quota(org, team, policy.Requests, admission.MonthLabel(at)), 5).Err())
 	diffs := verify(t, b)
 	require.Len(t, diffs, 1)
-	require.Equal(t, reconcile.Difference{Org: org, Account: team, Level: policy.Team, Unit: policy.Requests,
+	require.Equal(t, reconcile.Difference{Org: org, Account: team, Level: policy.Team, Unit: policy.Requests, QuotaPeriod: policy.Month,
 		Period: admission.MonthLabel(at), Redis: 12, Billable: 7}, diffs[0])
 
 	// A counter that no event in the log explains (its events never reached PostgreSQL).
@@ -201,7 +258,7 @@ func TestRefund5xx(t *testing.T) {
 	require.NoError(t, b.rdb.Set(context.Background(), b.keys.Quota(org, team, policy.Tokens, prev), 4, 0).Err())
 	diffs = verify(t, b)
 	require.Len(t, diffs, 2)
-	require.Equal(t, reconcile.Difference{Org: org, Account: team, Level: policy.Team, Unit: policy.Tokens,
+	require.Equal(t, reconcile.Difference{Org: org, Account: team, Level: policy.Team, Unit: policy.Tokens, QuotaPeriod: policy.Month,
 		Period: prev, Redis: 4, Billable: 0}, diffs[1])
 }
 
@@ -351,6 +408,11 @@ func scenario(t *testing.T) *testBundle {
 		}
 	}
 	b.event(t, "ev-move", b.cur.Add(time.Millisecond), b.cur.AddDate(0, -1, 0), 1, 50)
+	// bob's requests of today: daily counters refunded and settled too.
+	b.bobEvent(t, "ev-bob-0", b.now.Add(-time.Minute), 1, 100)
+	b.outcome(t, "ev-bob-0", 500, nil)
+	b.bobEvent(t, "ev-bob-1", b.now.Add(-time.Minute), 1, 100)
+	b.outcome(t, "ev-bob-1", 200, ptr(70))
 	// Redis lost eng's tokens counter.
 	require.NoError(t, b.rdb.Del(context.Background(), b.keys.Quota(org, team, policy.Tokens, admission.MonthLabel(at))).Err())
 	return b
@@ -371,7 +433,12 @@ func (b *testBundle) state(t *testing.T) state {
 			}
 		}
 	}
-	rows, err := b.pool.Query(context.Background(), `select format('%s %s %s %s %s %s %s %s→%s %s', kind, account, level, unit, period, amount,
+	for _, d := range []time.Time{b.now, b.now.AddDate(0, 0, -1)} {
+		for _, u := range []policy.Unit{policy.Requests, policy.Tokens} {
+			st.Counters[bob+":"+string(u)+":"+admission.DayLabel(d)] = b.dayCounter(t, u, d)
+		}
+	}
+	rows, err := b.pool.Query(context.Background(), `select format('%s %s %s %s %s %s %s %s %s→%s %s', kind, account, level, unit, quota_period, period, amount,
   coalesce(source_event, '-'), redis_before, redis_after, applied_at is not null) from adjustments order by id`)
 	require.NoError(t, err)
 	for rows.Next() {
@@ -397,6 +464,8 @@ func TestCrashSafety(t *testing.T) {
 	require.Positive(t, s.ByKind[reconcile.SettleTokens])
 	require.Positive(t, s.ByKind[reconcile.PeriodMove])
 	require.Positive(t, s.ByKind[reconcile.DriftRestore])
+	require.Equal(t, int64(1), ref.dayCounter(t, policy.Requests, ref.now), "bob's daily requests: one of two refunded")
+	require.Equal(t, int64(70), ref.dayCounter(t, policy.Tokens, ref.now), "bob's daily tokens: 100 refunded, 100 settled to 70")
 	want := ref.state(t)
 	require.Empty(t, verify(t, ref))
 
@@ -497,4 +566,108 @@ values ('ev-late', 200, 150, now(), 'test', 9, 1) on conflict do nothing`); err 
 	}
 	require.Empty(t, verify(t, b))
 	require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
+}
+
+// Daily quotas through real admission, on Redis and on the 3-master Redis Cluster: bob
+// spends his 30 requests of the day (the 31st is 402 at his level); five end in 503 and
+// three report fewer tokens. Reconcile refunds and settles bob's daily counters as well as
+// the monthly ones of eng and acme, so bob gets exactly five requests back; after Redis
+// loses every key, drift_restore rebuilds the daily counters and the daily quota still
+// bites. verify holds throughout and a second run applies nothing.
+func TestDailyQuotas(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		rdb  func(t *testing.T) redis.UniversalClient
+	}{
+		{"redis", func(t *testing.T) redis.UniversalClient { return testenv.Redis(t) }},
+		{"cluster", func(t *testing.T) redis.UniversalClient { return testenv.RedisCluster(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			// Bob's 36 requests must fall on one UTC day.
+			if next := time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour); time.Until(next) < time.Minute {
+				time.Sleep(time.Until(next) + time.Second)
+			}
+			b := setupOn(t, 1000, tc.rdb(t))
+			ctx := testenv.Context(t, 2*time.Minute)
+			adm := admission.New(b.rdb, admission.Options{KeyPrefix: b.keys.Prefix, Shards: b.keys.Shards})
+			pol, err := b.cache.Resolve(bob)
+			require.NoError(t, err)
+			decide := func() admission.Decision {
+				d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(org), Policy: pol, Source: "test",
+					Units: map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 100}})
+				require.NoError(t, err)
+				return d
+			}
+			var ids []string
+			var times []time.Time
+			admit := func(n int) {
+				for range n {
+					d := decide()
+					require.Equal(t, admission.Allow, d.Result)
+					ids, times = append(ids, d.EventID), append(times, d.Time)
+				}
+				d := decide()
+				require.Equal(t, admission.QuotaExceeded, d.Result)
+				require.Equal(t, &admission.Blocker{Account: bob, Level: policy.User, Unit: string(policy.Requests)}, d.Blocked)
+			}
+			// log records the admitted events as the meter would.
+			logged := 0
+			log := func() {
+				_, err := b.pool.Exec(ctx, `select usage_events_partition($1)`, times[0])
+				require.NoError(t, err)
+				_, err = b.pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+  account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
+select id, date_trunc('month', at at time zone 'UTC')::date, at, date_trunc('month', at at time zone 'UTC')::date, $3, $4,
+  'user', $5, 'test', 1, 100, 0, $6 + ord
+from unnest($1::text[], $2::timestamptz[]) with ordinality as e(id, at, ord)`, ids[logged:], times[logged:], org, bob, []string{org, team, bob}, logged)
+				require.NoError(t, err)
+				logged = len(ids)
+				b.offset = int64(logged)
+			}
+
+			admit(bobRequestsPerDay)
+			log()
+			b.now = times[len(times)-1]
+			require.Empty(t, verify(t, b), "admission's counters match the log")
+			for _, id := range ids[:5] {
+				b.outcome(t, id, 503, nil)
+			}
+			for _, id := range ids[5:8] {
+				b.outcome(t, id, 200, ptr(40))
+			}
+
+			s := run(t, b.opts())
+			// Per 503: requests and tokens at acme, eng (month) and bob (day); per settlement: tokens at the three.
+			require.Equal(t, map[reconcile.Kind]int{reconcile.Refund5xx: 5 * 6, reconcile.SettleTokens: 3 * 3}, s.ByKind)
+			require.Equal(t, int64(bobRequestsPerDay-5), b.dayCounter(t, policy.Requests, b.now))
+			require.Equal(t, int64(bobRequestsPerDay*100-5*100-3*60), b.dayCounter(t, policy.Tokens, b.now))
+			require.Equal(t, int64(bobRequestsPerDay-5), b.counter(t, team, policy.Requests, b.now))
+			var dayRows int
+			require.NoError(t, b.pool.QueryRow(ctx, `select count(*) from adjustments
+where quota_period = 'day' and account = $1 and period = $2::date and applied_at is not null`, bob, admission.DayLabel(b.now)).Scan(&dayRows))
+			require.Equal(t, 5*2+3, dayRows)
+			require.Empty(t, verify(t, b))
+			require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
+
+			admit(5) // exactly the five refunded requests, then 402 again
+			log()
+			b.now = times[len(times)-1]
+			require.Empty(t, verify(t, b))
+
+			b.flush(ctx, t)
+			diffs := verify(t, b)
+			require.Len(t, diffs, 6, "acme's and eng's monthly, bob's daily requests and tokens counters lost: %v", diffs)
+			s = run(t, b.opts())
+			require.Equal(t, map[reconcile.Kind]int{reconcile.DriftRestore: 6}, s.ByKind)
+			require.Equal(t, int64(bobRequestsPerDay), b.dayCounter(t, policy.Requests, b.now))
+			require.Greater(t, b.rdb.PTTL(ctx, b.keys.Quota(org, bob, policy.Requests, admission.DayLabel(b.now))).Val(), 24*time.Hour,
+				"a restored daily counter expires like admission's: its day plus the retention")
+			require.Empty(t, verify(t, b))
+			d := decide()
+			require.Equal(t, admission.QuotaExceeded, d.Result, "the daily quota still bites after the wipe")
+			require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
+		})
+	}
 }
