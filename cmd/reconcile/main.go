@@ -2,7 +2,8 @@
 // quota counters with the billing log in PostgreSQL and records every correction
 // (refund_5xx, settle_tokens, period_move, drift_restore) as an adjustments row applied to
 // Redis exactly once (see pkg/reconcile and docs/reconcile.md). It exits non-zero when a
-// run fails.
+// run fails or an invariant check after it does (a correction left unapplied, a counter
+// still below its billable total, an issued invoice that no longer ties out).
 //
 //	reconcile [flags]          one reconcile run (-dry-run: print the plan, change nothing;
 //	                           -json: print the summary as one JSON object)
@@ -164,20 +165,36 @@ func run(ctx context.Context, cfg config.Reconcile, log *slog.Logger, sub string
 	}
 
 	s, err := reconcile.Run(ctx, o)
-	if err != nil {
+	if err != nil && !errors.Is(err, reconcile.ErrInvariant) {
 		return err
+	}
+	if !s.DryRun {
+		// The issued invoices must still tie out: a check of every run, cheap and lag-free.
+		invoiceDiffs, err := invoice.TieOut(ctx, pool)
+		if err != nil {
+			return err
+		}
+		for _, d := range invoiceDiffs {
+			s.InvariantFailures = append(s.InvariantFailures, d.String())
+		}
 	}
 	if cfg.JSON {
 		if err := json.NewEncoder(out).Encode(s); err != nil {
 			return fmt.Errorf("print summary: %w", err)
 		}
-		return nil
+	} else {
+		for _, a := range s.Plan {
+			fmt.Fprintf(out, "%s %s %s %s %s %+d (%s) %s\n", a.Kind, a.Org, a.Account, a.Unit, a.Period, a.Amount, a.Reason, a.SourceEvent)
+		}
+		for _, f := range s.InvariantFailures {
+			fmt.Fprintln(out, "invariant failed:", f)
+		}
+		fmt.Fprintf(out, "run %s: dry_run=%t planned=%d applied=%d recovered=%d drift_found=%d events_skipped=%d invariant_failures=%d\n",
+			s.RunID, s.DryRun, s.AdjustmentsPlanned, s.AdjustmentsApplied, s.Recovered, s.DriftFound, s.EventsSkipped, len(s.InvariantFailures))
 	}
-	for _, a := range s.Plan {
-		fmt.Fprintf(out, "%s %s %s %s %s %+d (%s) %s\n", a.Kind, a.Org, a.Account, a.Unit, a.Period, a.Amount, a.Reason, a.SourceEvent)
+	if len(s.InvariantFailures) > 0 {
+		return fmt.Errorf("%d %w", len(s.InvariantFailures), reconcile.ErrInvariant)
 	}
-	fmt.Fprintf(out, "run %s: dry_run=%t planned=%d applied=%d recovered=%d drift_found=%d events_skipped=%d\n",
-		s.RunID, s.DryRun, s.AdjustmentsPlanned, s.AdjustmentsApplied, s.Recovered, s.DriftFound, s.EventsSkipped)
 	return nil
 }
 

@@ -47,6 +47,10 @@ const (
 // ErrRunning is returned when another run holds the run lock.
 var ErrRunning = errors.New("another reconcile run is in progress")
 
+// ErrInvariant is returned, with the summary, when a run finished but the checks after it
+// failed (Summary.InvariantFailures lists them).
+var ErrInvariant = errors.New("reconcile invariant check failed")
+
 // Failpoints: where Options.Failpoint is called, to test that a run dying there converges.
 const (
 	// AfterInsert: a batch of corrections is committed, none applied.
@@ -55,6 +59,8 @@ const (
 	AfterRedis = "after-redis"
 	// AfterMark: one correction is marked applied.
 	AfterMark = "after-mark"
+	// BeforeCheck: every correction is applied, the invariants are not checked yet.
+	BeforeCheck = "before-check"
 )
 
 // Policies resolves an account's effective policy (a *policy.Cache).
@@ -115,6 +121,10 @@ type Summary struct {
 	EventsSkipped int `json:"events_skipped"`
 	// Plan lists the corrections of a dry run.
 	Plan []Adjustment `json:"plan,omitempty"`
+	// InvariantFailures lists what the checks after a run found (empty when all hold): a
+	// correction left unapplied, one whose recorded Redis values do not differ by its
+	// amount, a counter still below its billable total.
+	InvariantFailures []string `json:"invariant_failures"`
 }
 
 // Difference is a counter that does not equal its billable total.
@@ -190,7 +200,8 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	runID := uuid.New()
 	from := since(o.Now)
-	s := Summary{RunID: runID.String(), DryRun: o.DryRun, Since: admission.MonthLabel(from), ByKind: map[Kind]int{}}
+	s := Summary{RunID: runID.String(), DryRun: o.DryRun, Since: admission.MonthLabel(from), ByKind: map[Kind]int{},
+		InvariantFailures: []string{}}
 
 	if o.DryRun {
 		pending, err := pendingRows(ctx, o.Pool)
@@ -223,7 +234,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 				planned[counterKey(o.Keys, a.Org, a.Account, a.Unit, a.Period)] += a.Amount
 			}
 		}
-		drift, _, err := driftCorrections(ctx, o, from, planned, true)
+		drift, _, err := driftCorrections(ctx, o, from, planned, true, nil)
 		if err != nil {
 			return s, err
 		}
@@ -281,7 +292,13 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return s, err
 	}
 
-	drift, _, err := driftCorrections(ctx, o, from, nil, true)
+	// Fail-open events metered after the drift pass charged no counter yet: the checks
+	// leave them to the next run.
+	var cutoff time.Time
+	if err := o.Pool.QueryRow(ctx, `select clock_timestamp()`).Scan(&cutoff); err != nil {
+		return s, fmt.Errorf("read database clock: %w", err)
+	}
+	drift, _, err := driftCorrections(ctx, o, from, nil, true, nil)
 	if err != nil {
 		return s, err
 	}
@@ -294,12 +311,57 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return s, err
 	}
 
+	if err := o.fail(BeforeCheck); err != nil {
+		return s, err
+	}
+	if s.InvariantFailures, err = checkInvariants(ctx, o, runID, from, cutoff); err != nil {
+		return s, err
+	}
 	if _, err := o.Pool.Exec(ctx, `update reconcile_runs set finished_at = now(), summary = $2 where run_id = $1`, runID, s); err != nil {
 		return s, fmt.Errorf("record run summary: %w", err)
 	}
 	o.Log.Info("reconcile run finished", "run_id", s.RunID, "adjustments_applied", s.AdjustmentsApplied,
-		"recovered", s.Recovered, "drift_found", s.DriftFound, "events_skipped", s.EventsSkipped)
+		"recovered", s.Recovered, "drift_found", s.DriftFound, "events_skipped", s.EventsSkipped,
+		"invariant_failures", len(s.InvariantFailures))
+	if len(s.InvariantFailures) > 0 {
+		return s, fmt.Errorf("%w: %s", ErrInvariant, strings.Join(s.InvariantFailures, "; "))
+	}
 	return s, nil
+}
+
+// checkInvariants checks what must hold after a run whatever the pipeline's lag: every
+// correction is applied; each applied correction of this run changed its counter by its
+// amount; no counter is below its billable total (a counter above it is admissions not
+// metered yet, which verify on a drained pipeline catches).
+func checkInvariants(ctx context.Context, o Options, runID uuid.UUID, from, cutoff time.Time) ([]string, error) {
+	failures := []string{}
+	pending, err := pendingRows(ctx, o.Pool)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range pending {
+		failures = append(failures, fmt.Sprintf("adjustment %d (%s %s %s %s) not applied", a.ID, a.Kind, a.Account, a.Unit, a.Period))
+	}
+	rows, err := o.Pool.Query(ctx, `select format('adjustment %s (%s %s %s): redis %s -> %s is not %s', id, kind, account, unit, redis_before, redis_after, amount)
+from adjustments where run_id = $1 and applied_at is not null and redis_after - redis_before <> amount order by id`, runID)
+	if err != nil {
+		return nil, fmt.Errorf("check applied adjustments: %w", err)
+	}
+	bad, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("check applied adjustments: %w", err)
+	}
+	failures = append(failures, bad...)
+	_, diffs, err := driftCorrections(ctx, o, from, nil, true, &cutoff)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range diffs {
+		if d.Redis < d.Billable {
+			failures = append(failures, "counter below its billable total after the run: "+d.String())
+		}
+	}
+	return failures, nil
 }
 
 // Verify compares, for every (account, unit, open period) with a quota (monthly or daily)
@@ -312,14 +374,14 @@ func Verify(ctx context.Context, o Options) ([]Difference, error) {
 		return nil, err
 	}
 	from := since(o.Now)
-	_, diffs, err := driftCorrections(ctx, o, from, nil, false)
+	_, diffs, err := driftCorrections(ctx, o, from, nil, false, nil)
 	if err != nil {
 		return nil, err
 	}
 	// Counters of accounts without any usage in the log (events lost on the way, or
 	// counters no event explains) are found by scanning Redis.
 	checked := map[string]bool{}
-	totals, err := billableCounters(ctx, o, from, false)
+	totals, err := billableCounters(ctx, o, from, false, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -549,10 +611,11 @@ order by e.event_time, e.event_id`, from)
 
 // driftCorrections compares every monthly counter that the billing log has usage for in
 // the open periods with its billable total (asCorrected: see billableCounters). planned adds
-// not-yet-applied deltas to the counters read (a dry run). It returns a restore for each
-// counter below its total, and every counter that differs.
-func driftCorrections(ctx context.Context, o Options, from time.Time, planned map[string]int64, asCorrected bool) ([]Adjustment, []Difference, error) {
-	counters, err := billableCounters(ctx, o, from, asCorrected)
+// not-yet-applied deltas to the counters read (a dry run); failOpenBefore, when set, leaves
+// out fail-open events ingested after it. It returns a restore for each counter below its
+// total, and every counter that differs.
+func driftCorrections(ctx context.Context, o Options, from time.Time, planned map[string]int64, asCorrected bool, failOpenBefore *time.Time) ([]Adjustment, []Difference, error) {
+	counters, err := billableCounters(ctx, o, from, asCorrected, failOpenBefore)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -609,7 +672,7 @@ type counter struct {
 // so far: drift is then only what Redis lost. An outcome or a boundary event metered after
 // this run computed its event corrections is left to the next run's refund, settlement or
 // move, and is not restored as drift first (which would count it twice).
-func billableCounters(ctx context.Context, o Options, from time.Time, asCorrected bool) ([]counter, error) {
+func billableCounters(ctx context.Context, o Options, from time.Time, asCorrected bool, failOpenBefore *time.Time) ([]counter, error) {
 	// asCorrected: an event of a counter that can lose nothing (not fail-open) counts as the
 	// corrections recorded so far have left it (moved or not, refunded or not, settled or
 	// not); otherwise as billed (event time's month, 5xx nothing, actual units).
@@ -631,7 +694,7 @@ with x as (
       case when not c.corrected or e.charged_period = e.billing_period
              or exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id)
            then e.billing_period else e.charged_period end as period) z
-  where e.billing_period >= $1
+  where e.billing_period >= $1 and (not e.fail_open or $4::timestamptz is null or e.ingest_time < $4)
 )
 select x.org, lvl.account, 'month', x.period::timestamp,
        array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
@@ -644,7 +707,7 @@ select x.org, lvl.account, 'day', x.day,
 from x cross join lateral unnest(x.path) as lvl(account)
 where x.day >= $3
 group by 1, 2, 3, 4
-order by 1, 2, 3, 4`, from, asCorrected, sinceDay(o.Now))
+order by 1, 2, 3, 4`, from, asCorrected, sinceDay(o.Now), failOpenBefore)
 	if err != nil {
 		return nil, fmt.Errorf("read billable totals: %w", err)
 	}
