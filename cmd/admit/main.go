@@ -94,7 +94,9 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	// Without Redis, admit still serves rate-only accounts fail-open (and answers 503 for
 	// the rest): a load balancer must keep sending it traffic.
 	probes.AddDegraded("redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
-	probes.Add("postgres", pool.Ping)
+	// Decisions come from the policy cache: while PostgreSQL restarts admit keeps deciding
+	// (policy changes wait), so PostgreSQL is a degraded check too.
+	probes.AddDegraded("postgres", pool.Ping)
 	probes.Add("policy", func(context.Context) error {
 		if !cache.Loaded() {
 			return errors.New("policies not loaded yet")

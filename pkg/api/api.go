@@ -32,6 +32,9 @@ type Policies interface {
 	Authenticate(secret string) (policy.APIKey, policy.Resolved, error)
 	// WaitFresh waits until writes committed before since are visible.
 	WaitFresh(ctx context.Context, since time.Time) error
+	// Loaded reports whether the policies have been loaded once: before, every key and
+	// account would look unknown.
+	Loaded() bool
 }
 
 // Admin changes policies (policy.Store).
@@ -185,6 +188,13 @@ func (s *Server) service(h http.HandlerFunc) http.HandlerFunc {
 				code = http.StatusForbidden // the admin token does not take decisions
 			}
 			writeError(w, authError(code, "a valid service token is required (Authorization: Bearer …)"))
+			return
+		}
+		if !s.cfg.Policies.Loaded() {
+			// A node that has just started must not call a valid key unknown: retry shortly.
+			w.Header().Set("Retry-After", "1")
+			writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "policies_loading",
+				Message: "this node has not loaded the policies yet; retry later"})
 			return
 		}
 		h(w, r)

@@ -466,3 +466,24 @@ func TestRedisAndKafkaDown(t *testing.T) {
 	require.Equal(t, "unavailable", r.Body["error"].(map[string]any)["code"])
 	require.NotEmpty(t, r.Header.Get("Retry-After"))
 }
+
+// A node whose policy cache has not loaded yet (just started, PostgreSQL slow) answers the
+// service API with 503 policies_loading and Retry-After, never 401 for a valid key.
+func TestPoliciesNotLoaded(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.EmptySchema(t)
+	srv := httptest.NewServer(api.New(api.Config{
+		Policies: policy.NewCache(pool, nil, time.Minute), Admin: policy.NewStore(pool),
+		Decider:      admission.New(testenv.Redis(t), admission.Options{KeyPrefix: testenv.Prefix(t) + "mg"}),
+		ServiceToken: serviceToken, AdminToken: adminToken, Source: "test-node",
+	}))
+	t.Cleanup(srv.Close)
+	b := &testBundle{url: srv.URL}
+	for _, path := range []string{"/v1/admit", "/v1/outcomes"} {
+		r := b.call(t, "POST", path, serviceToken, map[string]any{"api_key": "mg_whatever", "units": map[string]any{"requests": 1}})
+		require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Raw)
+		require.Equal(t, "policies_loading", r.Body["error"].(map[string]any)["code"], r.Raw)
+		require.Equal(t, "1", r.Header.Get("Retry-After"))
+	}
+	require.Equal(t, http.StatusUnauthorized, b.call(t, "POST", "/v1/admit", "", map[string]any{}).Status, "credentials come first")
+}
