@@ -1,0 +1,42 @@
+package chaos_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Scenario 1: admit (relay inside) killed with SIGKILL five times (one in the short form)
+// during a load; each time it comes back on the same address. Callers retry a refused
+// connection with the same idempotency key. Every event id a caller got a 200 for is in
+// PostgreSQL exactly once: the outbox entry was written in the same script as the
+// decision, and the restarted relay sends what the killed one had not acknowledged.
+func TestKillAdmit(t *testing.T) {
+	t.Parallel()
+	sc := begin(t, "1 kill -9 admit")
+	s := newStack(t, options{})
+	key := s.account("chaos-org", "org", "", "enterprise", map[string]any{"requests": map[string]any{"rate_per_s": 1_000_000, "burst": 1_000_000}})
+
+	requests, kills := pick(2_000, 20_000), pick(1, 5)
+	admit := s.admits[0]
+	killed := 0
+	res := s.load(loadSpec{Requests: requests, Workers: 32, Keys: []string{key}, Deadline: 5 * time.Minute,
+		Progress: func(done int) {
+			// Evenly through the load: kill, then start again at once (callers keep retrying).
+			if killed < kills && done == (killed+1)*requests/(kills+1) {
+				killed++
+				admit.Kill()
+				admit.Start()
+			}
+		}})
+	require.Equal(t, kills, killed, "every kill happened during the load")
+	b := s.waitBooks(2*time.Minute, res)
+	sc.fill(b, res)
+	sc.Note = fmt.Sprintf("%d kills; final answers %v", killed, res.Status)
+	require.Equal(t, requests, res.Status[200], "every request is admitted in the end")
+	require.Zero(t, b.Lost, "lost")
+	require.Zero(t, b.Duplicated, "duplicated")
+	require.Equal(t, requests, b.Rows)
+}

@@ -1,0 +1,464 @@
+package chaos_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/pkg/topic"
+)
+
+const (
+	serviceToken = "svc-chaos-0123456789abcdef"
+	adminToken   = "adm-chaos-0123456789abcdef"
+)
+
+// options say which services a stack uses; empty fields take the shared ones (make up).
+type options struct {
+	RedisURL    string   // a private Redis (its own process) for scenarios that restart it
+	DatabaseURL string   // a private PostgreSQL server's URL, for the same reason
+	Brokers     []string // a private broker (testenv.StartBroker)
+	Partitions  int      // of the stack's topic (4 when zero)
+	Admits      int      // admit nodes (1 when zero), each with its relay
+	Meters      int      // meter replicas of one consumer group (1 when zero)
+	// AdmitEnv and MeterEnv are extra settings ("K=V") of every admit and meter.
+	AdmitEnv, MeterEnv []string
+}
+
+// stack is the pipeline of one scenario: admit nodes (relay inside) and meters of its own
+// on its own schema, topic and Redis key prefix.
+type stack struct {
+	t       *testing.T
+	db      *pgxpool.Pool // the stack's schema
+	env     []string      // what every binary gets: the services, the schema, the key prefix
+	brokers []string
+	topic   string
+	admits  []*node
+	meters  []*node
+	// warm holds the event ids of the requests of 0 units that waited for a new key to
+	// reach every node: they are rows too, outside the scenarios' counts.
+	warm map[string]bool
+}
+
+// node is one process of a stack, restartable on the same address.
+type node struct {
+	t    *testing.T
+	name string // binary
+	env  []string
+	args []string
+	addr string
+	p    *testenv.Process
+}
+
+// URL is the node's base URL.
+func (n *node) URL() string { return "http://" + n.addr }
+
+// Start starts the process (again) and waits until /healthz answers.
+func (n *node) Start() {
+	n.t.Helper()
+	n.p = testenv.Start(n.t, filepath.Join(bin, n.name), n.env, n.args...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := testenv.WaitHTTP(ctx, n.URL()+"/healthz", 200)
+	require.NoError(n.t, err, "%s %s up:\n%s", n.name, n.addr, n.p.Output())
+}
+
+// Kill kills the process with SIGKILL and waits for it to be gone.
+func (n *node) Kill() {
+	n.t.Helper()
+	require.NoError(n.t, n.p.Signal(syscall.SIGKILL))
+	_, err := n.p.Wait(30 * time.Second)
+	require.NoError(n.t, err)
+}
+
+// Output is what the current process wrote.
+func (n *node) Output() string { return n.p.Output() }
+
+func newStack(t *testing.T, o options) *stack {
+	t.Helper()
+	ctx := testenv.Context(t, 3*time.Minute)
+	var (
+		db     *pgxpool.Pool
+		schema string
+		dbURL  string
+	)
+	if o.DatabaseURL == "" {
+		db, schema = testenv.EmptySchema(t)
+		dbURL = testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema)
+	} else {
+		var err error
+		dbURL = o.DatabaseURL
+		db, err = pgxpool.New(ctx, dbURL)
+		require.NoError(t, err)
+		t.Cleanup(db.Close)
+	}
+	redisURL := o.RedisURL
+	if redisURL == "" {
+		redisURL = testenv.RedisURL(t)
+	}
+	s := &stack{t: t, db: db, brokers: o.Brokers, warm: map[string]bool{}}
+	if s.brokers == nil {
+		s.brokers = testenv.KafkaBrokers(t)
+		s.topic = testenv.Topic(t, max(o.Partitions, 4))
+	} else {
+		s.topic = "chaos." + testenv.Name(t)
+		createTopic(t, s.brokers, s.topic, max(o.Partitions, 4))
+	}
+	name := testenv.Name(t)
+	s.env = []string{
+		"DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL, "REDIS_CLUSTER_ADDRS=",
+		"KAFKA_BROKERS=" + strings.Join(s.brokers, ","), "KAFKA_TOPIC=" + s.topic,
+		"ADMIT_KEY_PREFIX=t:" + name + ":mg", "LOG_LEVEL=warn",
+	}
+
+	for i := range max(o.Meters, 1) {
+		addr := testenv.FreeAddr(t)
+		args := []string{}
+		if i == 0 {
+			args = append(args, "-migrate")
+		}
+		m := &node{t: t, name: "meter", addr: addr, args: args,
+			env: append(append(append([]string{}, s.env...), "METER_ADDR="+addr, "METER_GROUP=g-"+name), o.MeterEnv...)}
+		m.Start()
+		if i == 0 { // the schema is there once the first meter answers /readyz
+			_, err := testenv.WaitHTTP(ctx, m.URL()+"/readyz", 200)
+			require.NoError(t, err, "meter ready:\n%s", m.Output())
+		}
+		s.meters = append(s.meters, m)
+	}
+	for i := range max(o.Admits, 1) {
+		addr := testenv.FreeAddr(t)
+		a := &node{t: t, name: "admit", addr: addr,
+			env: append(append(append([]string{}, s.env...), "ADMIT_ADDR="+addr, fmt.Sprintf("ADMIT_NODE=chaos-%d", i),
+				"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken, "REDIS_TIMEOUT=2s"), o.AdmitEnv...)}
+		a.Start()
+		s.admits = append(s.admits, a)
+	}
+	return s
+}
+
+// admitURLs are the base URLs of the stack's admit nodes.
+func (s *stack) admitURLs() []string {
+	out := make([]string, len(s.admits))
+	for i, a := range s.admits {
+		out[i] = a.URL()
+	}
+	return out
+}
+
+// reconcile runs the reconcile binary once on the stack and returns its exit code and output.
+func (s *stack) reconcile(extraEnv []string, args ...string) (int, string) {
+	s.t.Helper()
+	p := testenv.Start(s.t, filepath.Join(bin, "reconcile"), append(append([]string{}, s.env...), extraEnv...), args...)
+	code, err := p.Wait(3 * time.Minute)
+	require.NoError(s.t, err, "reconcile")
+	return code, p.Output()
+}
+
+var httpClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 30 * time.Second}
+
+// call sends a JSON request with a bearer token and returns the status and the decoded body.
+func call(ctx context.Context, method, url, token string, body any) (int, map[string]any, error) {
+	var rd io.Reader
+	if body != nil {
+		raw, err := json.Marshal(body)
+		if err != nil {
+			return 0, nil, err
+		}
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, nil, err
+	}
+	var out map[string]any
+	_ = json.Unmarshal(raw, &out) // a non-JSON body leaves out nil
+	return resp.StatusCode, out, nil
+}
+
+// account creates an account through admit's admin API (the first node) and returns an API
+// key of it once every admit node admits with it. limits is the admin API's limits object.
+func (s *stack) account(id, kind, parent, plan string, limits map[string]any) string {
+	s.t.Helper()
+	ctx := testenv.Context(s.t, time.Minute)
+	body := map[string]any{"id": id, "kind": kind, "limits": limits}
+	if parent != "" {
+		body["parent"] = parent
+	}
+	if plan != "" {
+		body["plan"] = plan
+	}
+	status, out, err := call(ctx, "POST", s.admits[0].URL()+"/v1/admin/accounts", adminToken, body)
+	require.NoError(s.t, err)
+	require.Equal(s.t, 201, status, "create %s: %v", id, out)
+	status, out, err = call(ctx, "POST", s.admits[0].URL()+"/v1/admin/api-keys", adminToken, map[string]any{"account": id})
+	require.NoError(s.t, err)
+	require.Equal(s.t, 201, status, "api key of %s: %v", id, out)
+	key := out["api_key"].(string)
+	// Every node learns the key through LISTEN/NOTIFY (< 1 s): ask each with a request of 0
+	// units until it admits (it charges nothing, and its event is a row like any other).
+	for _, a := range s.admits {
+		for {
+			status, out, err := call(ctx, "POST", a.URL()+"/v1/admit", serviceToken,
+				map[string]any{"api_key": key, "units": map[string]any{"requests": 0}})
+			require.NoError(s.t, err)
+			if status == 200 {
+				s.warm[out["event_id"].(string)] = true
+				break
+			}
+			require.NoError(s.t, ctx.Err(), "admit %s never learned %s (last status %d %v)", a.addr, id, status, out)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return key
+}
+
+// loadSpec is a load of Requests admissions by Workers concurrent callers, spread over the
+// stack's admit nodes (round robin) and over Keys.
+type loadSpec struct {
+	Requests int
+	Workers  int
+	Keys     []string
+	Units    map[string]int64 // per request ({"requests": 1} when nil)
+	// Retry5xx retries a 5xx answer with the same idempotency key (as a client that must get
+	// an answer does); otherwise a 5xx is the request's final answer. Network errors (a
+	// killed node, a refused connection) and 503 policies_loading (a node that has just
+	// started) are always retried, on the next node.
+	Retry5xx bool
+	// Progress, when set, is called (from one goroutine at a time) each time another
+	// request got its final answer, with the number answered so far: the place to inject
+	// faults at points of the load.
+	Progress func(done int)
+	// Deadline bounds the whole load (2 minutes when zero).
+	Deadline time.Duration
+}
+
+// loadResult is what the callers saw.
+type loadResult struct {
+	Requests int
+	// Admitted maps the idempotency key of each request answered 200 to its event id.
+	Admitted map[string]string
+	// Status counts the final answers by HTTP status.
+	Status map[int]int
+	// FiveXX counts every response >= 500 seen, retried ones included.
+	FiveXX int
+	// Mismatched counts retries of one idempotency key answered with another event id
+	// (a request admitted twice).
+	Mismatched int
+}
+
+// ids is the set of event ids admitted.
+func (r *loadResult) ids() map[string]bool {
+	out := make(map[string]bool, len(r.Admitted))
+	for _, id := range r.Admitted {
+		out[id] = true
+	}
+	return out
+}
+
+// load runs spec against the stack. Each request carries an idempotency key of its own, so
+// a retry after a killed node or a lost answer can never be admitted twice.
+func (s *stack) load(spec loadSpec) *loadResult {
+	s.t.Helper()
+	if spec.Units == nil {
+		spec.Units = map[string]int64{"requests": 1}
+	}
+	if spec.Deadline == 0 {
+		spec.Deadline = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), spec.Deadline)
+	defer cancel()
+	run := testenv.Random(8)
+	urls := s.admitURLs()
+	res := &loadResult{Requests: spec.Requests, Admitted: map[string]string{}, Status: map[int]int{}}
+	var (
+		mu       sync.Mutex
+		next     atomic.Int64
+		done     int
+		progress sync.Mutex
+		errs     = make(chan error, spec.Workers)
+		wg       sync.WaitGroup
+	)
+	for w := range spec.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= spec.Requests {
+					return
+				}
+				idem := fmt.Sprintf("chaos-%s-%d", run, i)
+				body := map[string]any{"api_key": spec.Keys[i%len(spec.Keys)], "idempotency_key": idem, "units": spec.Units}
+				node := (w + i) % len(urls)
+				var (
+					status int
+					out    map[string]any
+					err    error
+				)
+				for {
+					status, out, err = call(ctx, "POST", urls[node]+"/v1/admit", serviceToken, body)
+					if err == nil && status >= 500 {
+						mu.Lock()
+						res.FiveXX++
+						mu.Unlock()
+					}
+					if err == nil && (status < 500 || !spec.Retry5xx) && errorCode(out) != "policies_loading" {
+						break
+					}
+					if ctx.Err() != nil {
+						errs <- fmt.Errorf("request %d: no answer before the load's deadline (last: status %d, %v)", i, status, err)
+						return
+					}
+					node = (node + 1) % len(urls)
+					time.Sleep(20 * time.Millisecond) // back off while the node restarts
+				}
+				mu.Lock()
+				res.Status[status]++
+				if status == 200 {
+					id, _ := out["event_id"].(string)
+					if prev, ok := res.Admitted[idem]; ok && prev != id {
+						res.Mismatched++
+					}
+					res.Admitted[idem] = id
+				}
+				mu.Unlock()
+				if spec.Progress != nil {
+					progress.Lock()
+					done++
+					spec.Progress(done)
+					progress.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(s.t, err)
+	}
+	return res
+}
+
+// errorCode is the code of an error reply ("" for another body).
+func errorCode(body map[string]any) string {
+	e, _ := body["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+// books is what PostgreSQL holds for a set of admissions.
+type books struct {
+	Rows       int // usage_events rows of the stack
+	Lost       int // admitted ids without a row
+	Duplicated int // rows beyond one per admitted request
+}
+
+// waitBooks waits (up to within) until every id admitted in the loads has its row, then
+// counts the stack's rows: each must be an id some caller was given, once. Pass every load
+// the stack ran.
+func (s *stack) waitBooks(within time.Duration, loads ...*loadResult) books {
+	s.t.Helper()
+	ctx := testenv.Context(s.t, within+time.Minute)
+	want := map[string]bool{}
+	for id := range s.warm {
+		want[id] = true
+	}
+	mismatched := 0
+	for _, res := range loads {
+		for id := range res.ids() {
+			want[id] = true
+		}
+		mismatched += res.Mismatched
+	}
+	ids := make([]string, 0, len(want))
+	for id := range want {
+		ids = append(ids, id)
+	}
+	deadline := time.Now().Add(within)
+	var present int
+	for {
+		require.NoError(s.t, s.db.QueryRow(ctx, `select count(distinct event_id) from usage_events where event_id = any($1)`, ids).Scan(&present))
+		if present == len(ids) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var b books
+	rows, err := s.db.Query(ctx, `select event_id, coalesce(idempotency_key, '') from usage_events`)
+	require.NoError(s.t, err)
+	type row struct{ id, idem string }
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		return x, r.Scan(&x.id, &x.idem)
+	})
+	require.NoError(s.t, err)
+	seen := map[string]int{}
+	for _, r := range all {
+		seen[r.id]++
+	}
+	b.Rows = len(all)
+	b.Lost = len(ids) - present
+	for id := range s.warm {
+		b.Rows -= seen[id] // the warm-up rows are not the scenario's
+		b.Duplicated += max(seen[id]-1, 0)
+		delete(seen, id)
+	}
+	for id, n := range seen {
+		if want[id] {
+			b.Duplicated += n - 1
+		} else {
+			b.Duplicated += n // a row for an id no caller was given: counted, never admitted
+		}
+	}
+	b.Duplicated += mismatched
+	return b
+}
+
+// fill copies what the callers saw in the loads and what the books hold into the row.
+func (sc *scenario) fill(b books, loads ...*loadResult) {
+	for _, res := range loads {
+		sc.Requests += res.Requests
+		sc.Admitted += len(res.Admitted)
+		sc.FiveXX += res.FiveXX
+	}
+	sc.Rows += b.Rows
+	sc.Lost += b.Lost
+	sc.Duplicated += b.Duplicated
+}
+
+// createTopic creates a topic on a private broker (the shared one's topics come from
+// testenv.Topic); it retries while the broker is still electing its controller.
+func createTopic(t *testing.T, brokers []string, name string, partitions int) {
+	t.Helper()
+	ctx := testenv.Context(t, time.Minute)
+	err := topic.EnsureRetry(ctx, slog.New(slog.DiscardHandler), brokers, topic.Spec{Name: name, Partitions: partitions, ReplicationFactor: 1})
+	require.NoError(t, err, "create topic %s", name)
+}
