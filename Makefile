@@ -5,7 +5,7 @@ GO ?= go
 STACK := bash deploy/local/stack.sh
 WITH_ENV := set -a && . .run/env && set +a &&
 
-.PHONY: help up up-cluster down status migrate build vet test test-short lint
+.PHONY: help up up-cluster down status migrate build vet test test-short chaos lint
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -33,6 +33,10 @@ vet: ## go vet every package
 
 test: up up-cluster ## start the stack, then vet and run every test with -race against it
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+
+chaos: up ## the fault and bad-input suite in its full form, ending with its scoreboard (make test runs the short form)
+	$(GO) test -c -race -o bin/chaos.test ./chaos
+	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 METERGATE_CHAOS=full && cd chaos && ../bin/chaos.test -test.count=1 -test.timeout=60m
 
 test-short: ## unit tests only: integration tests skip when the services are not set
 	$(GO) test -race -count=1 ./...
