@@ -105,24 +105,24 @@ func (r *Relay) runShard(ctx context.Context, shard int) {
 	stream := r.opts.Keys.Outbox(shard)
 	log := r.opts.Log.With("stream", stream)
 	backoff := newBackoff(r.opts.MaxBackoff)
-	for ctx.Err() == nil {
-		err := r.rdb.XGroupCreateMkStream(ctx, stream, r.opts.Group, "0").Err()
-		if err == nil || strings.HasPrefix(err.Error(), "BUSYGROUP") {
-			break
-		}
-		log.Warn("create the relay's consumer group", "err", err)
-		backoff.wait(ctx)
-	}
-
+	r.createGroup(ctx, log, stream, backoff)
 	pending := true // first what this consumer read before a restart and never acknowledged
 	var lastClaim time.Time
 	for ctx.Err() == nil {
 		entries, err := r.next(ctx, stream, &pending, &lastClaim)
 		if err != nil {
-			if ctx.Err() == nil {
-				log.Warn("read the outbox", "err", err)
-				r.metrics.errors.WithLabelValues("redis").Inc()
-				backoff.wait(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("read the outbox", "err", err)
+			r.metrics.errors.WithLabelValues("redis").Inc()
+			backoff.wait(ctx)
+			if isNoGroup(err) {
+				// Redis lost the group (restarted empty, or the stream was deleted) while
+				// admissions go on writing to the stream: make it again from the stream's
+				// start, so every entry written since is produced.
+				r.createGroup(ctx, log, stream, backoff)
+				pending = true
 			}
 			continue
 		}
@@ -131,6 +131,25 @@ func (r *Relay) runShard(ctx context.Context, shard int) {
 			r.deliver(ctx, log, stream, entries)
 		}
 	}
+}
+
+// createGroup makes the relay's consumer group on the stream (and the stream), reading from
+// its first entry, retrying until it exists or ctx ends.
+func (r *Relay) createGroup(ctx context.Context, log *slog.Logger, stream string, backoff *backoff) {
+	for ctx.Err() == nil {
+		err := r.rdb.XGroupCreateMkStream(ctx, stream, r.opts.Group, "0").Err()
+		if err == nil || strings.HasPrefix(err.Error(), "BUSYGROUP") {
+			return
+		}
+		log.Warn("create the relay's consumer group", "err", err)
+		backoff.wait(ctx)
+	}
+}
+
+// isNoGroup reports whether err is Redis saying the stream or its consumer group is gone.
+func isNoGroup(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "NOGROUP")
 }
 
 // next returns the next entries to produce: entries another relay left unacknowledged for

@@ -418,3 +418,37 @@ func (b *testBundle) waitRelayed(t *testing.T, reg *prometheus.Registry, n float
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Redis loses the streams and the relay's consumer group while the relay runs (restarted
+// empty, or the keys deleted), and admissions go on: the relay makes the group again and
+// every later event arrives.
+func TestRelayRecreatesLostGroup(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"redis", "cluster"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var rdb redis.UniversalClient = testenv.Redis(t)
+			if name == "cluster" {
+				rdb = testenv.RedisCluster(t)
+			}
+			b := setup(t, rdb)
+			b.run(t, b.writer, outbox.RelayOptions{Registerer: prometheus.NewRegistry(), MaxBackoff: 200 * time.Millisecond})
+			ids := b.admit(t, 40)
+			b.consume(t, len(ids))
+			b.waitEmpty(t)
+
+			ctx := testenv.Context(t, time.Minute)
+			for s := range b.keys.Shards {
+				require.NoError(t, rdb.Del(ctx, b.keys.Outbox(s)).Err())
+			}
+			for id := range b.admit(t, 40) {
+				ids[id] = true
+			}
+			seen := b.consume(t, len(ids))
+			for id := range ids {
+				require.Positive(t, seen[id], "event %s lost", id)
+			}
+			b.waitEmpty(t)
+		})
+	}
+}
