@@ -9,6 +9,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"net/http"
@@ -155,8 +156,9 @@ func (s *Server) routes() {
 	}
 }
 
-// Mount adds the API's routes to mux.
-func (s *Server) Mount(mux *http.ServeMux) { mux.Handle("/v1/", s); mux.Handle("GET /openapi.yaml", s) }
+// Mount adds the API's routes to mux, and makes the server answer every path mux has no
+// other route for, so an unknown path gets the API's JSON 404.
+func (s *Server) Mount(mux *http.ServeMux) { mux.Handle("/", s) }
 
 // ServeHTTP serves the API; a panic in a handler becomes a logged 500, never a crash.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -167,7 +169,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes+1)
+	if _, pattern := s.mux.Handler(r); pattern == "" {
+		s.noRoute(w, r)
+		return
+	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// noRoute answers a request no route matches: 405 with the Allow header when the path
+// has routes for other methods, 404 otherwise; both as JSON errors like every other answer.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodDelete} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) == 0 {
+		writeError(w, &Error{Status: http.StatusNotFound, Code: "not_found", Message: "no such route: " + r.URL.Path})
+		return
+	}
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	writeError(w, &Error{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed",
+		Message: fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", "))})
 }
 
 // bearer checks the Authorization header against token in constant time.

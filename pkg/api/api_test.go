@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
@@ -22,6 +23,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/outbox"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/testenv"
@@ -87,7 +89,11 @@ func setup(t *testing.T, o options) *testBundle {
 		t.Cleanup(func() { _ = w.Close() })
 		cfg.Recorder = w
 	}
-	srv := httptest.NewServer(api.New(cfg))
+	// Routed as cmd/admit routes it: the probes beside the API on one mux.
+	mux := http.NewServeMux()
+	(&ops.Probes{}).Mount(mux, prometheus.NewRegistry())
+	api.New(cfg).Mount(mux)
+	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	b.url = srv.URL
 	return b
@@ -322,6 +328,10 @@ func TestClientErrors(t *testing.T) {
 		{"missing account", "GET", "/v1/admin/accounts/" + b.id("ghost"), adminToken, nil, 404, "not_found"},
 		{"bad outcome", "POST", "/v1/outcomes", serviceToken, `{"event_id":"x","status":42}`, 400, "invalid_status"},
 		{"usage of bad id", "GET", "/v1/usage/bad%20id", serviceToken, nil, 400, "invalid_account"},
+		{"unknown route", "POST", "/v1/nothing", serviceToken, nil, 404, "not_found"},
+		{"unknown version", "POST", "/v2/admit", serviceToken, nil, 404, "not_found"},
+		{"wrong method", "GET", "/v1/admit", serviceToken, nil, 405, "method_not_allowed"},
+		{"wrong method on openapi", "POST", "/openapi.yaml", "", nil, 405, "method_not_allowed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -330,6 +340,9 @@ func TestClientErrors(t *testing.T) {
 			errObj, ok := r.Body["error"].(map[string]any)
 			require.True(t, ok, "JSON error body: %s", r.Raw)
 			require.NotEmpty(t, errObj["message"])
+			if tt.status == 405 {
+				require.NotEmpty(t, r.Header.Get("Allow"))
+			}
 			if tt.code != "" {
 				require.Equal(t, tt.code, errObj["code"])
 			} else {

@@ -293,6 +293,9 @@ func (s *Store) CreateAPIKey(ctx context.Context, account string) (APIKey, strin
 // RevokeAPIKey revokes a key for good; revoking it again keeps the first revocation time.
 // ErrNotFound if there is no such key.
 func (s *Store) RevokeAPIKey(ctx context.Context, id string) error {
+	if !ValidID(id) { // key ids are ids; anything else (a NUL, invalid UTF-8) names no key
+		return fmt.Errorf("api key %q: %w", id, ErrNotFound)
+	}
 	tag, err := s.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id)
 	if err != nil {
 		return fmt.Errorf("revoke api key %q: %w", id, err)

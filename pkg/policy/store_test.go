@@ -480,4 +480,7 @@ func TestAPIKeys(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT revoked_at FROM api_keys WHERE id = $1`, key.ID).Scan(&revokedAt))
 	require.True(t, revokedAt.Equal(*got.RevokedAt))
 	require.ErrorIs(t, b.store.RevokeAPIKey(b.ctx, "key_ghost"), policy.ErrNotFound)
+	for _, id := range []string{"key\x00nul", "key_\xff\xfe", ""} { // PostgreSQL would refuse these
+		require.ErrorIs(t, b.store.RevokeAPIKey(b.ctx, id), policy.ErrNotFound, "%q", id)
+	}
 }

@@ -91,18 +91,18 @@ type Options struct {
 
 // Adjustment is one correction of one quota counter.
 type Adjustment struct {
-	ID          int64       `json:"id,omitempty"`
-	Kind        Kind        `json:"kind"`
-	Org         string      `json:"org"`
-	Account     string      `json:"account"`
-	Level       policy.Kind `json:"level"`
-	Unit        policy.Unit `json:"unit"`
+	ID      int64       `json:"id,omitempty"`
+	Kind    Kind        `json:"kind"`
+	Org     string      `json:"org"`
+	Account string      `json:"account"`
+	Level   policy.Kind `json:"level"`
+	Unit    policy.Unit `json:"unit"`
 	// QuotaPeriod is the window of the counter: month (Period is YYYY-MM) or day (YYYY-MM-DD).
 	QuotaPeriod policy.QuotaPeriod `json:"quota_period"`
 	Period      string             `json:"period"`
 	Amount      int64              `json:"amount"`
-	Reason      string      `json:"reason"`
-	SourceEvent string      `json:"source_event,omitempty"`
+	Reason      string             `json:"reason"`
+	SourceEvent string             `json:"source_event,omitempty"`
 }
 
 // Summary is what a run did, printed by reconcile --json and stored in reconcile_runs.
@@ -135,8 +135,8 @@ type Difference struct {
 	Unit        policy.Unit        `json:"unit"`
 	QuotaPeriod policy.QuotaPeriod `json:"quota_period"`
 	Period      string             `json:"period"` // YYYY-MM, or YYYY-MM-DD for a daily counter
-	Redis    int64       `json:"redis"`
-	Billable int64       `json:"billable"`
+	Redis       int64              `json:"redis"`
+	Billable    int64              `json:"billable"`
 }
 
 func (d Difference) String() string {
