@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -53,6 +54,19 @@ func TestMain(m *testing.M) {
 		code = 1
 	}
 	os.Exit(code)
+}
+
+// chaosSeed is METERGATE_CHAOS_SEED when set (to replay a run), def otherwise.
+func chaosSeed(t *testing.T, def int64) int64 {
+	v := os.Getenv("METERGATE_CHAOS_SEED")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		t.Fatalf("METERGATE_CHAOS_SEED=%q: want a whole number >= 0", v)
+	}
+	return n
 }
 
 // Row is one line of the scoreboard.

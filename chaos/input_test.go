@@ -58,12 +58,7 @@ func TestBadInput(t *testing.T) {
 	key := s.account(org, "org", "", "enterprise", map[string]any{"requests": map[string]any{"rate_per_s": 1_000_000, "burst": 1_000_000}})
 
 	// (a) hostile requests to admit's API.
-	seed := uint64(1)
-	if v := os.Getenv("METERGATE_CHAOS_SEED"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		require.NoError(t, err, "METERGATE_CHAOS_SEED")
-		seed = n
-	}
+	seed := uint64(chaosSeed(t, 1))
 	spec := loadAPISpec(t)
 	f := &fuzzer{spec: spec, org: org, key: key, run: testenv.Random(4), seed: seed}
 	requests := pick(1_000, 10_000)

@@ -326,7 +326,7 @@ func groupPositions(ctx context.Context, brokers []string, topic, group string) 
 func TestKillReconcile(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "6 kill -9 reconcile")
-	seed := time.Now().UnixNano()
+	seed := chaosSeed(t, time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewSource(seed))
 	s := newStack(t, options{})
