@@ -22,15 +22,19 @@ func TestKillAdmit(t *testing.T) {
 	requests, kills := pick(2_000, 20_000), pick(1, 5)
 	admit := s.admits[0]
 	killed := 0
+	var injectErr error
 	res := s.load(loadSpec{Requests: requests, Workers: 32, Keys: []string{key}, Deadline: 5 * time.Minute,
 		Progress: func(done int) {
+			// Runs in a caller's goroutine, under the load's progress lock: no require here.
 			// Evenly through the load: kill, then start again at once (callers keep retrying).
-			if killed < kills && done == (killed+1)*requests/(kills+1) {
+			if injectErr == nil && killed < kills && done == (killed+1)*requests/(kills+1) {
 				killed++
-				admit.Kill()
-				admit.Start()
+				if injectErr = admit.kill(); injectErr == nil {
+					injectErr = admit.start()
+				}
 			}
 		}})
+	require.NoError(t, injectErr, "inject the kills")
 	require.Equal(t, kills, killed, "every kill happened during the load")
 	b := s.waitBooks(2*time.Minute, res)
 	sc.fill(b, res)

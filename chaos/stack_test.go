@@ -69,22 +69,38 @@ type node struct {
 // URL is the node's base URL.
 func (n *node) URL() string { return "http://" + n.addr }
 
-// Start starts the process (again) and waits until /healthz answers.
+// Start starts the process (again) and waits until /healthz answers; for the test's
+// goroutine (a load's Progress hook uses start).
 func (n *node) Start() {
 	n.t.Helper()
+	require.NoError(n.t, n.start())
+}
+
+func (n *node) start() error {
 	n.p = testenv.Start(n.t, filepath.Join(bin, n.name), n.env, n.args...)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := testenv.WaitHTTP(ctx, n.URL()+"/healthz", 200)
-	require.NoError(n.t, err, "%s %s up:\n%s", n.name, n.addr, n.p.Output())
+	if _, err := testenv.WaitHTTP(ctx, n.URL()+"/healthz", 200); err != nil {
+		return fmt.Errorf("%s %s up: %w\n%s", n.name, n.addr, err, n.p.Output())
+	}
+	return nil
 }
 
-// Kill kills the process with SIGKILL and waits for it to be gone.
+// Kill kills the process with SIGKILL and waits for it to be gone; for the test's
+// goroutine (a load's Progress hook uses kill).
 func (n *node) Kill() {
 	n.t.Helper()
-	require.NoError(n.t, n.p.Signal(syscall.SIGKILL))
-	_, err := n.p.Wait(30 * time.Second)
-	require.NoError(n.t, err)
+	require.NoError(n.t, n.kill())
+}
+
+func (n *node) kill() error {
+	if err := n.p.Signal(syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill %s: %w", n.name, err)
+	}
+	if _, err := n.p.Wait(30 * time.Second); err != nil {
+		return fmt.Errorf("wait for %s to die: %w", n.name, err)
+	}
+	return nil
 }
 
 // Output is what the current process wrote.
