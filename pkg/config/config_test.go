@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/pkg/config"
@@ -132,4 +133,26 @@ func TestNames(t *testing.T) {
 	}
 	require.NotContains(t, names, "REDIS_URL", "meter does not use Redis")
 	require.Equal(t, "kafka-topic-partitions", config.FlagName("KAFKA_TOPIC_PARTITIONS"))
+}
+
+// A Redis Cluster takes its credentials and TLS from REDIS_URL; a database other than 0
+// is refused there (a cluster has only database 0).
+func TestRedisClusterCredentials(t *testing.T) {
+	c := config.Redis{URL: "rediss://app:s3cret@ignored:6380/0", ClusterAddrs: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, Timeout: time.Second}
+	require.NoError(t, c.Validate())
+	rdb, err := c.Open()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rdb.Close() })
+	cc, ok := rdb.(*redis.ClusterClient)
+	require.True(t, ok, "a cluster client, got %T", rdb)
+	o := cc.Options()
+	require.Equal(t, []string{"10.0.0.1:6379", "10.0.0.2:6379"}, o.Addrs)
+	require.Equal(t, "app", o.Username)
+	require.Equal(t, "s3cret", o.Password)
+	require.NotNil(t, o.TLSConfig, "rediss:// means TLS")
+
+	c.URL = "redis://127.0.0.1:6379/3"
+	require.ErrorContains(t, c.Validate(), "only database 0")
+	c.ClusterAddrs = nil
+	require.NoError(t, c.Validate(), "one server may use any database")
 }

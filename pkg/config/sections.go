@@ -63,7 +63,7 @@ type Redis struct {
 
 // Register adds REDIS_URL and REDIS_CLUSTER_ADDRS.
 func (c *Redis) Register(l *Loader) {
-	l.String(&c.URL, "REDIS_URL", "redis://127.0.0.1:6379/0", "Redis server URL (ignored when REDIS_CLUSTER_ADDRS is set)")
+	l.String(&c.URL, "REDIS_URL", "redis://127.0.0.1:6379/0", "Redis server URL; with REDIS_CLUSTER_ADDRS only its user, password and scheme (rediss:// for TLS) are used")
 	l.List(&c.ClusterAddrs, "REDIS_CLUSTER_ADDRS", nil, "comma-separated host:port seeds of a Redis Cluster; when set, Redis Cluster is used")
 	l.Duration(&c.Timeout, "REDIS_TIMEOUT", 500*time.Millisecond, "dial, read and write timeout of Redis calls")
 }
@@ -71,10 +71,12 @@ func (c *Redis) Register(l *Loader) {
 // Validate reports an unparsable URL or seed address.
 func (c Redis) Validate() error {
 	var errs []error
-	if len(c.ClusterAddrs) == 0 {
-		if _, err := redis.ParseURL(c.URL); err != nil {
-			errs = append(errs, fmt.Errorf("REDIS_URL: %w", err))
-		}
+	opts, err := redis.ParseURL(c.URL)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("REDIS_URL: %w", err))
+	case len(c.ClusterAddrs) > 0 && opts.DB != 0:
+		errs = append(errs, fmt.Errorf("REDIS_URL: database %d: a Redis Cluster has only database 0", opts.DB))
 	}
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("REDIS_TIMEOUT=%s: want more than 0", c.Timeout))
@@ -93,13 +95,15 @@ func (c Redis) Open() (redis.UniversalClient, error) { return c.OpenPool(0) }
 // OpenPool is Open with a connection pool of size connections per server (go-redis'
 // default when 0): for a user that blocks connections, such as the relay.
 func (c Redis) OpenPool(size int) (redis.UniversalClient, error) {
-	if len(c.ClusterAddrs) > 0 {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.ClusterAddrs, PoolSize: size,
-			DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout, MaxRetries: -1}), nil
-	}
 	opts, err := redis.ParseURL(c.URL)
 	if err != nil {
 		return nil, fmt.Errorf("REDIS_URL: %w", err)
+	}
+	if len(c.ClusterAddrs) > 0 {
+		// The cluster's credentials and TLS come from REDIS_URL; its host is not used.
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.ClusterAddrs, PoolSize: size,
+			Username: opts.Username, Password: opts.Password, TLSConfig: opts.TLSConfig,
+			DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout, MaxRetries: -1}), nil
 	}
 	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = c.Timeout, c.Timeout, c.Timeout
 	// No retries: a script call that timed out may have run, and running it again could
