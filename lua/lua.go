@@ -36,3 +36,7 @@ var Admit = mustScript("clock.lua", "admit.lua")
 // Outcome releases a request's concurrency leases and appends its outcome event to the
 // outbox (see outcome.lua).
 var Outcome = mustScript("clock.lua", "outcome.lua")
+
+// ForgetConsumer deletes a stream group's consumer if it holds no pending entry (see
+// forget_consumer.lua): the relay forgets the consumers of pods that are gone.
+var ForgetConsumer = mustScript("forget_consumer.lua")

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/admission"
 )
 
@@ -41,8 +42,12 @@ type RelayOptions struct {
 	ClaimAfter time.Duration
 	// MaxBackoff caps the wait between retries of a failed Kafka write (5s).
 	MaxBackoff time.Duration
-	Log        *slog.Logger
-	Registerer prometheus.Registerer
+	// ForgetAfter is how long another consumer of the group may stay idle, holding no
+	// entry, before this relay deletes it (1h): the consumers of pods that are gone would
+	// otherwise pile up in the group with every deployment.
+	ForgetAfter time.Duration
+	Log         *slog.Logger
+	Registerer  prometheus.Registerer
 }
 
 // Relay moves usage events from the Redis outbox streams to Kafka. Per shard it reads the
@@ -71,6 +76,9 @@ func NewRelay(rdb redis.UniversalClient, out Producer, o RelayOptions) *Relay {
 	}
 	if o.Block <= 0 {
 		o.Block = time.Second
+	}
+	if o.ForgetAfter <= 0 {
+		o.ForgetAfter = time.Hour
 	}
 	if o.ClaimAfter <= 0 {
 		o.ClaimAfter = 30 * time.Second
@@ -107,8 +115,12 @@ func (r *Relay) runShard(ctx context.Context, shard int) {
 	backoff := newBackoff(r.opts.MaxBackoff)
 	r.createGroup(ctx, log, stream, backoff)
 	pending := true // first what this consumer read before a restart and never acknowledged
-	var lastClaim time.Time
+	var lastClaim, lastForget time.Time
 	for ctx.Err() == nil {
+		if time.Since(lastForget) >= r.opts.ForgetAfter/4 {
+			lastForget = time.Now()
+			r.forgetConsumers(ctx, log, stream)
+		}
 		entries, err := r.next(ctx, stream, &pending, &lastClaim)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -143,6 +155,31 @@ func (r *Relay) createGroup(ctx context.Context, log *slog.Logger, stream string
 		}
 		log.Warn("create the relay's consumer group", "err", err)
 		backoff.wait(ctx)
+	}
+}
+
+// forgetConsumers deletes the group's other consumers that have been idle for ForgetAfter
+// and hold no entry. The check of their pending entries and the delete are one script, so
+// nothing they hold can be orphaned; what a dead relay still holds is claimed first
+// (ClaimAfter), and its consumer goes on a later pass.
+func (r *Relay) forgetConsumers(ctx context.Context, log *slog.Logger, stream string) {
+	consumers, err := r.rdb.XInfoConsumers(ctx, stream, r.opts.Group).Result()
+	if err != nil {
+		return // the next read reports Redis' state
+	}
+	for _, c := range consumers {
+		if c.Name == r.opts.Consumer || c.Pending > 0 || c.Idle < r.opts.ForgetAfter {
+			continue
+		}
+		n, err := lua.ForgetConsumer.Run(ctx, r.rdb, []string{stream}, r.opts.Group, c.Name).Int()
+		if err != nil {
+			log.Warn("forget an idle relay consumer", "consumer", c.Name, "err", err)
+			return
+		}
+		if n == 1 {
+			r.metrics.forgotten.Inc()
+			log.Info("forgot an idle relay consumer", "consumer", c.Name, "idle", c.Idle)
+		}
 	}
 }
 
@@ -305,10 +342,11 @@ func (b *backoff) wait(ctx context.Context) {
 }
 
 type relayMetrics struct {
-	produced prometheus.Counter
-	claimed  prometheus.Counter
-	errors   *prometheus.CounterVec
-	batch    prometheus.Histogram
+	produced  prometheus.Counter
+	claimed   prometheus.Counter
+	forgotten prometheus.Counter
+	errors    *prometheus.CounterVec
+	batch     prometheus.Histogram
 }
 
 var outboxAge = prometheus.NewDesc("metergate_outbox_oldest_age_seconds",
@@ -325,6 +363,10 @@ func newRelayMetrics(reg prometheus.Registerer, r *Relay) *relayMetrics {
 			Name: "metergate_relay_claimed_total",
 			Help: "Outbox entries taken over from a relay that left them unacknowledged past the claim bound.",
 		}),
+		forgotten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_relay_consumers_forgotten_total",
+			Help: "Idle relay consumers holding no entry (pods that are gone) deleted from the outbox group.",
+		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "metergate_relay_errors_total",
 			Help: "Failed relay operations, by the service that failed (kafka, redis); each is retried.",
@@ -336,7 +378,7 @@ func newRelayMetrics(reg prometheus.Registerer, r *Relay) *relayMetrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.produced, m.claimed, m.errors, m.batch, &ageCollector{r: r})
+		reg.MustRegister(m.produced, m.claimed, m.forgotten, m.errors, m.batch, &ageCollector{r: r})
 	}
 	return m
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/outbox"
@@ -451,4 +452,71 @@ func TestRelayRecreatesLostGroup(t *testing.T) {
 			b.waitEmpty(t)
 		})
 	}
+}
+
+// The relay deletes the consumers of relays that are gone (idle past ForgetAfter, holding
+// nothing) and keeps one that still holds an entry, so nothing it holds is orphaned.
+func TestRelayForgetsIdleConsumers(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"redis", "cluster"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var rdb redis.UniversalClient = testenv.Redis(t)
+			if name == "cluster" {
+				rdb = testenv.RedisCluster(t)
+			}
+			b := setup(t, rdb)
+			ctx := testenv.Context(t, time.Minute)
+			stream := b.keys.Outbox(0)
+			require.NoError(t, rdb.XGroupCreateMkStream(ctx, stream, "relay", "0").Err())
+			require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: map[string]any{"k": "x", "v": "{}"}}).Err())
+			held, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "relay", Consumer: "gone-holding", Streams: []string{stream, ">"}, Count: 1, Block: -1}).Result()
+			require.NoError(t, err)
+			require.Len(t, held[0].Messages, 1)
+			require.NoError(t, rdb.XGroupCreateConsumer(ctx, stream, "relay", "gone-empty").Err())
+
+			reg := prometheus.NewRegistry()
+			b.run(t, b.writer, outbox.RelayOptions{Consumer: "me", Registerer: reg, ForgetAfter: 300 * time.Millisecond, ClaimAfter: time.Hour})
+			consumers := func() map[string]int64 {
+				cs, err := rdb.XInfoConsumers(ctx, stream, "relay").Result()
+				require.NoError(t, err)
+				m := map[string]int64{}
+				for _, c := range cs {
+					m[c.Name] = c.Pending
+				}
+				return m
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				if _, ok := consumers()["gone-empty"]; !ok {
+					break
+				}
+				require.True(t, time.Now().Before(deadline), "the idle consumer was never forgotten: %v", consumers())
+				time.Sleep(50 * time.Millisecond)
+			}
+			got := consumers()
+			require.Equal(t, int64(1), got["gone-holding"], "a consumer holding an entry is kept: %v", got)
+			require.Contains(t, got, "me")
+			// The script itself keeps a consumer that holds an entry, whatever its caller saw.
+			n, err := lua.ForgetConsumer.Run(ctx, rdb, []string{stream}, "relay", "gone-holding").Int()
+			require.NoError(t, err)
+			require.Zero(t, n)
+			require.Equal(t, int64(1), consumers()["gone-holding"])
+			require.Equal(t, 1.0, counterValue(t, reg, "metergate_relay_consumers_forgotten_total"))
+		})
+	}
+}
+
+// counterValue is the value of the unlabelled counter name in reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
