@@ -31,6 +31,10 @@ build: ## build the three binaries into bin/
 vet: ## go vet every package
 	$(GO) vet ./...
 
+.PHONY: demo
+demo: up build ## a guided run of the pipeline: 30 s of traffic, reconcile, a period close, a report (DEMO_DURATION=10s: shorter; docs/demo.md)
+	$(WITH_ENV) $(GO) run ./cmd/demo
+
 test: up up-cluster ## start the stack, then vet and run every test with -race against it
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 

@@ -253,7 +253,10 @@ EOF
       -c "$dir/server.properties" >"$dir/format.log" 2>&1 || die "kafka storage format failed: $(tail -5 "$dir/format.log")"
   fi
   : >"$dir/kafka.log"
-  nohup "${java_cmd[@]}" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 </dev/null &
+  # A session of its own: killing the process group of whatever ran `make up` (a terminal's
+  # job, a CI step) must not take the broker with it. setsid execs in place here (a
+  # background job is no group leader), so $! is the broker's pid.
+  setsid nohup "${java_cmd[@]}" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 </dev/null &
   echo $! >"$pidfile"
   wait_for "Kafka $KAFKA_VERSION on :$KAFKA_PORT (log: $dir/kafka.log)" kafka_started
   log "Kafka $KAFKA_VERSION up on :$KAFKA_PORT (pid $(cat "$pidfile"))"

@@ -1,0 +1,526 @@
+// Package demo is `make demo`: a guided run of the whole pipeline on the local stack. It
+// starts admit and meter (the binaries of bin/) on a database, a Redis key prefix and a
+// Kafka topic of their own, creates the seeds' account tree plus a free and an enterprise
+// org through admit's admin API, drives synthetic traffic through pkg/client, waits until
+// every admitted event is a row in PostgreSQL, runs reconcile and a period close, and prints
+// a report. See docs/demo.md.
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/metergate/metergate/pkg/client"
+	"github.com/metergate/metergate/pkg/invoice"
+	"github.com/metergate/metergate/pkg/reconcile"
+	"github.com/metergate/metergate/pkg/topic"
+)
+
+// Config is what a demo run uses.
+type Config struct {
+	// BinDir holds the admit, meter and reconcile binaries (make build: bin/).
+	BinDir string
+	// RedisURL, DatabaseURL and Brokers locate the stack (.run/env: REDIS_URL,
+	// DATABASE_URL, KAFKA_BROKERS). DatabaseURL names the server and the credentials: the
+	// demo works in a database of its own on it (see Database).
+	RedisURL    string
+	DatabaseURL string
+	Brokers     []string
+	// Duration of the traffic.
+	Duration time.Duration
+	// Database is the name of the demo's own database, dropped and created at each run.
+	// When the role may not create databases, it is a schema of that name in DatabaseURL's
+	// database instead, dropped and created the same way.
+	Database string
+	// KeyPrefix is the Redis key prefix (admit's ADMIT_KEY_PREFIX); its keys are deleted at
+	// the start of a run.
+	KeyPrefix string
+	// Topic is the Kafka topic, created for the run and deleted at its end; empty: a name
+	// of this run ("metergate.demo.<time>").
+	Topic string
+	// LogDir receives admit.log, meter.log and reconcile.log.
+	LogDir string
+	// DrainTimeout bounds the wait for the last rows (1 minute when zero).
+	DrainTimeout time.Duration
+	// Cleanup drops the database (or schema) and deletes the Redis keys at the end too
+	// (tests); otherwise they are left for inspection until the next run.
+	Cleanup bool
+	// Seed of the traffic's random choices (timings make runs differ anyway).
+	Seed uint64
+}
+
+// Tokens of the demo's admit.
+const (
+	serviceToken = "demo-service-token-0123456789"
+	adminToken   = "demo-admin-token-0123456789"
+)
+
+// Run runs the demo, printing its steps, a progress line and the report to out. It returns
+// the report (as far as the run got) and an error when a step failed or the books do not
+// add up (Report.Check). A step before the traffic that fails ends the run; one after it
+// (reconcile, close, verify, stopping) is one of the report's Problems, and the report is
+// printed anyway. admit and meter never outlive Run.
+func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
+	if cfg.Duration <= 0 {
+		return nil, errors.New("duration: want more than 0")
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = time.Minute
+	}
+	for _, b := range []string{"admit", "meter", "reconcile"} {
+		if _, err := os.Stat(filepath.Join(cfg.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("binary %s: %w (make build puts it in bin/)", b, err)
+		}
+	}
+	if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+		return nil, err
+	}
+	stale := cfg.Topic == "" // topics of earlier runs (killed before their end) go too
+	if cfg.Topic == "" {
+		cfg.Topic = topicPrefix + time.Now().UTC().Format("20060102-150405")
+	}
+	r := &Report{Duration: cfg.Duration}
+	step := func(format string, args ...any) func(error) error {
+		msg := fmt.Sprintf(format, args...)
+		fmt.Fprintf(out, "• %s ", msg)
+		begin := time.Now()
+		return func(err error) error {
+			if err != nil {
+				fmt.Fprintln(out, "FAILED")
+				return fmt.Errorf("%s: %w", msg, err)
+			}
+			fmt.Fprintf(out, "ok (%s)\n", time.Since(begin).Round(10*time.Millisecond))
+			return nil
+		}
+	}
+	fmt.Fprintf(out, "metergate demo: %s of traffic through admit → Redis outbox → Kafka → meter → PostgreSQL, then reconcile and a period close\n\n", cfg.Duration)
+
+	// PostgreSQL: a database (or schema) of the demo's own.
+	done := step("PostgreSQL: fresh %q", cfg.Database)
+	dbURL, where, err := freshDatabase(ctx, cfg.DatabaseURL, cfg.Database)
+	if err := done(err); err != nil {
+		return r, err
+	}
+	if strings.HasPrefix(where, "schema") {
+		fmt.Fprintf(out, "  (this role may not create databases: %s instead)\n", where)
+	}
+	r.Where = where
+	if cfg.Cleanup {
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			_ = dropDatabase(cctx, cfg.DatabaseURL, cfg.Database)
+		}()
+	}
+
+	// Redis: the prefix's keys of an earlier run go.
+	rdbOpts, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return r, fmt.Errorf("REDIS_URL: %w", err)
+	}
+	rdb := redis.NewClient(rdbOpts)
+	defer rdb.Close()
+	done = step("Redis: delete the keys of prefix %q", cfg.KeyPrefix)
+	n, err := deleteKeys(ctx, rdb, cfg.KeyPrefix)
+	if err := done(err); err != nil {
+		return r, err
+	}
+	fmt.Fprintf(out, "  (%d keys deleted)\n", n)
+	if cfg.Cleanup {
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			_, _ = deleteKeys(cctx, rdb, cfg.KeyPrefix)
+		}()
+	}
+
+	// Kafka: a topic of this run.
+	done = step("Kafka: create topic %s", cfg.Topic)
+	tctx, cancel := context.WithTimeout(ctx, time.Minute)
+	var removed []string
+	if stale {
+		removed, err = deleteStaleTopics(tctx, cfg.Brokers)
+	}
+	if err == nil {
+		err = topic.Ensure(tctx, cfg.Brokers, topic.Spec{Name: cfg.Topic, Partitions: 4, ReplicationFactor: 1})
+	}
+	cancel()
+	if err := done(err); err != nil {
+		return r, err
+	}
+	if len(removed) > 0 {
+		fmt.Fprintf(out, "  (topics of earlier runs deleted: %s)\n", strings.Join(removed, ", "))
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = topic.Delete(cctx, cfg.Brokers, cfg.Topic)
+	}()
+
+	env := []string{
+		"DATABASE_URL=" + dbURL, "REDIS_URL=" + cfg.RedisURL, "REDIS_CLUSTER_ADDRS=",
+		"KAFKA_BROKERS=" + strings.Join(cfg.Brokers, ","), "KAFKA_TOPIC=" + cfg.Topic, "KAFKA_TOPIC_PARTITIONS=4",
+		"ADMIT_KEY_PREFIX=" + cfg.KeyPrefix, "ADMIT_SHARDS=16", "LOG_FORMAT=text", "LOG_LEVEL=info", "MIGRATE=false",
+	}
+
+	// meter first, with -migrate: the schema is there once it is ready.
+	meterAddr, err := freeAddr()
+	if err != nil {
+		return r, err
+	}
+	done = step("start meter on %s (-migrate)", meterAddr)
+	meter, err := startProc(cfg.BinDir, cfg.LogDir, "meter", meterAddr,
+		append(env, "METER_ADDR="+meterAddr, "METER_GROUP=metergate-demo-"+cfg.Topic), "-migrate")
+	if err == nil {
+		defer meter.kill()
+		err = meter.waitReady(ctx, 90*time.Second)
+	}
+	if err := done(err); err != nil {
+		return r, err
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return r, err
+	}
+	defer pool.Close()
+	done = step("add the price plan %q: %s", teamPlan, teamPlanSummary)
+	if err := done(addTeamPlan(ctx, pool)); err != nil {
+		return r, err
+	}
+
+	admitAddr, err := freeAddr()
+	if err != nil {
+		return r, err
+	}
+	done = step("start admit on %s (relay inside)", admitAddr)
+	admitP, err := startProc(cfg.BinDir, cfg.LogDir, "admit", admitAddr,
+		append(env, "ADMIT_ADDR="+admitAddr, "ADMIT_NODE=demo", "REDIS_TIMEOUT=5s",
+			"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken))
+	if err == nil {
+		defer admitP.kill()
+		err = admitP.waitReady(ctx, 90*time.Second)
+	}
+	if err := done(err); err != nil {
+		return r, err
+	}
+
+	httpClient := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
+	tree := accounts(cfg.Duration)
+	done = step("create %d accounts and their API keys (POST /v1/admin/accounts, /v1/admin/api-keys)", len(tree))
+	keys, err := setup(ctx, admin{base: admitP.URL(), token: adminToken, http: httpClient}, tree)
+	if err := done(err); err != nil {
+		return r, err
+	}
+	printTree(out, tree)
+
+	// Traffic.
+	fmt.Fprintf(out, "\n• traffic for %s through pkg/client (decisions by result; outcomes reported):\n", cfg.Duration)
+	st := newStats()
+	begin := time.Now()
+	t := &traffic{c: &client.Client{BaseURL: admitP.URL(), Token: serviceToken, HTTP: httpClient, Log: discard},
+		keys: keys, st: st, end: begin.Add(cfg.Duration), seed: cfg.Seed}
+	stop := make(chan struct{})
+	printed := make(chan struct{})
+	go func() { progress(out, st, begin, cfg.Duration, stop); close(printed) }()
+	t.run(ctx, cfg.Duration)
+	close(stop)
+	<-printed
+	if err := ctx.Err(); err != nil {
+		return r, err
+	}
+	st.snapshot(r)
+
+	// Drain: every admitted event a row, every outcome metered.
+	done = step("wait until the pipeline is drained (%d events, %d outcomes; at most %s)", r.Admitted, r.OutcomesReported, cfg.DrainTimeout)
+	drainBegin := time.Now()
+	err = drain(ctx, pool, r, cfg.DrainTimeout)
+	r.DrainTime = time.Since(drainBegin)
+	if err != nil { // the books are checked and reported below; go on
+		fmt.Fprintf(out, "NOT DRAINED: %v\n", err)
+	} else {
+		_ = done(nil)
+	}
+	// From here on a failed step is a problem of the report, which is printed anyway.
+	problem := func(err error) { r.Problems = append(r.Problems, err.Error()) }
+	if err := compareRows(ctx, pool, st.eventIDs(), r); err != nil {
+		problem(fmt.Errorf("read usage_events: %w", err))
+	}
+
+	// Reconcile, then close the period(s) and export the invoices.
+	done = step("bin/reconcile -json")
+	outJSON, err := runTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "-json")
+	if err == nil {
+		err = json.Unmarshal([]byte(lastLine(outJSON)), &r.Reconcile)
+	}
+	if err == nil {
+		err = adjustments(ctx, pool, r)
+	}
+	if err := done(err); err != nil {
+		problem(err)
+	}
+	for _, p := range r.Periods {
+		done = step("bin/reconcile close -force -period %s", p)
+		outJSON, err := runTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "close", "-force", "-period", p)
+		var res struct{ Invoices []invoice.Invoice }
+		if err == nil {
+			err = json.Unmarshal([]byte(lastLine(outJSON)), &res)
+		}
+		if err := done(err); err != nil {
+			problem(err)
+			continue
+		}
+		for _, inv := range res.Invoices {
+			done = step("bin/reconcile invoice -period %s -org %s", p, inv.Org)
+			outJSON, err := runTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "invoice", "-period", p, "-org", inv.Org, "-format", "json")
+			var exp invoice.Invoice
+			if err == nil {
+				err = json.Unmarshal([]byte(outJSON), &exp)
+			}
+			if err := done(err); err != nil {
+				problem(err)
+				continue
+			}
+			r.Invoices = append(r.Invoices, exp)
+		}
+	}
+	done = step("bin/reconcile verify (counters = billable totals, invoices tie out)")
+	_, err = runTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "verify")
+	r.Verified = err == nil
+	if err := done(err); err != nil {
+		problem(err)
+	}
+
+	// Stop admit, then meter, gracefully.
+	done = step("stop admit and meter (SIGTERM)")
+	err = errors.Join(admitP.stop(30*time.Second), meter.stop(30*time.Second))
+	if err := done(err); err != nil {
+		problem(err)
+	}
+	if err := ctx.Err(); err != nil {
+		return r, err
+	}
+
+	fmt.Fprintln(out)
+	r.Print(out)
+	r.Printed = true
+	if cfg.Cleanup {
+		fmt.Fprintf(out, "\nRemoving the demo's data (%s, Redis keys %s{N}:*). Logs in %s.\n", where, cfg.KeyPrefix, cfg.LogDir)
+	} else {
+		fmt.Fprintf(out, "\nThe demo's data stay until the next run, for a look: PostgreSQL %s, Redis keys %s{N}:*, logs in %s.\n", where, cfg.KeyPrefix, cfg.LogDir)
+	}
+	return r, r.Check()
+}
+
+// freshDatabase drops and creates the demo's database and returns its URL. When the role
+// may not create databases (the local stack's role cannot), it uses a schema of that name
+// in the configured database instead (every connection's search_path).
+func freshDatabase(ctx context.Context, baseURL, name string) (string, string, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return "", "", fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, baseURL)
+	if err != nil {
+		return "", "", fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	id := pgx.Identifier{name}.Sanitize()
+	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)")
+	if err == nil {
+		_, err = conn.Exec(ctx, "CREATE DATABASE "+id)
+	}
+	if err == nil {
+		u.Path = "/" + name
+		return u.String(), fmt.Sprintf("database %s", name), nil
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
+		return "", "", err
+	}
+	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+id+" CASCADE"); err != nil {
+		return "", "", err
+	}
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+id); err != nil {
+		return "", "", err
+	}
+	q := u.Query()
+	q.Set("search_path", name)
+	u.RawQuery = q.Encode()
+	db := strings.TrimPrefix(u.Path, "/")
+	return u.String(), fmt.Sprintf("schema %s of database %s", name, db), nil
+}
+
+// dropDatabase removes what freshDatabase made.
+func dropDatabase(ctx context.Context, baseURL, name string) error {
+	conn, err := pgx.Connect(ctx, baseURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	id := pgx.Identifier{name}.Sanitize()
+	_, err1 := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+id+" CASCADE")
+	_, err2 := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)")
+	if err1 != nil && err2 != nil {
+		return errors.Join(err1, err2)
+	}
+	return nil
+}
+
+// deleteKeys deletes every key of admit's prefix (<prefix>{N}:...) and returns how many.
+func deleteKeys(ctx context.Context, rdb *redis.Client, prefix string) (int, error) {
+	n := 0
+	var cursor uint64
+	for {
+		keys, next, err := rdb.Scan(ctx, cursor, prefix+"{*", 1000).Result()
+		if err != nil {
+			return n, err
+		}
+		if len(keys) > 0 {
+			if err := rdb.Unlink(ctx, keys...).Err(); err != nil {
+				return n, err
+			}
+			n += len(keys)
+		}
+		if cursor = next; cursor == 0 {
+			return n, nil
+		}
+	}
+}
+
+// drain polls PostgreSQL until it holds a row per admitted event and every reported
+// outcome, or the timeout passes.
+func drain(ctx context.Context, pool *pgxpool.Pool, r *Report, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM usage_events), (SELECT count(*) FROM usage_outcomes)`).
+			Scan(&r.Rows, &r.OutcomesMetered)
+		if err != nil {
+			return err
+		}
+		if r.Rows >= r.Admitted && r.OutcomesMetered >= r.OutcomesReported {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %s: %d of %d events and %d of %d outcomes in PostgreSQL", timeout, r.Rows, r.Admitted, r.OutcomesMetered, r.OutcomesReported)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// compareRows compares the rows of usage_events with the event ids the callers got.
+func compareRows(ctx context.Context, pool *pgxpool.Pool, ids map[string]bool, r *Report) error {
+	rows, err := pool.Query(ctx, `SELECT event_id FROM usage_events`)
+	if err != nil {
+		return err
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	r.Rows = len(got)
+	seen := map[string]bool{}
+	for _, id := range got {
+		switch {
+		case seen[id]:
+			r.Duplicates++
+		case !ids[id]:
+			r.Unexpected++
+		}
+		seen[id] = true
+	}
+	for id := range ids {
+		if !seen[id] {
+			r.Missing++
+		}
+	}
+	return nil
+}
+
+// adjustments reads what reconcile recorded, per kind, level, account and unit.
+func adjustments(ctx context.Context, pool *pgxpool.Pool, r *Report) error {
+	rows, err := pool.Query(ctx, `
+		SELECT kind, level, account, unit, count(*), sum(amount), count(*) FILTER (WHERE applied_at IS NULL)
+		FROM adjustments GROUP BY kind, level, account, unit`)
+	if err != nil {
+		return err
+	}
+	r.Adjustments, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Adjustment, error) {
+		var a Adjustment
+		err := row.Scan(&a.Kind, &a.Level, &a.Account, &a.Unit, &a.Rows, &a.Amount, &a.NotApplied)
+		return a, err
+	})
+	sort.Slice(r.Adjustments, func(i, j int) bool {
+		a, b := r.Adjustments[i], r.Adjustments[j]
+		if a.Kind != b.Kind {
+			return a.Kind < b.Kind
+		}
+		if levelRank(a.Level) != levelRank(b.Level) {
+			return levelRank(a.Level) < levelRank(b.Level)
+		}
+		return a.Account+" "+a.Unit < b.Account+" "+b.Unit
+	})
+	return err
+}
+
+// topicPrefix starts the names of the topics the demo makes (one per run).
+const topicPrefix = "metergate.demo."
+
+// deleteStaleTopics deletes the topics of earlier demo runs that did not get to delete
+// their own (interrupted, killed).
+func deleteStaleTopics(ctx context.Context, brokers []string) ([]string, error) {
+	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	parts, err := conn.ReadPartitions()
+	if err != nil {
+		return nil, fmt.Errorf("list topics: %w", err)
+	}
+	seen := map[string]bool{}
+	var names []string
+	for _, p := range parts {
+		if strings.HasPrefix(p.Topic, topicPrefix) && !seen[p.Topic] {
+			seen[p.Topic] = true
+			names = append(names, p.Topic)
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if err := topic.Delete(ctx, brokers, n); err != nil {
+			return names, err
+		}
+	}
+	return names, nil
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// Summary is reconcile's -json summary.
+type Summary = reconcile.Summary

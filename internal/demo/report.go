@@ -1,0 +1,292 @@
+package demo
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/metergate/metergate/pkg/invoice"
+)
+
+// Report is what a demo run saw and found.
+type Report struct {
+	Duration time.Duration
+	Where    string   // the database or schema used
+	Periods  []string // billing months of the admitted events (YYYY-MM)
+
+	// Requests the callers sent; Decisions by status (200, 429, 402); Replays: 200s
+	// answered from an idempotency record; Errors: other replies ("503 unavailable") and
+	// failed outcome reports ("outcome ..."), by status and code.
+	Requests  int
+	Decisions map[int]int
+	Replays   int
+	Errors    map[string]int
+	// Blocked: the 429s and 402s by the limit that refused (blocked_by).
+	Blocked []Blocked
+
+	// Admitted: distinct event ids of the 200s; Rows: rows of usage_events; Missing:
+	// admitted ids without a row; Unexpected: rows of ids no caller got; Duplicates: rows
+	// beyond one per id.
+	Admitted, Rows, Missing, Unexpected, Duplicates int
+	// Outcomes accepted by admit, of them 5xx and with actual tokens; OutcomesMetered:
+	// rows of usage_outcomes.
+	OutcomesReported, Outcomes5xx, OutcomesActual, OutcomesMetered int
+	DrainTime                                                      time.Duration
+
+	// Reconcile is reconcile's summary; Adjustments the adjustments table grouped.
+	Reconcile   Summary
+	Adjustments []Adjustment
+	// Invoices as exported by reconcile invoice, one per org and closed period.
+	Invoices []invoice.Invoice
+	// Verified: reconcile verify passed after the close.
+	Verified bool
+	// Problems are the steps after the traffic that failed (reconcile, close, verify,
+	// a stop that was not clean).
+	Problems []string
+	// Printed: Run printed the report (its FAIL lines included).
+	Printed bool
+}
+
+// Adjustment is a group of adjustments rows: one kind and counter (level, account, unit).
+type Adjustment struct {
+	Kind, Level, Account, Unit string
+	Rows                       int
+	Amount                     int64 // sum of the deltas
+	NotApplied                 int
+}
+
+// Check is the demo's verdict: every admitted event recorded exactly once, every reported
+// outcome metered.
+func (r *Report) Check() error {
+	var errs []error
+	if r.Admitted == 0 {
+		errs = append(errs, errors.New("no request was admitted"))
+	}
+	if r.Admitted != r.Rows || r.Missing != 0 || r.Unexpected != 0 || r.Duplicates != 0 {
+		errs = append(errs, fmt.Errorf("admitted %d ≠ recorded %d (missing %d, unexpected %d, duplicates %d)",
+			r.Admitted, r.Rows, r.Missing, r.Unexpected, r.Duplicates))
+	}
+	if r.OutcomesMetered != r.OutcomesReported {
+		errs = append(errs, fmt.Errorf("outcomes reported %d ≠ metered %d", r.OutcomesReported, r.OutcomesMetered))
+	}
+	for _, p := range r.Problems {
+		errs = append(errs, errors.New(p))
+	}
+	if n := len(r.Reconcile.InvariantFailures); n > 0 {
+		errs = append(errs, fmt.Errorf("reconcile: %d invariant failures: %s", n, strings.Join(r.Reconcile.InvariantFailures, "; ")))
+	}
+	return errors.Join(errs...)
+}
+
+// Print writes the report.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "════ metergate demo report: %s of traffic, period %s ════\n", r.Duration, strings.Join(r.Periods, ", "))
+
+	fmt.Fprintf(w, "\nDecisions (%s requests through pkg/client)\n", num(int64(r.Requests)))
+	statuses := []int{200, 429, 402}
+	for s := range r.Decisions {
+		if s != 200 && s != 429 && s != 402 {
+			statuses = append(statuses, s)
+		}
+	}
+	sort.Ints(statuses[3:])
+	names := map[int]string{200: "allow", 429: "rate_limited", 402: "quota_exceeded"}
+	for _, s := range statuses {
+		note := ""
+		if s == 200 && r.Replays > 0 {
+			note = fmt.Sprintf("   (%d of them replays of an idempotency key: same event id, charged once)", r.Replays)
+		}
+		fmt.Fprintf(w, "  %-24s %8s%s\n", fmt.Sprintf("%d %s", s, names[s]), num(int64(r.Decisions[s])), note)
+	}
+	errKeys := make([]string, 0, len(r.Errors))
+	for k := range r.Errors {
+		errKeys = append(errKeys, k)
+	}
+	sort.Strings(errKeys)
+	for _, k := range errKeys {
+		fmt.Fprintf(w, "  %-24s %8s\n", "error "+k, num(int64(r.Errors[k])))
+	}
+	if len(errKeys) == 0 {
+		fmt.Fprintf(w, "  %-24s %8s\n", "errors", "0")
+	}
+
+	fmt.Fprintf(w, "\nRefusals by blocking level (blocked_by: level, account, unit)\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, b := range r.Blocked {
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%8s\n", b.Status, b.Level, b.Account, b.Unit, num(int64(b.Count)))
+	}
+	if len(r.Blocked) == 0 {
+		fmt.Fprintf(tw, "  (none)\n")
+	}
+	tw.Flush()
+
+	fmt.Fprintf(w, "\nBilling log (admit → Redis outbox → relay → Kafka → meter → PostgreSQL)\n")
+	fmt.Fprintf(w, "  %-46s %8s\n", "events admitted (distinct event ids of the 200s)", num(int64(r.Admitted)))
+	fmt.Fprintf(w, "  %-46s %8s   missing %d, unexpected %d, duplicates %d\n", "rows in usage_events", num(int64(r.Rows)), r.Missing, r.Unexpected, r.Duplicates)
+	fmt.Fprintf(w, "  %-46s %8s   of %s reported (%d with a 5xx, %d with actual tokens)\n", "rows in usage_outcomes",
+		num(int64(r.OutcomesMetered)), num(int64(r.OutcomesReported)), r.Outcomes5xx, r.OutcomesActual)
+	fmt.Fprintf(w, "  %-46s %8s\n", "drained after the traffic ended in", r.DrainTime.Round(10*time.Millisecond))
+
+	s := r.Reconcile
+	kinds := make([]string, 0, len(s.ByKind))
+	for k, n := range s.ByKind {
+		kinds = append(kinds, fmt.Sprintf("%s %d", k, n))
+	}
+	sort.Strings(kinds)
+	fmt.Fprintf(w, "\nAdjustments (reconcile run %s: %d corrections applied [%s], drift %d, invariant failures %d)\n",
+		short(s.RunID), s.AdjustmentsApplied, strings.Join(kinds, ", "), s.DriftFound, len(s.InvariantFailures))
+	fmt.Fprintf(w, "  %-14s %-6s %-12s %-9s %6s %12s\n", "kind", "level", "account", "unit", "rows", "units")
+	for _, a := range r.Adjustments {
+		extra := ""
+		if a.NotApplied > 0 {
+			extra = fmt.Sprintf("   %d not applied", a.NotApplied)
+		}
+		fmt.Fprintf(w, "  %-14s %-6s %-12s %-9s %6d %12s%s\n", a.Kind, a.Level, a.Account, a.Unit, a.Rows, signed(a.Amount), extra)
+	}
+	if len(r.Adjustments) == 0 {
+		fmt.Fprintf(w, "  (none)\n")
+	}
+
+	fmt.Fprintf(w, "\nInvoices (reconcile close -force, then reconcile invoice -format json)\n")
+	for _, inv := range r.Invoices {
+		fmt.Fprintf(w, "\n  %s  %s  plan %s  invoice #%d  %s  total %s\n", inv.Org, inv.Period[:min(7, len(inv.Period))], inv.Plan, inv.ID, inv.Status, money(inv.TotalMinor, inv.Currency))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, l := range inv.Lines {
+			price := ""
+			if l.Kind != "base_fee" && l.PerUnits > 0 && l.UnitPriceMinor > 0 {
+				price = fmt.Sprintf("%s per %s", money(l.UnitPriceMinor, inv.Currency), num(l.PerUnits))
+			}
+			qty := num(l.Quantity)
+			if l.Kind == "base_fee" {
+				qty = ""
+			}
+			fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", l.Kind, l.AccountPath, l.Unit, qty, price, money(l.AmountMinor, inv.Currency))
+		}
+		tw.Flush()
+	}
+	if r.Verified {
+		fmt.Fprintf(w, "\nreconcile verify: every quota counter equals its billable total; every invoice ties out\n")
+	}
+
+	if err := r.Check(); err != nil {
+		fmt.Fprintf(w, "\nFAIL: %v\n", err)
+		return
+	}
+	fmt.Fprintf(w, "\nOK: %s events admitted, %s recorded in PostgreSQL, each exactly once\n", num(int64(r.Admitted)), num(int64(r.Rows)))
+}
+
+// printTree shows the accounts the demo created and their limits.
+func printTree(w io.Writer, tree []account) {
+	depth := map[string]int{}
+	for _, a := range tree {
+		if a.Parent != "" {
+			depth[a.ID] = depth[a.Parent] + 1
+		}
+		var what []string
+		if a.Plan != "" {
+			what = append(what, "plan "+a.Plan)
+		}
+		if a.Concurrency > 0 {
+			what = append(what, fmt.Sprintf("≤ %d in flight", a.Concurrency))
+		}
+		units := make([]string, 0, len(a.Limits))
+		for u := range a.Limits {
+			units = append(units, u)
+		}
+		sort.Strings(units)
+		for _, u := range units {
+			what = append(what, u+" "+describe(a.Limits[u].(map[string]any)))
+		}
+		key := ""
+		if a.key {
+			key = "  [API key]"
+		}
+		fmt.Fprintf(w, "  %s%s (%s) %s%s\n", strings.Repeat("  ", depth[a.ID]), a.ID, a.Kind, strings.Join(what, ", "), key)
+	}
+}
+
+func describe(l map[string]any) string {
+	var parts []string
+	switch {
+	case l["algorithm"] == "sliding_window":
+		parts = append(parts, fmt.Sprintf("%v per %v s (sliding window)", l["limit"], l["window_s"]))
+	case l["rate_per_s"] != nil:
+		parts = append(parts, fmt.Sprintf("%v/s burst %v", num(toInt(l["rate_per_s"])), num(toInt(l["burst"]))))
+	}
+	if q, ok := l["quota"]; ok {
+		parts = append(parts, fmt.Sprintf("quota %s/month", num(toInt(q))))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func toInt(v any) int64 {
+	switch n := v.(type) {
+	case int:
+		return int64(n)
+	case int64:
+		return n
+	case float64:
+		return int64(n)
+	}
+	return 0
+}
+
+// money formats minor units in their currency: "EUR 49.00".
+func money(minor int64, currency string) string {
+	decimals := 2
+	switch currency {
+	case "JPY", "KRW", "CLP", "ISK", "VND":
+		decimals = 0
+	case "BHD", "KWD", "OMR", "JOD", "TND":
+		decimals = 3
+	}
+	sign := ""
+	if minor < 0 {
+		sign, minor = "-", -minor
+	}
+	if decimals == 0 {
+		return fmt.Sprintf("%s %s%s", currency, sign, num(minor))
+	}
+	pow := int64(1)
+	for range decimals {
+		pow *= 10
+	}
+	return fmt.Sprintf("%s %s%s.%0*d", currency, sign, num(minor/pow), decimals, minor%pow)
+}
+
+// num writes n with thousands separators: 1,234,567.
+func num(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+func signed(n int64) string {
+	if n > 0 {
+		return "+" + num(n)
+	}
+	return num(n)
+}
+
+func short(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}

@@ -1,0 +1,171 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// account is one node of the demo's account tree, as POST /v1/admin/accounts takes it.
+type account struct {
+	ID          string         `json:"id"`
+	Kind        string         `json:"kind"`
+	Parent      string         `json:"parent,omitempty"`
+	Plan        string         `json:"plan,omitempty"`
+	Limits      map[string]any `json:"limits,omitempty"`
+	Concurrency int            `json:"concurrency,omitempty"`
+	// key: an API key is issued for this account (the traffic uses it).
+	key bool
+}
+
+// teamPlan is a plan the demo adds to its own database so that half a minute of traffic
+// goes past what the base fee includes and acme's invoice shows overage priced by
+// graduated tiers (the seeded plans include millions of units).
+const teamPlan = "team"
+
+const teamPlanSummary = "EUR 19.00 a month with 200 requests and 100,000 tokens included, then graduated tiers"
+
+// addTeamPlan adds teamPlan: pro's rate limits, a base fee, small included units and two
+// graduated tiers per unit. Plans are rows (there is no plan API); the demo's database is
+// its own.
+func addTeamPlan(ctx context.Context, db *pgxpool.Pool) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, q := range []string{
+		`INSERT INTO plans (id, rank) VALUES ($1, 10)`,
+		`INSERT INTO plan_limits (plan, unit, rate_per_s, burst, quota, quota_period)
+			SELECT $1, unit, rate_per_s, burst, quota, quota_period FROM plan_limits WHERE plan = 'pro'`,
+		`INSERT INTO plan_prices (plan, currency, base_fee_minor) VALUES ($1, 'EUR', 1900)`,
+		`INSERT INTO plan_price_units (plan, unit, included_units) VALUES ($1, 'requests', 200), ($1, 'tokens', 100000)`,
+		`INSERT INTO plan_price_tiers (plan, unit, from_units, up_to_units, price_minor, per_units) VALUES
+			($1, 'requests', 200, 1000, 100, 100),      -- EUR 1.00 per 100 requests
+			($1, 'requests', 1000, NULL, 50, 100),      -- then EUR 0.50 per 100
+			($1, 'tokens', 100000, 1000000, 20, 10000), -- EUR 0.20 per 10,000 tokens
+			($1, 'tokens', 1000000, NULL, 10, 10000)    -- then EUR 0.10 per 10,000`,
+	} {
+		if _, err := tx.Exec(ctx, q, teamPlan); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// accounts is the demo's tree. acme (on teamPlan) is the seeds' hierarchy, each level with a limit
+// the traffic can run into: agent-1 holds 2 requests in flight at most (its third
+// concurrent call is a 429 at the agent level), agent-2 has 2 requests/s with a burst of 4
+// (its bursts of 8 are cut at the agent level), alice has a tokens rate her agent's
+// token-heavy calls drain (a 429 at the user level once her burst is spent) and a monthly
+// tokens quota (so reconcile settles estimated against actual tokens on her counter),
+// marketing has a sliding window of 20 requests per 5 s (429 at the team level), and a
+// spike from bob goes past the plan's 300-request burst (pro's rates) (429 at the org level). tinyco is a free
+// org whose monthly quota is sized to run out early in the traffic (402), and bigcorp
+// an enterprise org (no quota: counted, never refused).
+func accounts(d time.Duration) []account {
+	q := func(n int64) map[string]any { return map[string]any{"quota": n} }
+	return []account{
+		{ID: "acme", Kind: "org", Plan: teamPlan},
+		{ID: "engineering", Kind: "team", Parent: "acme",
+			Limits: map[string]any{"tokens": map[string]any{"rate_per_s": 100_000, "burst": 1_000_000}}},
+		{ID: "alice", Kind: "user", Parent: "engineering",
+			Limits: map[string]any{"tokens": map[string]any{"rate_per_s": 25_000, "burst": 200_000, "quota": 100_000_000}}},
+		{ID: "agent-1", Kind: "agent", Parent: "alice", Concurrency: 2, key: true},
+		{ID: "agent-2", Kind: "agent", Parent: "alice",
+			Limits: map[string]any{"requests": map[string]any{"rate_per_s": 2, "burst": 4}}, key: true},
+		{ID: "bob", Kind: "user", Parent: "engineering", Limits: map[string]any{"requests": q(1_000_000)}, key: true},
+		{ID: "marketing", Kind: "team", Parent: "acme",
+			Limits: map[string]any{"requests": map[string]any{"algorithm": "sliding_window", "limit": 20, "window_s": 5}}, key: true},
+		{ID: "tinyco", Kind: "org", Plan: "free", Limits: map[string]any{"requests": q(freeQuota(d))}, key: true},
+		{ID: "bigcorp", Kind: "org", Plan: "enterprise", key: true},
+	}
+}
+
+// freeQuota is tinyco's monthly requests quota: its opening burst (20 pass the free plan's
+// rate limit) plus about a third of what it sends afterwards at 5/s, so it runs out about
+// a third of the way through the traffic.
+func freeQuota(d time.Duration) int64 { return 20 + int64(1.5*d.Seconds()) }
+
+// admin calls admit's admin API.
+type admin struct {
+	base, token string
+	http        *http.Client
+}
+
+func (a admin) do(ctx context.Context, method, path string, body any, want int, out any) error {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, bytes.NewReader(raw))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := a.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != want {
+		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("%s %s: decode reply: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// setup creates the accounts and their API keys and returns the keys by account. It ends
+// once admit's policy cache holds them all: a write through the admin API waits for a
+// cache load that began after it (its reply then carries "effective"), and a load sees
+// every write committed before it, the keys included.
+func setup(ctx context.Context, a admin, tree []account) (map[string]string, error) {
+	keys := map[string]string{}
+	for _, acc := range tree {
+		if err := a.do(ctx, http.MethodPost, "/v1/admin/accounts", acc, http.StatusCreated, nil); err != nil {
+			return nil, err
+		}
+	}
+	for _, acc := range tree {
+		if !acc.key {
+			continue
+		}
+		var reply struct {
+			APIKey string `json:"api_key"`
+		}
+		if err := a.do(ctx, http.MethodPost, "/v1/admin/api-keys", map[string]string{"account": acc.ID}, http.StatusCreated, &reply); err != nil {
+			return nil, err
+		}
+		keys[acc.ID] = reply.APIKey
+	}
+	last := tree[0]
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var reply struct {
+			Effective json.RawMessage `json:"effective"`
+		}
+		body := map[string]any{"plan": last.Plan, "limits": last.Limits}
+		if err := a.do(ctx, http.MethodPut, "/v1/admin/accounts/"+last.ID, body, http.StatusOK, &reply); err != nil {
+			return nil, err
+		}
+		if len(reply.Effective) > 0 {
+			return keys, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("admit's policy cache did not load the accounts within 30 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

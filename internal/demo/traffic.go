@@ -1,0 +1,438 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/metergate/metergate/pkg/client"
+)
+
+// Blocked counts the denials of one limit: the status (429 or 402) and admit's blocked_by.
+type Blocked struct {
+	Status  int
+	Level   string // org, team, user, agent
+	Account string
+	Unit    string // requests, tokens, credits, cost_micros or concurrent-requests
+	Count   int
+}
+
+// stats is what the callers saw, shared by the traffic's goroutines.
+type stats struct {
+	mu        sync.Mutex
+	requests  int
+	byStatus  map[int]int
+	replays   int
+	errors    map[string]int
+	blocked   map[Blocked]int // Count 0 in the key
+	ids       map[string]bool // event ids of the 200s
+	periods   map[string]bool
+	reported  int // outcomes accepted (202)
+	fiveXX    int // of them with a 5xx status
+	actual    int // of them reporting actual tokens
+	outErrors map[string]int
+}
+
+func newStats() *stats {
+	return &stats{byStatus: map[int]int{}, errors: map[string]int{}, blocked: map[Blocked]int{},
+		ids: map[string]bool{}, periods: map[string]bool{}, outErrors: map[string]int{}}
+}
+
+// errorKey names an error reply for the counts: "503 unavailable", or "transport".
+func errorKey(err error) string {
+	var apiErr *client.APIError
+	if errors.As(err, &apiErr) {
+		return fmt.Sprintf("%d %s", apiErr.Status, apiErr.Code)
+	}
+	return "transport error"
+}
+
+// traffic drives the demo's callers through pkg/client until end.
+type traffic struct {
+	c    *client.Client
+	keys map[string]string
+	st   *stats
+	end  time.Time
+	seed uint64
+}
+
+func (t *traffic) running(ctx context.Context) bool {
+	return ctx.Err() == nil && time.Now().Before(t.end)
+}
+
+// sleep waits d, or less if the traffic ends first.
+func (t *traffic) sleep(ctx context.Context, d time.Duration) {
+	if left := time.Until(t.end); d > left {
+		d = max(left, 0)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// admit asks for a decision for the account's key and counts it.
+func (t *traffic) admit(ctx context.Context, account string, r client.Request) (client.Decision, bool) {
+	r.APIKey = t.keys[account]
+	d, err := t.c.Admit(ctx, r)
+	t.st.mu.Lock()
+	defer t.st.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			t.st.requests++
+			t.st.errors[errorKey(err)]++
+		}
+		return d, false
+	}
+	t.st.requests++
+	t.st.byStatus[d.Status]++
+	switch {
+	case d.Allowed():
+		t.st.ids[d.EventID] = true
+		t.st.periods[d.Period] = true
+		if d.Replayed {
+			t.st.replays++
+		}
+	case d.BlockedBy != nil:
+		t.st.blocked[Blocked{Status: d.Status, Level: d.BlockedBy.Level, Account: d.BlockedBy.Account, Unit: d.BlockedBy.Unit}]++
+	}
+	return d, d.Allowed()
+}
+
+// outcome reports how an admitted request ended, with its actual units if any.
+func (t *traffic) outcome(ctx context.Context, eventID string, status int, units map[string]int64) {
+	err := t.c.Outcome(context.WithoutCancel(ctx), eventID, status, units)
+	t.st.mu.Lock()
+	defer t.st.mu.Unlock()
+	if err != nil {
+		t.st.outErrors[errorKey(err)]++
+		return
+	}
+	t.st.reported++
+	if status >= 500 {
+		t.st.fiveXX++
+	}
+	if units["tokens"] > 0 {
+		t.st.actual++
+	}
+}
+
+// pause after a 429: its retry_after_ms, kept between 20 and 200 ms.
+func pause(d client.Decision) time.Duration {
+	w := 50 * time.Millisecond
+	if d.RetryAfterMS != nil && *d.RetryAfterMS >= 0 {
+		w = time.Duration(*d.RetryAfterMS) * time.Millisecond
+	}
+	return min(max(w, 20*time.Millisecond), 200*time.Millisecond)
+}
+
+// upstream picks how a request ended upstream: a 5xx with probability p.
+func upstream(rng *rand.Rand, p float64) int {
+	if rng.Float64() < p {
+		return []int{500, 502, 503}[rng.IntN(3)]
+	}
+	return http.StatusOK
+}
+
+// run starts every caller and returns when the traffic is over (and every outcome is in).
+func (t *traffic) run(ctx context.Context, d time.Duration) {
+	var wg sync.WaitGroup
+	n := uint64(0)
+	goFn := func(f func(*rand.Rand)) {
+		n++
+		rng := rand.New(rand.NewPCG(t.seed, n))
+		wg.Add(1)
+		go func() { defer wg.Done(); f(rng) }()
+	}
+	for range 3 {
+		goFn(func(rng *rand.Rand) { t.agent1(ctx, rng) })
+	}
+	goFn(func(rng *rand.Rand) { t.agent2(ctx, rng) })
+	for range 2 {
+		goFn(func(rng *rand.Rand) { t.bob(ctx, rng) })
+		goFn(func(rng *rand.Rand) { t.bigcorp(ctx, rng) })
+	}
+	goFn(func(rng *rand.Rand) { t.marketing(ctx, rng) })
+	goFn(func(rng *rand.Rand) { t.tinyco(ctx, rng) })
+	goFn(func(rng *rand.Rand) {
+		t.sleep(ctx, d*2/5)
+		if t.running(ctx) {
+			t.spike(ctx)
+		}
+	})
+	wg.Wait()
+}
+
+// agent1 makes token-heavy LLM calls: an estimate of 1,500-6,000 tokens, 60-180 ms of
+// work, then the outcome with the actual tokens (55-95 % of the estimate), or a 5xx. Three
+// callers share agent-1's 2 slots, so about one call in three is refused (429,
+// concurrent-requests) until a slot is released by an outcome.
+func (t *traffic) agent1(ctx context.Context, rng *rand.Rand) {
+	for t.running(ctx) {
+		est := int64(1500 + rng.IntN(4500))
+		d, ok := t.admit(ctx, "agent-1", client.Request{Units: map[string]int64{"tokens": est}, Tool: "llm_call"})
+		if !ok {
+			t.sleep(ctx, pause(d))
+			continue
+		}
+		time.Sleep(time.Duration(60+rng.IntN(120)) * time.Millisecond)
+		if status := upstream(rng, 0.07); status >= 500 {
+			t.outcome(ctx, d.EventID, status, nil)
+		} else {
+			t.outcome(ctx, d.EventID, status, map[string]int64{"tokens": est * int64(55+rng.IntN(41)) / 100})
+		}
+	}
+}
+
+// agent2 calls tools (web_search 1 credit, code_execute 5, image_generate 10) in bursts of
+// 8 every 2 s, against a rate of 2 requests/s with a burst of 4.
+func (t *traffic) agent2(ctx context.Context, rng *rand.Rand) {
+	tools := []string{"web_search", "web_search", "code_execute", "image_generate"}
+	for t.running(ctx) {
+		var wg sync.WaitGroup
+		for range 8 {
+			tool, status := tools[rng.IntN(len(tools))], upstream(rng, 0.07)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if d, ok := t.admit(ctx, "agent-2", client.Request{Tool: tool}); ok {
+					t.outcome(ctx, d.EventID, status, nil)
+				}
+			}()
+		}
+		wg.Wait()
+		t.sleep(ctx, 2*time.Second)
+	}
+}
+
+// bob makes light calls, some with web_search; one in ten carries an idempotency key and
+// is sent twice, as a client retry would: the second is answered from the first
+// ("replayed", same event id) and charged nothing.
+func (t *traffic) bob(ctx context.Context, rng *rand.Rand) {
+	for t.running(ctx) {
+		r := client.Request{Units: map[string]int64{"tokens": int64(200 + rng.IntN(600))}}
+		if rng.IntN(5) == 0 {
+			r.Tool = "web_search"
+		}
+		retry := rng.IntN(10) == 0
+		if retry {
+			r.IdempotencyKey = fmt.Sprintf("demo-%016x", rng.Uint64())
+		}
+		d, ok := t.admit(ctx, "bob", r)
+		if ok && retry {
+			t.admit(ctx, "bob", r)
+		}
+		if ok {
+			status := upstream(rng, 0.07)
+			var units map[string]int64
+			if status < 500 && rng.IntN(2) == 0 {
+				units = map[string]int64{"tokens": r.Units["tokens"] * int64(50+rng.IntN(51)) / 100}
+			}
+			t.outcome(ctx, d.EventID, status, units)
+		}
+		t.sleep(ctx, time.Duration(100+rng.IntN(100))*time.Millisecond)
+	}
+}
+
+// spike: 480 of bob's requests at once from 12 callers, past acme's burst of 300 (team has pro's rates)
+// requests (a 429 at the org level).
+func (t *traffic) spike(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 40 {
+				if d, ok := t.admit(ctx, "bob", client.Request{Units: map[string]int64{"tokens": 100}}); ok {
+					t.outcome(ctx, d.EventID, http.StatusOK, nil)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// marketing sends about 6.6 requests/s against its sliding window of 20 per 5 s.
+func (t *traffic) marketing(ctx context.Context, rng *rand.Rand) {
+	for t.running(ctx) {
+		r := client.Request{Units: map[string]int64{"tokens": int64(300 + rng.IntN(1200))}}
+		if rng.IntN(3) == 0 {
+			r.Tool = "web_search"
+		}
+		if d, ok := t.admit(ctx, "marketing", r); ok {
+			t.outcome(ctx, d.EventID, upstream(rng, 0.05), nil)
+		}
+		t.sleep(ctx, 150*time.Millisecond)
+	}
+}
+
+// tinyco, a free org: a burst of 25 at once (the free plan lets 20 through), then 5/s
+// until its monthly quota is spent (402) and on.
+func (t *traffic) tinyco(ctx context.Context, rng *rand.Rand) {
+	var wg sync.WaitGroup
+	for range 25 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if d, ok := t.admit(ctx, "tinyco", client.Request{Units: map[string]int64{"tokens": 250}}); ok {
+				t.outcome(ctx, d.EventID, http.StatusOK, nil)
+			}
+		}()
+	}
+	wg.Wait()
+	for t.running(ctx) {
+		t.sleep(ctx, 200*time.Millisecond)
+		if d, ok := t.admit(ctx, "tinyco", client.Request{Units: map[string]int64{"tokens": int64(100 + rng.IntN(300))}}); ok {
+			t.outcome(ctx, d.EventID, http.StatusOK, nil)
+		}
+	}
+}
+
+// bigcorp, an enterprise org: tool-weighted calls with tokens, some 5xx, actual tokens
+// reported.
+func (t *traffic) bigcorp(ctx context.Context, rng *rand.Rand) {
+	tools := []string{"llm_call", "llm_call", "code_execute", "image_generate"}
+	for t.running(ctx) {
+		est := int64(1000 + rng.IntN(8000))
+		d, ok := t.admit(ctx, "bigcorp", client.Request{Units: map[string]int64{"tokens": est}, Tool: tools[rng.IntN(len(tools))]})
+		if ok {
+			time.Sleep(time.Duration(30+rng.IntN(50)) * time.Millisecond)
+			if status := upstream(rng, 0.06); status >= 500 {
+				t.outcome(ctx, d.EventID, status, nil)
+			} else {
+				t.outcome(ctx, d.EventID, status, map[string]int64{"tokens": est * int64(60+rng.IntN(41)) / 100})
+			}
+		}
+		t.sleep(ctx, time.Duration(50+rng.IntN(40))*time.Millisecond)
+	}
+}
+
+// progress prints the decisions so far: a line rewritten in place on a terminal, a line
+// every 5 s otherwise. It returns when done is closed, after a last line.
+func progress(out io.Writer, st *stats, start time.Time, d time.Duration, done <-chan struct{}) {
+	tty := isTerminal(out)
+	every := 5 * time.Second
+	if tty {
+		every = 250 * time.Millisecond
+	}
+	line := func(final bool) string {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		at := fmt.Sprintf("%3s/%s", min(time.Since(start), d).Truncate(time.Second), d)
+		if final {
+			at = "done"
+		}
+		var errs int
+		for _, n := range st.errors {
+			errs += n
+		}
+		return fmt.Sprintf("  traffic %-8s requests %5d   200 %5d   429 %5d   402 %4d   errors %d   outcomes %5d",
+			at, st.requests, st.byStatus[200], st.byStatus[429], st.byStatus[402], errs, st.reported)
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			if tty {
+				fmt.Fprintf(out, "\r%s\n", line(true))
+			} else {
+				fmt.Fprintln(out, line(true))
+			}
+			return
+		case <-tick.C:
+			if tty {
+				fmt.Fprintf(out, "\r%s", line(false))
+			} else {
+				fmt.Fprintln(out, line(false))
+			}
+		}
+	}
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// snapshot copies the counts for the report.
+func (st *stats) snapshot(r *Report) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	r.Requests = st.requests
+	r.Decisions = map[int]int{}
+	for k, v := range st.byStatus {
+		r.Decisions[k] = v
+	}
+	r.Replays = st.replays
+	r.Errors = map[string]int{}
+	for k, v := range st.errors {
+		r.Errors[k] = v
+	}
+	for k, v := range st.outErrors {
+		r.Errors["outcome "+k] += v
+	}
+	r.Blocked = r.Blocked[:0]
+	for k, v := range st.blocked {
+		k.Count = v
+		r.Blocked = append(r.Blocked, k)
+	}
+	sort.Slice(r.Blocked, func(i, j int) bool {
+		a, b := r.Blocked[i], r.Blocked[j]
+		if a.Status != b.Status {
+			return a.Status > b.Status
+		}
+		if levelRank(a.Level) != levelRank(b.Level) {
+			return levelRank(a.Level) < levelRank(b.Level)
+		}
+		return a.Account+a.Unit < b.Account+b.Unit
+	})
+	r.Admitted = len(st.ids)
+	r.Periods = r.Periods[:0]
+	for p := range st.periods {
+		r.Periods = append(r.Periods, p)
+	}
+	sort.Strings(r.Periods)
+	r.OutcomesReported, r.Outcomes5xx, r.OutcomesActual = st.reported, st.fiveXX, st.actual
+}
+
+// eventIDs returns a copy of the admitted event ids.
+func (st *stats) eventIDs() map[string]bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	out := make(map[string]bool, len(st.ids))
+	for id := range st.ids {
+		out[id] = true
+	}
+	return out
+}
+
+func levelRank(l string) int {
+	switch strings.ToLower(l) {
+	case "org":
+		return 0
+	case "team":
+		return 1
+	case "user":
+		return 2
+	case "agent":
+		return 3
+	}
+	return 4
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
