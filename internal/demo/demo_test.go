@@ -123,7 +123,7 @@ func TestDemo(t *testing.T) {
 	if !r.Verified {
 		t.Error("reconcile verify did not pass")
 	}
-	for _, want := range []string{"OK: ", "Refusals by blocking level", "refund_5xx", "settle_tokens", "EUR 49.00", "EUR 990.00"} {
+	for _, want := range []string{"OK: ", "Refusals by blocking level", "refund_5xx", "settle_tokens", "EUR 19.00", "overage_tier", "EUR 990.00"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report does not say %q", want)
 		}
