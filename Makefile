@@ -37,6 +37,8 @@ demo: up build ## a guided run of the pipeline: 30 s of traffic, reconcile, a pe
 
 test: up up-cluster ## start the stack, then vet and run every test with -race against it
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	@# bench/redisrate, the benchmark's peer, is a module of its own (the main one must not depend on it)
+	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && cd bench/redisrate && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 chaos: up ## the fault and bad-input suite in its full form, ending with its scoreboard (make test runs the short form)
 	$(GO) test -c -race -o bin/chaos.test ./chaos
