@@ -333,38 +333,17 @@ func (s *stack) load(spec loadSpec) *loadResult {
 				}
 				idem := fmt.Sprintf("chaos-%s-%d", run, i)
 				body := map[string]any{"api_key": spec.Keys[i%len(spec.Keys)], "idempotency_key": idem, "units": spec.Units}
-				node := (w + i) % len(urls)
-				var (
-					status int
-					out    map[string]any
-					err    error
-				)
-				for {
-					status, out, err = call(ctx, "POST", urls[node]+"/v1/admit", serviceToken, body)
-					if err == nil && status >= 500 {
-						mu.Lock()
-						res.FiveXX++
-						mu.Unlock()
-					}
-					if err == nil && (status < 500 || !spec.Retry5xx) && errorCode(out) != "policies_loading" {
-						break
-					}
-					if ctx.Err() != nil {
-						errs <- fmt.Errorf("request %d: no answer before the load's deadline (last: status %d, %v)", i, status, err)
-						return
-					}
-					node = (node + 1) % len(urls)
-					time.Sleep(20 * time.Millisecond) // back off while the node restarts
+				status, out, _, err := admitAnswered(ctx, urls, (w+i)%len(urls), body, spec.Retry5xx, func() {
+					mu.Lock()
+					res.FiveXX++
+					mu.Unlock()
+				})
+				if err != nil {
+					errs <- fmt.Errorf("request %d: %w", i, err)
+					return
 				}
 				mu.Lock()
-				res.Status[status]++
-				if status == 200 {
-					id, _ := out["event_id"].(string)
-					if prev, ok := res.Admitted[idem]; ok && prev != id {
-						res.Mismatched++
-					}
-					res.Admitted[idem] = id
-				}
+				res.record(idem, status, out)
 				mu.Unlock()
 				if spec.Progress != nil {
 					progress.Lock()
@@ -381,6 +360,48 @@ func (s *stack) load(spec loadSpec) *loadResult {
 		require.NoError(s.t, err)
 	}
 	return res
+}
+
+// admitAnswered sends one admission until it has a final answer, starting at node:
+// network errors and 503 policies_loading (a node restarting) are retried on the next node
+// with the same body (so the same idempotency key), and 5xx too when retry5xx. fiveXX is
+// called for every 5xx seen. sent is when the answered attempt went out.
+func admitAnswered(ctx context.Context, urls []string, node int, body map[string]any, retry5xx bool, fiveXX func()) (status int, out map[string]any, sent time.Time, err error) {
+	for {
+		sent = time.Now()
+		status, out, err = call(ctx, "POST", urls[node]+"/v1/admit", serviceToken, body)
+		if err == nil && status >= 500 {
+			fiveXX()
+		}
+		if err == nil && (status < 500 || !retry5xx) && errorCode(out) != "policies_loading" {
+			return status, out, sent, nil
+		}
+		if ctx.Err() != nil {
+			return 0, nil, sent, fmt.Errorf("no answer before the load's deadline (last: status %d, %v)", status, err)
+		}
+		node = (node + 1) % len(urls)
+		time.Sleep(20 * time.Millisecond) // back off while the node restarts
+	}
+}
+
+// record counts one final answer to the admission with idempotency key idem.
+func (r *loadResult) record(idem string, status int, out map[string]any) {
+	r.Status[status]++
+	if status == 200 {
+		id, _ := out["event_id"].(string)
+		if prev, ok := r.Admitted[idem]; ok && prev != id {
+			r.Mismatched++
+		}
+		r.Admitted[idem] = id
+	}
+}
+
+// requireExact fails unless the books hold rows rows and every admitted id exactly once.
+func (b *books) requireExact(t *testing.T, rows int) {
+	t.Helper()
+	require.Zero(t, b.Lost, "lost")
+	require.Zero(t, b.Duplicated, "duplicated")
+	require.Equal(t, rows, b.Rows)
 }
 
 // errorCode is the code of an error reply ("" for another body).
