@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -37,14 +36,9 @@ func pick[T any](short, long T) T {
 }
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "metergate-chaos-")
+	dir, err := testenv.BuildBinaries("../cmd/admit", "../cmd/meter", "../cmd/reconcile")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/admit", "../cmd/meter", "../cmd/reconcile")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build the binaries: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	bin = dir

@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -30,14 +29,9 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "metergate-e2e-")
+	dir, err := testenv.BuildBinaries("../cmd/admit", "../cmd/meter", "../cmd/reconcile")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/admit", "../cmd/meter", "../cmd/reconcile")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build the binaries: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	bin = dir

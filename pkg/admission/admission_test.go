@@ -39,23 +39,14 @@ type options struct {
 // Cluster: the script must behave the same on both.
 func forEachRedis(t *testing.T, o options, f func(t *testing.T, b *testBundle)) {
 	t.Helper()
-	for _, name := range []string{"redis", "cluster"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			var rdb redis.UniversalClient
-			if name == "redis" {
-				rdb = testenv.Redis(t)
-			} else {
-				rdb = testenv.RedisCluster(t)
-			}
-			reg := prometheus.NewRegistry()
-			adm := admission.New(rdb, admission.Options{
-				KeyPrefix: testenv.Prefix(t) + "mg", Clock: o.clock, LeaseTTL: o.leaseTTL, Registerer: reg,
-			})
-			org := strings.ReplaceAll(testenv.Name(t), "_", "-")
-			f(t, &testBundle{rdb: rdb, adm: adm, keys: adm.Keys(), reg: reg, org: org})
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		reg := prometheus.NewRegistry()
+		adm := admission.New(rdb, admission.Options{
+			KeyPrefix: testenv.Prefix(t) + "mg", Clock: o.clock, LeaseTTL: o.leaseTTL, Registerer: reg,
 		})
-	}
+		org := strings.ReplaceAll(testenv.Name(t), "_", "-")
+		f(t, &testBundle{rdb: rdb, adm: adm, keys: adm.Keys(), reg: reg, org: org})
+	})
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -102,16 +102,7 @@ func setup(t *testing.T, o options) *testBundle {
 // onRedisAndCluster runs f against the single Redis server and the 3-master Redis Cluster.
 func onRedisAndCluster(t *testing.T, f func(t *testing.T, o options)) {
 	t.Helper()
-	for _, name := range []string{"redis", "cluster"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			var o options
-			if name == "cluster" {
-				o.rdb = testenv.RedisCluster(t)
-			}
-			f(t, o)
-		})
-	}
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) { f(t, options{rdb: rdb}) })
 }
 
 // id makes an account id unique to the test.

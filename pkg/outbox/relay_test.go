@@ -142,42 +142,35 @@ func (b *testBundle) run(t *testing.T, p outbox.Producer, o outbox.RelayOptions)
 // Every event in the outbox reaches Kafka, keyed by org, and leaves the outbox.
 func TestRelay(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"redis", "cluster"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			var rdb redis.UniversalClient = testenv.Redis(t)
-			if name == "cluster" {
-				rdb = testenv.RedisCluster(t)
-			}
-			b := setup(t, rdb)
-			ids := b.admit(t, 300)
-			reg := prometheus.NewRegistry()
-			r := outbox.NewRelay(b.rdb, b.writer, outbox.RelayOptions{Keys: b.keys, Registerer: reg})
-			age, err := r.OldestAge(testenv.Context(t, 10*time.Second))
-			require.NoError(t, err)
-			require.Positive(t, age, "entries wait while no relay runs")
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, rdb)
+		ids := b.admit(t, 300)
+		reg := prometheus.NewRegistry()
+		r := outbox.NewRelay(b.rdb, b.writer, outbox.RelayOptions{Keys: b.keys, Registerer: reg})
+		age, err := r.OldestAge(testenv.Context(t, 10*time.Second))
+		require.NoError(t, err)
+		require.Positive(t, age, "entries wait while no relay runs")
 
-			b.run(t, b.writer, outbox.RelayOptions{Registerer: prometheus.NewRegistry()})
-			seen := b.consume(t, len(ids))
-			for id, n := range seen {
-				require.True(t, ids[id], "unknown event %s", id)
-				require.Equal(t, 1, n, "event %s produced once", id)
-			}
-			b.waitEmpty(t)
-			age, err = r.OldestAge(testenv.Context(t, 10*time.Second))
-			require.NoError(t, err)
-			require.Zero(t, age)
-			require.Equal(t, 4, testutil.CollectAndCount(reg, "metergate_outbox_oldest_age_seconds"), "one age per shard")
+		b.run(t, b.writer, outbox.RelayOptions{Registerer: prometheus.NewRegistry()})
+		seen := b.consume(t, len(ids))
+		for id, n := range seen {
+			require.True(t, ids[id], "unknown event %s", id)
+			require.Equal(t, 1, n, "event %s produced once", id)
+		}
+		b.waitEmpty(t)
+		age, err = r.OldestAge(testenv.Context(t, 10*time.Second))
+		require.NoError(t, err)
+		require.Zero(t, age)
+		require.Equal(t, 4, testutil.CollectAndCount(reg, "metergate_outbox_oldest_age_seconds"), "one age per shard")
 
-			// Later events follow.
-			more := b.admit(t, 20)
-			for id := range more {
-				ids[id] = true
-			}
-			seen = b.consume(t, len(ids))
-			require.Len(t, seen, len(ids))
-		})
-	}
+		// Later events follow.
+		more := b.admit(t, 20)
+		for id := range more {
+			ids[id] = true
+		}
+		seen = b.consume(t, len(ids))
+		require.Len(t, seen, len(ids))
+	})
 }
 
 // failing fails its first n writes (as a broker that is down would), then produces.
@@ -425,86 +418,72 @@ func (b *testBundle) waitRelayed(t *testing.T, reg *prometheus.Registry, n float
 // every later event arrives.
 func TestRelayRecreatesLostGroup(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"redis", "cluster"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			var rdb redis.UniversalClient = testenv.Redis(t)
-			if name == "cluster" {
-				rdb = testenv.RedisCluster(t)
-			}
-			b := setup(t, rdb)
-			b.run(t, b.writer, outbox.RelayOptions{Registerer: prometheus.NewRegistry(), MaxBackoff: 200 * time.Millisecond})
-			ids := b.admit(t, 40)
-			b.consume(t, len(ids))
-			b.waitEmpty(t)
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, rdb)
+		b.run(t, b.writer, outbox.RelayOptions{Registerer: prometheus.NewRegistry(), MaxBackoff: 200 * time.Millisecond})
+		ids := b.admit(t, 40)
+		b.consume(t, len(ids))
+		b.waitEmpty(t)
 
-			ctx := testenv.Context(t, time.Minute)
-			for s := range b.keys.Shards {
-				require.NoError(t, rdb.Del(ctx, b.keys.Outbox(s)).Err())
-			}
-			for id := range b.admit(t, 40) {
-				ids[id] = true
-			}
-			seen := b.consume(t, len(ids))
-			for id := range ids {
-				require.Positive(t, seen[id], "event %s lost", id)
-			}
-			b.waitEmpty(t)
-		})
-	}
+		ctx := testenv.Context(t, time.Minute)
+		for s := range b.keys.Shards {
+			require.NoError(t, rdb.Del(ctx, b.keys.Outbox(s)).Err())
+		}
+		for id := range b.admit(t, 40) {
+			ids[id] = true
+		}
+		seen := b.consume(t, len(ids))
+		for id := range ids {
+			require.Positive(t, seen[id], "event %s lost", id)
+		}
+		b.waitEmpty(t)
+	})
 }
 
 // The relay deletes the consumers of relays that are gone (idle past ForgetAfter, holding
 // nothing) and keeps one that still holds an entry, so nothing it holds is orphaned.
 func TestRelayForgetsIdleConsumers(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"redis", "cluster"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			var rdb redis.UniversalClient = testenv.Redis(t)
-			if name == "cluster" {
-				rdb = testenv.RedisCluster(t)
-			}
-			b := setup(t, rdb)
-			ctx := testenv.Context(t, time.Minute)
-			stream := b.keys.Outbox(0)
-			require.NoError(t, rdb.XGroupCreateMkStream(ctx, stream, "relay", "0").Err())
-			require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: map[string]any{"k": "x", "v": "{}"}}).Err())
-			held, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "relay", Consumer: "gone-holding", Streams: []string{stream, ">"}, Count: 1, Block: -1}).Result()
-			require.NoError(t, err)
-			require.Len(t, held[0].Messages, 1)
-			require.NoError(t, rdb.XGroupCreateConsumer(ctx, stream, "relay", "gone-empty").Err())
+	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
+		b := setup(t, rdb)
+		ctx := testenv.Context(t, time.Minute)
+		stream := b.keys.Outbox(0)
+		require.NoError(t, rdb.XGroupCreateMkStream(ctx, stream, "relay", "0").Err())
+		require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: map[string]any{"k": "x", "v": "{}"}}).Err())
+		held, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "relay", Consumer: "gone-holding", Streams: []string{stream, ">"}, Count: 1, Block: -1}).Result()
+		require.NoError(t, err)
+		require.Len(t, held[0].Messages, 1)
+		require.NoError(t, rdb.XGroupCreateConsumer(ctx, stream, "relay", "gone-empty").Err())
 
-			reg := prometheus.NewRegistry()
-			b.run(t, b.writer, outbox.RelayOptions{Consumer: "me", Registerer: reg, ForgetAfter: 300 * time.Millisecond, ClaimAfter: time.Hour})
-			consumers := func() map[string]int64 {
-				cs, err := rdb.XInfoConsumers(ctx, stream, "relay").Result()
-				require.NoError(t, err)
-				m := map[string]int64{}
-				for _, c := range cs {
-					m[c.Name] = c.Pending
-				}
-				return m
-			}
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				if _, ok := consumers()["gone-empty"]; !ok {
-					break
-				}
-				require.True(t, time.Now().Before(deadline), "the idle consumer was never forgotten: %v", consumers())
-				time.Sleep(50 * time.Millisecond)
-			}
-			got := consumers()
-			require.Equal(t, int64(1), got["gone-holding"], "a consumer holding an entry is kept: %v", got)
-			require.Contains(t, got, "me")
-			// The script itself keeps a consumer that holds an entry, whatever its caller saw.
-			n, err := lua.ForgetConsumer.Run(ctx, rdb, []string{stream}, "relay", "gone-holding").Int()
+		reg := prometheus.NewRegistry()
+		b.run(t, b.writer, outbox.RelayOptions{Consumer: "me", Registerer: reg, ForgetAfter: 300 * time.Millisecond, ClaimAfter: time.Hour})
+		consumers := func() map[string]int64 {
+			cs, err := rdb.XInfoConsumers(ctx, stream, "relay").Result()
 			require.NoError(t, err)
-			require.Zero(t, n)
-			require.Equal(t, int64(1), consumers()["gone-holding"])
-			require.Equal(t, 1.0, counterValue(t, reg, "metergate_relay_consumers_forgotten_total"))
-		})
-	}
+			m := map[string]int64{}
+			for _, c := range cs {
+				m[c.Name] = c.Pending
+			}
+			return m
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if _, ok := consumers()["gone-empty"]; !ok {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the idle consumer was never forgotten: %v", consumers())
+			time.Sleep(50 * time.Millisecond)
+		}
+		got := consumers()
+		require.Equal(t, int64(1), got["gone-holding"], "a consumer holding an entry is kept: %v", got)
+		require.Contains(t, got, "me")
+		// The script itself keeps a consumer that holds an entry, whatever its caller saw.
+		n, err := lua.ForgetConsumer.Run(ctx, rdb, []string{stream}, "relay", "gone-holding").Int()
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Equal(t, int64(1), consumers()["gone-holding"])
+		require.Equal(t, 1.0, counterValue(t, reg, "metergate_relay_consumers_forgotten_total"))
+	})
 }
 
 // counterValue is the value of the unlabelled counter name in reg.

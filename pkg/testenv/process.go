@@ -17,6 +17,21 @@ import (
 	"time"
 )
 
+// BuildBinaries builds the main packages pkgs (as `go build` takes them, relative to the
+// test's directory) into a new temporary directory and returns it; the caller removes it.
+func BuildBinaries(pkgs ...string) (string, error) {
+	dir, err := os.MkdirTemp("", "metergate-bin-")
+	if err != nil {
+		return "", err
+	}
+	build := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
+	if out, err := build.CombinedOutput(); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("build %v: %w\n%s", pkgs, err, out)
+	}
+	return dir, nil
+}
+
 // ReexecEnv is set in the environment of a test binary started by StartMain: the test's
 // TestMain then runs the command's main instead of the tests (see MainOrTests).
 const ReexecEnv = "METERGATE_TEST_RUN_MAIN"

@@ -56,6 +56,22 @@ func Redis(tb testing.TB) *redis.Client {
 	return c
 }
 
+// EachRedis runs f as two parallel subtests, "redis" against the single test server and
+// "cluster" against the 3-master Redis Cluster: code that must behave the same on both.
+func EachRedis(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
+	t.Helper()
+	for _, name := range []string{"redis", "cluster"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			if name == "redis" {
+				f(t, Redis(t))
+			} else {
+				f(t, RedisCluster(t))
+			}
+		})
+	}
+}
+
 // RedisCluster returns a client of the test Redis Cluster (REDIS_CLUSTER_ADDRS) once the
 // cluster reports state ok. There is no container fallback: `make up-cluster` starts one.
 func RedisCluster(tb testing.TB) *redis.ClusterClient {
