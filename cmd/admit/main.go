@@ -77,6 +77,10 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	a := cfg.Admission
 	reg := ops.NewRegistry()
 	cache := policy.NewCache(pool, log, a.PolicyReload)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "metergate_policy_accounts",
+		Help: "Accounts in this node's policy cache (0 until the first load).",
+	}, func() float64 { return float64(cache.Len()) }))
 	admitter := admission.New(rdb, admission.Options{
 		KeyPrefix: a.KeyPrefix, Shards: a.Shards, IdempotencyTTL: a.IdempotencyTTL, LeaseTTL: a.LeaseTTL, Registerer: reg,
 		MaxBatch: a.MaxBatch, Pipeline: a.Pipeline,

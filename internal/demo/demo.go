@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -21,11 +20,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-	"github.com/segmentio/kafka-go"
 
+	"github.com/metergate/metergate/internal/sandbox"
 	"github.com/metergate/metergate/pkg/client"
 	"github.com/metergate/metergate/pkg/invoice"
 	"github.com/metergate/metergate/pkg/reconcile"
@@ -113,7 +111,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 
 	// PostgreSQL: a database (or schema) of the demo's own.
 	done := step("PostgreSQL: fresh %q", cfg.Database)
-	dbURL, where, err := freshDatabase(ctx, cfg.DatabaseURL, cfg.Database)
+	dbURL, where, err := sandbox.FreshDatabase(ctx, cfg.DatabaseURL, cfg.Database)
 	if err := done(err); err != nil {
 		return r, err
 	}
@@ -125,7 +123,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		defer func() {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
-			_ = dropDatabase(cctx, cfg.DatabaseURL, cfg.Database)
+			_ = sandbox.DropDatabase(cctx, cfg.DatabaseURL, cfg.Database)
 		}()
 	}
 
@@ -137,7 +135,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	rdb := redis.NewClient(rdbOpts)
 	defer rdb.Close()
 	done = step("Redis: delete the keys of prefix %q", cfg.KeyPrefix)
-	n, err := deleteKeys(ctx, rdb, cfg.KeyPrefix)
+	n, err := sandbox.DeleteKeys(ctx, rdb, cfg.KeyPrefix)
 	if err := done(err); err != nil {
 		return r, err
 	}
@@ -146,7 +144,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		defer func() {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
-			_, _ = deleteKeys(cctx, rdb, cfg.KeyPrefix)
+			_, _ = sandbox.DeleteKeys(cctx, rdb, cfg.KeyPrefix)
 		}()
 	}
 
@@ -155,7 +153,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	tctx, cancel := context.WithTimeout(ctx, time.Minute)
 	var removed []string
 	if stale {
-		removed, err = deleteStaleTopics(tctx, cfg.Brokers)
+		removed, err = sandbox.DeleteTopics(tctx, cfg.Brokers, topicPrefix)
 	}
 	if err == nil {
 		err = topic.Ensure(tctx, cfg.Brokers, topic.Spec{Name: cfg.Topic, Partitions: 4, ReplicationFactor: 1})
@@ -180,16 +178,16 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	}
 
 	// meter first, with -migrate: the schema is there once it is ready.
-	meterAddr, err := freeAddr()
+	meterAddr, err := sandbox.FreeAddr()
 	if err != nil {
 		return r, err
 	}
 	done = step("start meter on %s (-migrate)", meterAddr)
-	meter, err := startProc(cfg.BinDir, cfg.LogDir, "meter", meterAddr,
+	meter, err := sandbox.Start(cfg.BinDir, cfg.LogDir, "meter", meterAddr,
 		append(env, "METER_ADDR="+meterAddr, "METER_GROUP=metergate-demo-"+cfg.Topic), "-migrate")
 	if err == nil {
-		defer meter.kill()
-		err = meter.waitReady(ctx, 90*time.Second)
+		defer meter.Kill()
+		err = meter.WaitReady(ctx, 90*time.Second)
 	}
 	if err := done(err); err != nil {
 		return r, err
@@ -204,17 +202,17 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		return r, err
 	}
 
-	admitAddr, err := freeAddr()
+	admitAddr, err := sandbox.FreeAddr()
 	if err != nil {
 		return r, err
 	}
 	done = step("start admit on %s (relay inside)", admitAddr)
-	admitP, err := startProc(cfg.BinDir, cfg.LogDir, "admit", admitAddr,
+	admitP, err := sandbox.Start(cfg.BinDir, cfg.LogDir, "admit", admitAddr,
 		append(env, "ADMIT_ADDR="+admitAddr, "ADMIT_NODE=demo", "REDIS_TIMEOUT=5s",
 			"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken))
 	if err == nil {
-		defer admitP.kill()
-		err = admitP.waitReady(ctx, 90*time.Second)
+		defer admitP.Kill()
+		err = admitP.WaitReady(ctx, 90*time.Second)
 	}
 	if err := done(err); err != nil {
 		return r, err
@@ -264,9 +262,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 
 	// Reconcile, then close the period(s) and export the invoices.
 	done = step("bin/reconcile -json")
-	outJSON, err := runTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "-json")
+	outJSON, err := sandbox.RunTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "-json")
 	if err == nil {
-		err = json.Unmarshal([]byte(lastLine(outJSON)), &r.Reconcile)
+		err = json.Unmarshal([]byte(sandbox.LastLine(outJSON)), &r.Reconcile)
 	}
 	if err == nil {
 		err = adjustments(ctx, pool, r)
@@ -276,10 +274,10 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	}
 	for _, p := range r.Periods {
 		done = step("bin/reconcile close -force -period %s", p)
-		outJSON, err := runTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "close", "-force", "-period", p)
+		outJSON, err := sandbox.RunTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "close", "-force", "-period", p)
 		var res struct{ Invoices []invoice.Invoice }
 		if err == nil {
-			err = json.Unmarshal([]byte(lastLine(outJSON)), &res)
+			err = json.Unmarshal([]byte(sandbox.LastLine(outJSON)), &res)
 		}
 		if err := done(err); err != nil {
 			problem(err)
@@ -287,7 +285,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		}
 		for _, inv := range res.Invoices {
 			done = step("bin/reconcile invoice -period %s -org %s", p, inv.Org)
-			outJSON, err := runTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "invoice", "-period", p, "-org", inv.Org, "-format", "json")
+			outJSON, err := sandbox.RunTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "invoice", "-period", p, "-org", inv.Org, "-format", "json")
 			var exp invoice.Invoice
 			if err == nil {
 				err = json.Unmarshal([]byte(outJSON), &exp)
@@ -300,7 +298,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		}
 	}
 	done = step("bin/reconcile verify (counters = billable totals, invoices tie out)")
-	_, err = runTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "verify")
+	_, err = sandbox.RunTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "verify")
 	r.Verified = err == nil
 	if err := done(err); err != nil {
 		problem(err)
@@ -308,7 +306,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 
 	// Stop admit, then meter, gracefully.
 	done = step("stop admit and meter (SIGTERM)")
-	err = errors.Join(admitP.stop(30*time.Second), meter.stop(30*time.Second))
+	err = errors.Join(admitP.Stop(30*time.Second), meter.Stop(30*time.Second))
 	if err := done(err); err != nil {
 		problem(err)
 	}
@@ -325,82 +323,6 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		fmt.Fprintf(out, "\nThe demo's data stay until the next run, for a look: PostgreSQL %s, Redis keys %s{N}:*, logs in %s.\n", where, cfg.KeyPrefix, cfg.LogDir)
 	}
 	return r, r.Check()
-}
-
-// freshDatabase drops and creates the demo's database and returns its URL. When the role
-// may not create databases (the local stack's role cannot), it uses a schema of that name
-// in the configured database instead (every connection's search_path).
-func freshDatabase(ctx context.Context, baseURL, name string) (string, string, error) {
-	u, err := url.Parse(baseURL)
-	if err != nil {
-		return "", "", fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	conn, err := pgx.Connect(ctx, baseURL)
-	if err != nil {
-		return "", "", fmt.Errorf("connect: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	id := pgx.Identifier{name}.Sanitize()
-	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)")
-	if err == nil {
-		_, err = conn.Exec(ctx, "CREATE DATABASE "+id)
-	}
-	if err == nil {
-		u.Path = "/" + name
-		return u.String(), fmt.Sprintf("database %s", name), nil
-	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "42501" { // insufficient_privilege
-		return "", "", err
-	}
-	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+id+" CASCADE"); err != nil {
-		return "", "", err
-	}
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+id); err != nil {
-		return "", "", err
-	}
-	q := u.Query()
-	q.Set("search_path", name)
-	u.RawQuery = q.Encode()
-	db := strings.TrimPrefix(u.Path, "/")
-	return u.String(), fmt.Sprintf("schema %s of database %s", name, db), nil
-}
-
-// dropDatabase removes what freshDatabase made.
-func dropDatabase(ctx context.Context, baseURL, name string) error {
-	conn, err := pgx.Connect(ctx, baseURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	id := pgx.Identifier{name}.Sanitize()
-	_, err1 := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+id+" CASCADE")
-	_, err2 := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)")
-	if err1 != nil && err2 != nil {
-		return errors.Join(err1, err2)
-	}
-	return nil
-}
-
-// deleteKeys deletes every key of admit's prefix (<prefix>{N}:...) and returns how many.
-func deleteKeys(ctx context.Context, rdb *redis.Client, prefix string) (int, error) {
-	n := 0
-	var cursor uint64
-	for {
-		keys, next, err := rdb.Scan(ctx, cursor, prefix+"{*", 1000).Result()
-		if err != nil {
-			return n, err
-		}
-		if len(keys) > 0 {
-			if err := rdb.Unlink(ctx, keys...).Err(); err != nil {
-				return n, err
-			}
-			n += len(keys)
-		}
-		if cursor = next; cursor == 0 {
-			return n, nil
-		}
-	}
 }
 
 // drain polls PostgreSQL until it holds a row per admitted event and every reported
@@ -484,43 +406,6 @@ func adjustments(ctx context.Context, pool *pgxpool.Pool, r *Report) error {
 
 // topicPrefix starts the names of the topics the demo makes (one per run).
 const topicPrefix = "metergate.demo."
-
-// deleteStaleTopics deletes the topics of earlier demo runs that did not get to delete
-// their own (interrupted, killed).
-func deleteStaleTopics(ctx context.Context, brokers []string) ([]string, error) {
-	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	parts, err := conn.ReadPartitions()
-	if err != nil {
-		return nil, fmt.Errorf("list topics: %w", err)
-	}
-	seen := map[string]bool{}
-	var names []string
-	for _, p := range parts {
-		if strings.HasPrefix(p.Topic, topicPrefix) && !seen[p.Topic] {
-			seen[p.Topic] = true
-			names = append(names, p.Topic)
-		}
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		if err := topic.Delete(ctx, brokers, n); err != nil {
-			return names, err
-		}
-	}
-	return names, nil
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
-}
 
 // Summary is reconcile's -json summary.
 type Summary = reconcile.Summary

@@ -1,4 +1,7 @@
-package demo
+// Package sandbox runs metergate's binaries on the local stack in a space of their own: a
+// fresh database (or schema), a Redis key prefix and Kafka topics, with the binaries as
+// child processes whose output goes to log files. make demo and make bench use it.
+package sandbox
 
 import (
 	"bytes"
@@ -15,8 +18,8 @@ import (
 	"time"
 )
 
-// proc is a child process of the demo (admit or meter) with its output in a log file.
-type proc struct {
+// Proc is a child process (admit, meter) with its output in a log file.
+type Proc struct {
 	name    string
 	addr    string // host:port it serves on
 	logPath string
@@ -26,9 +29,9 @@ type proc struct {
 	err     error
 }
 
-// startProc starts binDir/name with env on top of the demo's own environment, its stdout
+// Start starts binDir/name with env on top of this process's environment, its stdout
 // and stderr going to logDir/name.log.
-func startProc(binDir, logDir, name, addr string, env []string, args ...string) (*proc, error) {
+func Start(binDir, logDir, name, addr string, env []string, args ...string) (*Proc, error) {
 	logPath := filepath.Join(logDir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -41,7 +44,7 @@ func startProc(binDir, logDir, name, addr string, env []string, args ...string) 
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &proc{name: name, addr: addr, logPath: logPath, cmd: cmd, logFile: f, done: make(chan struct{})}
+	p := &Proc{name: name, addr: addr, logPath: logPath, cmd: cmd, logFile: f, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		f.Close()
@@ -51,10 +54,13 @@ func startProc(binDir, logDir, name, addr string, env []string, args ...string) 
 }
 
 // URL is the process's base URL.
-func (p *proc) URL() string { return "http://" + p.addr }
+func (p *Proc) URL() string { return "http://" + p.addr }
 
-// exited reports whether the process has ended.
-func (p *proc) exited() bool {
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -63,14 +69,14 @@ func (p *proc) exited() bool {
 	}
 }
 
-// waitReady polls /readyz until it answers 200, the process exits or ctx ends.
-func (p *proc) waitReady(ctx context.Context, timeout time.Duration) error {
+// WaitReady polls /readyz until it answers 200, the process exits or ctx ends.
+func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	last := "no answer"
 	for {
-		if p.exited() {
-			return fmt.Errorf("%s exited before it was ready (%v); last lines of %s:\n%s", p.name, p.err, p.logPath, p.tail(15))
+		if p.Exited() {
+			return fmt.Errorf("%s exited before it was ready (%v); last lines of %s:\n%s", p.name, p.err, p.logPath, p.Tail(15))
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.URL()+"/readyz", nil)
 		resp, err := http.DefaultClient.Do(req)
@@ -87,16 +93,16 @@ func (p *proc) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s not ready within %s (last: %s); last lines of %s:\n%s", p.name, timeout, last, p.logPath, p.tail(15))
+			return fmt.Errorf("%s not ready within %s (last: %s); last lines of %s:\n%s", p.name, timeout, last, p.logPath, p.Tail(15))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
 
-// stop sends SIGTERM and waits up to timeout for a clean exit (status 0); past it the
+// Stop sends SIGTERM and waits up to timeout for a clean exit (status 0); past it the
 // process is killed and stop fails.
-func (p *proc) stop(timeout time.Duration) error {
-	if p.exited() {
+func (p *Proc) Stop(timeout time.Duration) error {
+	if p.Exited() {
 		return p.exitError()
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -104,29 +110,29 @@ func (p *proc) stop(timeout time.Duration) error {
 	case <-p.done:
 		return p.exitError()
 	case <-time.After(timeout):
-		p.kill()
+		p.Kill()
 		return fmt.Errorf("%s did not stop within %s of SIGTERM: killed", p.name, timeout)
 	}
 }
 
-func (p *proc) exitError() error {
+func (p *Proc) exitError() error {
 	if p.err != nil {
-		return fmt.Errorf("%s exited: %v; last lines of %s:\n%s", p.name, p.err, p.logPath, p.tail(15))
+		return fmt.Errorf("%s exited: %v; last lines of %s:\n%s", p.name, p.err, p.logPath, p.Tail(15))
 	}
 	return nil
 }
 
-// kill ends the process at once (after a failure) and waits for it.
-func (p *proc) kill() {
-	if p.exited() {
+// Kill ends the process at once (after a failure) and waits for it.
+func (p *Proc) Kill() {
+	if p.Exited() {
 		return
 	}
 	_ = p.cmd.Process.Kill()
 	<-p.done
 }
 
-// tail returns the last n lines of the process's log.
-func (p *proc) tail(n int) string {
+// Tail returns the last n lines of the process's log.
+func (p *Proc) Tail(n int) string {
 	b, err := os.ReadFile(p.logPath)
 	if err != nil {
 		return "(" + err.Error() + ")"
@@ -138,9 +144,9 @@ func (p *proc) tail(n int) string {
 	return "  " + strings.Join(lines, "\n  ")
 }
 
-// runTool runs binDir/name once (reconcile) and returns its stdout; its stderr (logs) is
+// RunTool runs binDir/name once (reconcile) and returns its stdout; its stderr (logs) is
 // appended to logDir/name.log. A non-zero exit is an error carrying both.
-func runTool(ctx context.Context, binDir, logDir, name string, env []string, args ...string) (string, error) {
+func RunTool(ctx context.Context, binDir, logDir, name string, env []string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, name), args...)
@@ -156,15 +162,15 @@ func runTool(ctx context.Context, binDir, logDir, name string, env []string, arg
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			return stdout.String(), fmt.Errorf("%s %s: exit %d:\n%s%s", name, strings.Join(args, " "), ee.ExitCode(),
-				stdout.String(), lastLine(stderr.String()))
+				stdout.String(), LastLine(stderr.String()))
 		}
 		return stdout.String(), fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 	}
 	return stdout.String(), nil
 }
 
-// freeAddr returns a loopback address whose port was free a moment ago.
-func freeAddr() (string, error) {
+// FreeAddr returns a loopback address whose port was free a moment ago.
+func FreeAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
