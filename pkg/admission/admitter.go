@@ -152,6 +152,18 @@ func (a *Admitter) Decide(ctx context.Context, r Request) (Decision, error) {
 	}
 }
 
+// ScriptCall returns the keys and arguments of the script call (lua.Admit) that would
+// decide r alone, now. It decides nothing: it is for tools that drive the script without
+// the Admitter, such as make bench's redis-benchmark baseline (EVALSHA with admit's own
+// keys and arguments).
+func (a *Admitter) ScriptCall(r Request) (keys []string, args []any, err error) {
+	if err := r.validate(); err != nil {
+		return nil, nil, err
+	}
+	enc := a.encode(a.keys.Shard(r.Policy.Org), []*call{{req: r}}, a.opts.Clock())
+	return enc.keys, enc.args, nil
+}
+
 // drain sends the shard's waiting decisions in batches until none waits. Once own is
 // decided, the rest is left to a new goroutine, so that a caller's latency is its own
 // batch's, not the whole backlog's.
