@@ -111,7 +111,7 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 		o.Clock = time.Now
 	}
 	a := &Admitter{
-		rdb: rdb, opts: o, keys: Keys{Prefix: o.KeyPrefix, Shards: o.Shards},
+		rdb: rdb, opts: o, keys: Keys{Prefix: o.KeyPrefix, Shards: o.Shards}.withTags(),
 		queues: make([]queue, o.Shards),
 	}
 	a.metrics = newScriptMetrics(o.Registerer, a)
@@ -296,13 +296,20 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	dCur := dayStart(ref)
 	dNext, dEnd := dCur.AddDate(0, 0, 1), dCur.AddDate(0, 0, 2)
 	keep := a.opts.QuotaRetention
+	levels := 0
+	for _, c := range batch {
+		levels += len(c.req.Policy.Path)
+	}
+	// Room for two units' rate limits and quotas per level, so appends rarely grow.
+	keys := make([]string, 0, 1+3*len(batch)+6*levels)
+	args := make([]any, 0, 13+12*len(batch)+16*levels)
 	e := encoded{
-		keys: []string{a.keys.Outbox(shard)},
-		args: []any{
+		keys: append(keys, a.keys.Outbox(shard)),
+		args: append(args,
 			strconv.Itoa(len(batch)),
 			ms(mCur), ms(mNext), ms(mEnd), MonthLabel(mCur), MonthLabel(mNext), ms(mNext.Add(keep)), ms(mEnd.Add(keep)),
 			ms(dCur), ms(dNext), ms(dEnd), ms(dNext.Add(keep)), ms(dEnd.Add(keep)),
-		},
+		),
 		plans: make([]*plan, len(batch)),
 	}
 	labels := map[policy.QuotaPeriod][2]string{
@@ -369,7 +376,7 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy
 		if c.limit.QuotaPeriod == policy.Day {
 			kind = "d"
 		}
-		e.keys = append(e.keys, a.keys.Quota(pol.Org, c.level.Account, c.unit, l[0]), a.keys.Quota(pol.Org, c.level.Account, c.unit, l[1]))
+		e.keys = append(e.keys, a.keys.quota(shard, c.level.Account, c.unit, l[0]), a.keys.quota(shard, c.level.Account, c.unit, l[1]))
 		e.args = append(e.args, strconv.FormatInt(c.amount, 10), strconv.FormatInt(*c.limit.Quota, 10), kind)
 	}
 	for _, lv := range p.concs {

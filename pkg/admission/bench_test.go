@@ -109,3 +109,19 @@ func BenchmarkDecide(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkEncode is the Go side of one decision's script call without Redis: the keys and
+// arguments of a 4-level decision with 8 buckets, a quota and the event (ScriptCall).
+//
+//	go test -run '^$' -bench Encode ./pkg/admission/
+func BenchmarkEncode(b *testing.B) {
+	adm := admission.New(nil, admission.Options{})
+	pol := benchTree("bench-encode")
+	units := map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 2500}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := adm.ScriptCall(admission.Request{EventID: adm.NewEventID(pol.Org), Units: units, Policy: pol, Source: "bench"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

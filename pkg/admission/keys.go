@@ -21,6 +21,17 @@ type Keys struct {
 	Prefix string
 	// Shards is fixed for the life of a deployment: changing it moves every org's keys.
 	Shards int
+	// tags holds each shard's "<prefix>{N}:" when built by withTags (the Admitter's).
+	tags []string
+}
+
+// withTags returns k with each shard's key start built once.
+func (k Keys) withTags() Keys {
+	k.tags = make([]string, k.Shards)
+	for i := range k.tags {
+		k.tags[i] = k.Prefix + "{" + strconv.Itoa(i) + "}:"
+	}
+	return k
 }
 
 // Shard returns the shard of an org.
@@ -30,7 +41,12 @@ func (k Keys) Shard(org string) int {
 	return int(h.Sum32() % uint32(k.Shards)) //nolint:gosec // Shards is 1-1024
 }
 
-func (k Keys) tag(shard int) string { return k.Prefix + "{" + strconv.Itoa(shard) + "}:" }
+func (k Keys) tag(shard int) string {
+	if shard < len(k.tags) {
+		return k.tags[shard]
+	}
+	return k.Prefix + "{" + strconv.Itoa(shard) + "}:"
+}
 
 // Outbox is the stream of a shard that the admission script appends usage events to.
 func (k Keys) Outbox(shard int) string { return k.tag(shard) + "outbox" }
@@ -38,7 +54,11 @@ func (k Keys) Outbox(shard int) string { return k.tag(shard) + "outbox" }
 // Quota is the counter of what account (of org) used of unit in the period labelled label
 // ("YYYY-MM" for monthly quotas, "YYYY-MM-DD" for daily ones): a plain integer string.
 func (k Keys) Quota(org, account string, unit policy.Unit, label string) string {
-	return k.tag(k.Shard(org)) + "q:" + account + ":" + string(unit) + ":" + label
+	return k.quota(k.Shard(org), account, unit, label)
+}
+
+func (k Keys) quota(shard int, account string, unit policy.Unit, label string) string {
+	return k.tag(shard) + "q:" + account + ":" + string(unit) + ":" + label
 }
 
 func (k Keys) bucket(shard int, account string, unit policy.Unit) string {
