@@ -1,6 +1,6 @@
 // Command meter consumes usage events from Kafka as a consumer group and writes one exact
 // row per event into PostgreSQL, committing Kafka offsets only after the rows are committed
-// (pkg/meter). On SIGTERM it writes the batch in hand, commits its offsets and exits 0.
+// (pkg/meter). On SIGTERM it writes the batches in hand, commits their offsets and exits 0.
 //
 // Configuration comes from environment variables, each mirrored by a flag (meter -h lists
 // them); -validate checks it and exits; -migrate applies pending database migrations first.
@@ -79,7 +79,7 @@ func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
 		if err := topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()); err != nil {
 			return nil // ends with ctx only: a shutdown before the topic was there
 		}
-		// Run ends when ctx does, after writing the batch in hand and committing its offsets.
+		// Run ends when ctx does, after writing the batches in hand and committing their offsets.
 		return m.Run(ctx)
 	})
 	return g.Wait()

@@ -106,30 +106,58 @@ type parsed struct {
 // a row PostgreSQL refused for its content would stop the pipeline (the writer then falls
 // back to writing rows one by one, see store.writeEach).
 func parse(value []byte, partition int, offset int64) parsed {
-	var ce event.CloudEvent
-	if err := json.Unmarshal(value, &ce); err != nil {
-		return parsed{err: fmt.Errorf("not a CloudEvent in JSON: %w", err)}
+	m, ok := decodeFast(value)
+	if !ok {
+		var err error
+		if m, err = decode(value); err != nil {
+			return parsed{err: err}
+		}
 	}
-	if err := checkEnvelope(ce); err != nil {
+	if err := checkEnvelope(m.ce); err != nil {
 		return parsed{err: err}
 	}
-	switch ce.Type {
-	case event.TypeAdmitted:
-		row, err := parseAdmitted(ce)
+	switch {
+	case m.admitted != nil:
+		row, err := parseAdmitted(m.ce, m.admitted)
 		if err != nil {
 			return parsed{err: err}
 		}
 		row.Partition, row.Offset = partition, offset
 		return parsed{usage: row}
-	case event.TypeOutcome:
-		row, err := parseOutcome(ce)
+	case m.outcome != nil:
+		row, err := parseOutcome(m.ce, m.outcome)
 		if err != nil {
 			return parsed{err: err}
 		}
 		row.Partition, row.Offset = partition, offset
 		return parsed{outcome: row}
 	}
-	return parsed{err: fmt.Errorf("type %q: want %s or %s", ce.Type, event.TypeAdmitted, event.TypeOutcome)}
+	return parsed{err: fmt.Errorf("type %q: want %s or %s", m.ce.Type, event.TypeAdmitted, event.TypeOutcome)}
+}
+
+// decode decodes any message with encoding/json: the envelope, then the data of a known
+// type once the envelope is found valid (its errors come first).
+func decode(value []byte) (decoded, error) {
+	var m decoded
+	if err := json.Unmarshal(value, &m.ce); err != nil {
+		return decoded{}, fmt.Errorf("not a CloudEvent in JSON: %w", err)
+	}
+	if checkEnvelope(m.ce) != nil {
+		return m, nil
+	}
+	switch m.ce.Type {
+	case event.TypeAdmitted:
+		m.admitted = new(event.Admitted)
+		if err := json.Unmarshal(m.ce.Data, m.admitted); err != nil {
+			return decoded{}, fmt.Errorf("data: %w", err)
+		}
+	case event.TypeOutcome:
+		m.outcome = new(event.Outcome)
+		if err := json.Unmarshal(m.ce.Data, m.outcome); err != nil {
+			return decoded{}, fmt.Errorf("data: %w", err)
+		}
+	}
+	return m, nil
 }
 
 func checkEnvelope(ce event.CloudEvent) error {
@@ -165,11 +193,7 @@ func monthOf(t time.Time) time.Time {
 	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
 }
 
-func parseAdmitted(ce event.CloudEvent) (*usageRow, error) {
-	var d event.Admitted
-	if err := json.Unmarshal(ce.Data, &d); err != nil {
-		return nil, fmt.Errorf("data: %w", err)
-	}
+func parseAdmitted(ce event.CloudEvent, d *event.Admitted) (*usageRow, error) {
 	if len(d.Path) == 0 {
 		return nil, errors.New("data.path: missing")
 	}
@@ -224,11 +248,7 @@ func parseAdmitted(ce event.CloudEvent) (*usageRow, error) {
 	}, nil
 }
 
-func parseOutcome(ce event.CloudEvent) (*outcomeRow, error) {
-	var d event.Outcome
-	if err := json.Unmarshal(ce.Data, &d); err != nil {
-		return nil, fmt.Errorf("data: %w", err)
-	}
+func parseOutcome(ce event.CloudEvent, d *event.Outcome) (*outcomeRow, error) {
 	if err := printable("data.event_id", d.EventID, 255-len(outcomeSuffix), false); err != nil {
 		return nil, err
 	}

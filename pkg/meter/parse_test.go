@@ -112,19 +112,28 @@ func TestParseRefusesMalformed(t *testing.T) {
 	t.Parallel()
 	for _, tc := range malformed {
 		t.Run(tc.name, func(t *testing.T) {
-			p := parse(tc.value(t), 3, 7)
-			require.Error(t, p.err)
-			require.Nil(t, p.usage)
-			require.Nil(t, p.outcome)
-			require.Contains(t, p.err.Error(), tc.err)
+			values := [][]byte{tc.value(t)}
+			var ce event.CloudEvent
+			if json.Unmarshal(values[0], &ce) == nil { // also as admit encodes it (decodeFast)
+				values = append(values, encode(t, ce))
+			}
+			for _, value := range values {
+				p := parse(value, 3, 7)
+				require.Error(t, p.err)
+				require.Nil(t, p.usage)
+				require.Nil(t, p.outcome)
+				require.Contains(t, p.err.Error(), tc.err)
+			}
 		})
 	}
 }
 
 func TestParseAdmitted(t *testing.T) {
 	t.Parallel()
-	p := parse(encode(t, goodAdmitted()), 3, 7)
+	value := encode(t, goodAdmitted())
+	p := parse(value, 3, 7)
 	require.NoError(t, p.err)
+	require.Equal(t, p, parse(asAdmit(t, value), 3, 7), "the same as admit encodes it")
 	tokens, requests, credits, cost := int64(2500), int64(1), int64(3), int64(1200)
 	require.Equal(t, &usageRow{
 		EventID:       "01a20805-4cb6-7888-ab2c-e1f1eb68e89e.12.acme",
@@ -163,8 +172,10 @@ func TestParseShortPathAndBoundaries(t *testing.T) {
 
 func TestParseOutcome(t *testing.T) {
 	t.Parallel()
-	p := parse(encode(t, goodOutcome()), 1, 2)
+	value := encode(t, goodOutcome())
+	p := parse(value, 1, 2)
 	require.NoError(t, p.err)
+	require.Equal(t, p, parse(asAdmit(t, value), 1, 2), "the same as admit encodes it")
 	tokens := int64(1870)
 	require.Equal(t, &outcomeRow{
 		EventID: "01a20805-4cb6-7888-ab2c-e1f1eb68e89e.12.acme", Status: 200, Units: units{Tokens: &tokens},
@@ -211,4 +222,27 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("parse returned nothing")
 		}
 	})
+}
+
+// asAdmit re-encodes a message the way admit encodes one (json.Marshal of event.CloudEvent:
+// the envelope's members in the struct's order), which encode's maps do not.
+func asAdmit(tb testing.TB, value []byte) []byte {
+	tb.Helper()
+	var ce event.CloudEvent
+	require.NoError(tb, json.Unmarshal(value, &ce))
+	return encode(tb, ce)
+}
+
+// BenchmarkParse is parse of an admission as admit encodes it. One op = one message.
+//
+//	go test -run '^$' -bench Parse ./pkg/meter/
+func BenchmarkParse(b *testing.B) {
+	value := asAdmit(b, encode(b, goodAdmitted()))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(value)))
+	for b.Loop() {
+		if p := parse(value, 3, 7); p.err != nil {
+			b.Fatal(p.err)
+		}
+	}
 }

@@ -92,18 +92,22 @@ func aheadMonths(now time.Time) []time.Time {
 	return []time.Time{m, m.AddDate(0, 1, 0), m.AddDate(0, 2, 0)}
 }
 
+// createStaging makes the staging tables of a connection unless it has them. They live as
+// long as the connection, and every commit empties them: creating them in each batch's
+// transaction and dropping them at its commit cost catalog writes (and their vacuuming) on
+// every batch.
 const createStaging = `
-CREATE TEMP TABLE meter_usage (
+CREATE TEMP TABLE IF NOT EXISTS meter_usage (
     event_id text, billing_period date, event_time timestamptz, charged_period date,
     org text, account text, account_kind text, path text[], api_key_id text, idempotency_key text,
     plan text, tool text, source text, fail_open boolean,
     requests bigint, tokens bigint, credits bigint, cost_micros bigint,
     kafka_partition integer, kafka_offset bigint
-) ON COMMIT DROP;
-CREATE TEMP TABLE meter_outcomes (
+) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS meter_outcomes (
     event_id text, status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint,
     outcome_time timestamptz, source text, kafka_partition integer, kafka_offset bigint
-) ON COMMIT DROP`
+) ON COMMIT DELETE ROWS`
 
 var (
 	usageColumns = []string{"event_id", "billing_period", "event_time", "charged_period",
@@ -208,11 +212,11 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 		for i, m := range months {
 			parts[i] = pgx.Identifier{"usage_events_" + m.Format("2006_01")}.Sanitize()
 		}
-		if _, err := tx.Exec(ctx, "LOCK TABLE "+strings.Join(parts, ", ")+" IN ROW EXCLUSIVE MODE"); err != nil {
-			return written{}, fmt.Errorf("lock usage partitions: %w", err)
+		// In one round trip with the staging tables.
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+strings.Join(parts, ", ")+" IN ROW EXCLUSIVE MODE;"+createStaging); err != nil {
+			return written{}, fmt.Errorf("lock usage partitions, create staging tables: %w", err)
 		}
-	}
-	if len(usage)+len(outcomes) > 0 {
+	} else if len(outcomes) > 0 {
 		if _, err := tx.Exec(ctx, createStaging); err != nil {
 			return written{}, fmt.Errorf("create staging tables: %w", err)
 		}

@@ -1,0 +1,323 @@
+package meter
+
+import (
+	"strconv"
+
+	"github.com/metergate/metergate/pkg/event"
+)
+
+// A message's JSON is decoded without reflection when it is written the way admit writes it
+// (json.Marshal of event.CloudEvent): encoding/json took most of the meter's CPU time. The
+// fast decoder takes a subset of JSON: strings of printable ASCII without escapes, integers
+// without fraction or exponent, true and false, the members of each object spelled exactly
+// as in pkg/event and each at most once, and "type" before "data". Anything else (null, an
+// escape, an unknown or repeated member, ...) makes it give up, and parse falls back on
+// encoding/json. What it accepts it decodes exactly as encoding/json does (FuzzDecode).
+
+// decoded is a message decoded: the envelope, and the data of a known type.
+type decoded struct {
+	ce       event.CloudEvent
+	admitted *event.Admitted
+	outcome  *event.Outcome
+}
+
+// decoder reads a message; the strings it decodes are slices of s.
+type decoder struct {
+	b []byte
+	s string // b as a string
+	i int
+}
+
+// decodeFast decodes value, or returns false if value is not in the subset it takes.
+func decodeFast(value []byte) (decoded, bool) {
+	d := decoder{b: value, s: string(value)}
+	var out decoded
+	var seen uint
+	ok := d.object(func(key string) bool {
+		var bit uint
+		var ok bool
+		switch key {
+		case "specversion":
+			bit = 1 << 0
+			out.ce.SpecVersion, ok = d.str()
+		case "id":
+			bit = 1 << 1
+			out.ce.ID, ok = d.str()
+		case "source":
+			bit = 1 << 2
+			out.ce.Source, ok = d.str()
+		case "type":
+			bit = 1 << 3
+			out.ce.Type, ok = d.str()
+		case "subject":
+			bit = 1 << 4
+			out.ce.Subject, ok = d.str()
+		case "time":
+			bit = 1 << 5
+			start := d.i
+			if _, ok = d.str(); ok {
+				// What encoding/json calls, with the same bytes.
+				ok = out.ce.Time.UnmarshalJSON(d.b[start:d.i]) == nil
+			}
+		case "datacontenttype":
+			bit = 1 << 6
+			out.ce.DataContentType, ok = d.str()
+		case "data":
+			bit = 1 << 7
+			start := d.i
+			switch {
+			case seen&(1<<3) == 0: // the type is not known yet
+			case out.ce.Type == event.TypeAdmitted:
+				out.admitted, ok = d.admitted()
+			case out.ce.Type == event.TypeOutcome:
+				out.outcome, ok = d.outcome()
+			}
+			out.ce.Data = d.b[start:d.i:d.i]
+		}
+		if !ok || seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		return true
+	})
+	if !ok {
+		return decoded{}, false
+	}
+	d.space()
+	return out, d.i == len(d.s)
+}
+
+func (d *decoder) admitted() (*event.Admitted, bool) {
+	var a event.Admitted
+	var seen uint
+	ok := d.object(func(key string) bool {
+		var bit uint
+		var ok bool
+		switch key {
+		case "org":
+			bit = 1 << 0
+			a.Org, ok = d.str()
+		case "account":
+			bit = 1 << 1
+			a.Account, ok = d.str()
+		case "path":
+			bit = 1 << 2
+			a.Path, ok = d.path()
+		case "api_key_id":
+			bit = 1 << 3
+			a.APIKeyID, ok = d.str()
+		case "idempotency_key":
+			bit = 1 << 4
+			a.IdempotencyKey, ok = d.str()
+		case "units":
+			bit = 1 << 5
+			a.Units, ok = d.units()
+		case "period":
+			bit = 1 << 6
+			a.Period, ok = d.str()
+		case "plan":
+			bit = 1 << 7
+			a.Plan, ok = d.str()
+		case "tool":
+			bit = 1 << 8
+			a.Tool, ok = d.str()
+		case "fail_open":
+			bit = 1 << 9
+			a.FailOpen, ok = d.bool()
+		}
+		if !ok || seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		return true
+	})
+	return &a, ok
+}
+
+func (d *decoder) outcome() (*event.Outcome, bool) {
+	var o event.Outcome
+	var seen uint
+	ok := d.object(func(key string) bool {
+		var bit uint
+		var ok bool
+		switch key {
+		case "event_id":
+			bit = 1 << 0
+			o.EventID, ok = d.str()
+		case "status":
+			bit = 1 << 1
+			var n int64
+			n, ok = d.int(strconv.IntSize)
+			o.Status = int(n)
+		case "units":
+			bit = 1 << 2
+			o.Units, ok = d.units()
+		}
+		if !ok || seen&bit != 0 {
+			return false
+		}
+		seen |= bit
+		return true
+	})
+	return &o, ok
+}
+
+// path decodes an array of path nodes; [] is an empty slice, as encoding/json makes it.
+func (d *decoder) path() ([]event.PathNode, bool) {
+	if !d.take('[') {
+		return nil, false
+	}
+	path := make([]event.PathNode, 0, 4)
+	d.space()
+	if d.take(']') {
+		return path, true
+	}
+	for {
+		var n event.PathNode
+		var seen uint
+		ok := d.object(func(key string) bool {
+			var bit uint
+			var ok bool
+			switch key {
+			case "account":
+				bit = 1 << 0
+				n.Account, ok = d.str()
+			case "kind":
+				bit = 1 << 1
+				n.Kind, ok = d.str()
+			}
+			if !ok || seen&bit != 0 {
+				return false
+			}
+			seen |= bit
+			return true
+		})
+		if !ok {
+			return nil, false
+		}
+		path = append(path, n)
+		d.space()
+		if d.take(']') {
+			return path, true
+		}
+		if !d.take(',') {
+			return nil, false
+		}
+		d.space()
+	}
+}
+
+// units decodes an object of integers; {} is an empty map, as encoding/json makes it.
+func (d *decoder) units() (map[string]int64, bool) {
+	u := make(map[string]int64, 4)
+	ok := d.object(func(key string) bool {
+		if _, dup := u[key]; dup {
+			return false
+		}
+		n, ok := d.int(64)
+		u[key] = n
+		return ok
+	})
+	return u, ok
+}
+
+// object reads an object, calling member for each member with the decoder at the value.
+func (d *decoder) object(member func(key string) bool) bool {
+	d.space()
+	if !d.take('{') {
+		return false
+	}
+	d.space()
+	if d.take('}') {
+		return true
+	}
+	for {
+		key, ok := d.str()
+		if !ok {
+			return false
+		}
+		d.space()
+		if !d.take(':') {
+			return false
+		}
+		d.space()
+		if !member(key) {
+			return false
+		}
+		d.space()
+		if d.take('}') {
+			return true
+		}
+		if !d.take(',') {
+			return false
+		}
+		d.space()
+	}
+}
+
+// str reads a string of printable ASCII without escapes.
+func (d *decoder) str() (string, bool) {
+	if !d.take('"') {
+		return "", false
+	}
+	start := d.i
+	for ; d.i < len(d.s); d.i++ {
+		switch c := d.s[d.i]; {
+		case c == '"':
+			d.i++
+			return d.s[start : d.i-1], true
+		case c < ' ' || c > '~' || c == '\\':
+			return "", false
+		}
+	}
+	return "", false
+}
+
+// int reads an integer (JSON's grammar, no fraction or exponent) that fits in bits.
+func (d *decoder) int(bits int) (int64, bool) {
+	start := d.i
+	d.take('-')
+	switch {
+	case d.take('0'):
+	case d.i < len(d.s) && d.s[d.i] >= '1' && d.s[d.i] <= '9':
+		for d.i < len(d.s) && d.s[d.i] >= '0' && d.s[d.i] <= '9' {
+			d.i++
+		}
+	default:
+		return 0, false
+	}
+	n, err := strconv.ParseInt(d.s[start:d.i], 10, bits)
+	return n, err == nil
+}
+
+func (d *decoder) bool() (bool, bool) {
+	switch {
+	case len(d.s)-d.i >= 4 && d.s[d.i:d.i+4] == "true":
+		d.i += 4
+		return true, true
+	case len(d.s)-d.i >= 5 && d.s[d.i:d.i+5] == "false":
+		d.i += 5
+		return false, true
+	}
+	return false, false
+}
+
+func (d *decoder) take(c byte) bool {
+	if d.i < len(d.s) && d.s[d.i] == c {
+		d.i++
+		return true
+	}
+	return false
+}
+
+// space skips JSON whitespace.
+func (d *decoder) space() {
+	for d.i < len(d.s) {
+		switch d.s[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
