@@ -40,7 +40,6 @@ package policy
 import (
 	"errors"
 	"fmt"
-	"regexp"
 )
 
 // Unit is what a limit counts.
@@ -190,13 +189,25 @@ func (k Kind) Depth() int {
 	return -1
 }
 
-// idPattern is what an account id, API key id or idempotency-free identifier may look like
-// before it becomes part of a Redis key.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
-
-// ValidID reports whether s may be an account id: 1-64 of [A-Za-z0-9._-], starting with a
-// letter or digit.
-func ValidID(s string) bool { return idPattern.MatchString(s) }
+// ValidID reports whether s may be an account id, an API key id or another identifier
+// that becomes part of a Redis key: 1-64 of [A-Za-z0-9._-], starting with a letter or digit
+// (the accounts table checks the same pattern). A loop, not a regexp: admit and the meter
+// check ids on every request and event.
+func ValidID(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case (c == '.' || c == '_' || c == '-') && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // Level is one node of a resolved path with the limits that apply at that node.
 type Level struct {
