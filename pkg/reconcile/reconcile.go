@@ -524,6 +524,11 @@ func unitIndex(u policy.Unit) int {
 // Admission charges a daily counter of the day of the event time (both come from Redis
 // TIME), so daily counters need no moves; they are refunded and settled while their day is
 // open. An event's corrections are computed together, once.
+//
+// The cost follows the events of the open periods, not the log's whole history: each looks
+// up its outcome by key (usage_outcomes is not partitioned: joined as a table, PostgreSQL
+// hashes every outcome ever written; the LIMIT, a no-op on the key, keeps it a lookup) and
+// its corrections in adjustments_event_key.
 func eventCorrections(ctx context.Context, o Options, from time.Time) ([]Adjustment, int, error) {
 	fromDay := sinceDay(o.Now)
 	rows, err := o.Pool.Query(ctx, `
@@ -532,7 +537,8 @@ select e.event_id, e.org, e.account, e.charged_period, e.billing_period, e.event
        o.status, array[o.requests, o.tokens, o.credits, o.cost_micros],
        exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id),
        exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'settle_tokens') and a.source_event = e.event_id)
-from usage_events e left join usage_outcomes o on o.event_id = e.event_id
+from usage_events e
+left join lateral (select * from usage_outcomes o where o.event_id = e.event_id limit 1) o on true
 where e.billing_period >= $1 and not e.fail_open
   and ((e.charged_period <> e.billing_period
         and not exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id))
@@ -676,6 +682,9 @@ func billableCounters(ctx context.Context, o Options, from time.Time, asCorrecte
 	// asCorrected: an event of a counter that can lose nothing (not fail-open) counts as the
 	// corrections recorded so far have left it (moved or not, refunded or not, settled or
 	// not); otherwise as billed (event time's month, 5xx nothing, actual units).
+	// As in eventCorrections, each event looks its outcome up by key. OFFSET 0 keeps z a
+	// subquery evaluated once per event: flattened, its lookups in adjustments are repeated in
+	// each of the four sums, or replaced by a hash of every correction of a kind ever recorded.
 	rows, err := o.Pool.Query(ctx, `
 with x as (
   select e.org, e.path, z.period, date_trunc('day', e.event_time at time zone 'UTC') as day,
@@ -684,7 +693,7 @@ with x as (
          case when z.zero then 0 when z.actual then coalesce(o.credits, e.credits) else e.credits end as credits,
          case when z.zero then 0 when z.actual then coalesce(o.cost_micros, e.cost_micros) else e.cost_micros end as cost_micros
   from usage_events e
-  left join usage_outcomes o on o.event_id = e.event_id
+  left join lateral (select * from usage_outcomes o where o.event_id = e.event_id limit 1) o on true
   cross join lateral (select $2::boolean and not e.fail_open as corrected) c
   cross join lateral (select
       case when not c.corrected then coalesce(o.status >= 500, false)
@@ -693,7 +702,8 @@ with x as (
            else exists (select 1 from adjustments a where a.kind = 'settle_tokens' and a.source_event = e.event_id) end as actual,
       case when not c.corrected or e.charged_period = e.billing_period
              or exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id)
-           then e.billing_period else e.charged_period end as period) z
+           then e.billing_period else e.charged_period end as period
+      offset 0) z
   where e.billing_period >= $1 and (not e.fail_open or $4::timestamptz is null or e.ingest_time < $4)
 )
 select x.org, lvl.account, 'month', x.period::timestamp,
