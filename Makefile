@@ -5,7 +5,7 @@ GO ?= go
 STACK := bash deploy/local/stack.sh
 WITH_ENV := set -a && . .run/env && set +a &&
 
-.PHONY: help up up-cluster down status migrate build vet test test-short chaos lint
+.PHONY: help up up-cluster down status migrate build vet test test-short chaos bench lint
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -43,6 +43,11 @@ test: up up-cluster ## start the stack, then vet and run every test with -race a
 chaos: up ## the fault and bad-input suite in its full form, ending with its scoreboard (make test runs the short form)
 	$(GO) test -c -race -o bin/chaos.test ./chaos
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 METERGATE_CHAOS=full && cd chaos && ../bin/chaos.test -test.count=1 -test.timeout=60m
+
+bench: up build ## measure against baselines of the same run: prints a table, writes bench/results.json (BENCH_FLAGS=-duration=5s …; docs/bench.md)
+	$(GO) build -o bin/ ./bench/loadgen
+	cd bench/redisrate && $(GO) build -o ../../bin/redisrate .
+	$(WITH_ENV) $(GO) run ./bench $(BENCH_FLAGS)
 
 test-short: ## unit tests only: integration tests skip when the services are not set
 	$(GO) test -race -count=1 ./...

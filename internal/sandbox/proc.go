@@ -32,12 +32,18 @@ type Proc struct {
 // Start starts binDir/name with env on top of this process's environment, its stdout
 // and stderr going to logDir/name.log.
 func Start(binDir, logDir, name, addr string, env []string, args ...string) (*Proc, error) {
+	return StartAs(binDir, logDir, name, name, addr, env, args...)
+}
+
+// StartAs is Start with a name of its own for the process and its log (logDir/name.log),
+// for a binary run in more than one role ("relay": admit relay).
+func StartAs(binDir, logDir, bin, name, addr string, env []string, args ...string) (*Proc, error) {
 	logPath := filepath.Join(logDir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("%s log: %w", name, err)
 	}
-	cmd := exec.Command(filepath.Join(binDir, name), args...)
+	cmd := exec.Command(filepath.Join(binDir, bin), args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// goBenchmarks runs the Go benchmarks whose baselines are inside them (the meter against
+// INSERT … SELECT, reconcile at several sizes; the decision path for its allocations) and
+// takes their metrics.
+func (s *stack) goBenchmarks(ctx context.Context, res *Results) error {
+	meter, err := goBench(ctx, "./pkg/meter/", "^BenchmarkMeterVsInsertSelect$", s.cfg.MeterEvents+"x")
+	if err != nil {
+		return err
+	}
+	res.Raw["go_bench_meter"] = meter
+	for name, m := range meter {
+		ratio, ok := m["meter_vs_insert_select"]
+		if !ok {
+			return fmt.Errorf("%s reported no meter_vs_insert_select: %v", name, m)
+		}
+		res.add("meter_vs_insert_select", ratio, "×", "≥ 0.5",
+			fmt.Sprintf("%s events Kafka → usage_events through the meter (dedupe, offsets after rows) at %.0f/s ÷ INSERT … SELECT generate_series … ON CONFLICT into the same table at %.0f/s",
+				s.cfg.MeterEvents, m["meter-events/s"], m["baseline-events/s"]))
+	}
+
+	rec, err := goBench(ctx, "./pkg/reconcile/", "^BenchmarkReconcile$", s.cfg.ReconcileBenchtime)
+	if err != nil {
+		return err
+	}
+	res.Raw["go_bench_reconcile"] = rec
+	if err := reconcileFigures(res, rec); err != nil {
+		return err
+	}
+
+	dec, err := goBench(ctx, "./pkg/admission/", "^BenchmarkDecide$", "1s")
+	if err != nil {
+		return err
+	}
+	res.Raw["go_bench_decide"] = dec
+	return nil
+}
+
+// goBench runs `go test -run '^$' -bench pattern -benchtime t` in pkg and returns each
+// benchmark's metrics by unit ("ns/op", "allocs/op", custom ones).
+func goBench(ctx context.Context, pkg, pattern, benchtime string) (map[string]map[string]float64, error) {
+	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", pattern, "-benchtime", benchtime, "-benchmem", "-count", "1", "-timeout", "30m", pkg)
+	cmd.Env = append(os.Environ(), "METERGATE_REQUIRE_SERVICES=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("go test -bench %s %s: %w\n%s", pattern, pkg, err, out.String())
+	}
+	res := parseBench(out.String())
+	if len(res) == 0 {
+		return nil, fmt.Errorf("go test -bench %s %s: no results\n%s", pattern, pkg, out.String())
+	}
+	return res, nil
+}
+
+// parseBench reads the result lines of go test -bench:
+// "BenchmarkX/sub-2   1   123 ns/op   4.5 unit   …".
+func parseBench(out string) map[string]map[string]float64 {
+	res := map[string]map[string]float64{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
+			continue
+		}
+		if _, err := strconv.Atoi(f[1]); err != nil {
+			continue
+		}
+		name := f[0]
+		if i := strings.LastIndexByte(name, '-'); i > 0 {
+			if _, err := strconv.Atoi(name[i+1:]); err == nil {
+				name = name[:i] // the GOMAXPROCS suffix
+			}
+		}
+		m := map[string]float64{}
+		for i := 2; i+1 < len(f); i += 2 {
+			v, err := strconv.ParseFloat(f[i], 64)
+			if err != nil {
+				break
+			}
+			m[f[i+1]] = v
+		}
+		res[name] = m
+	}
+	return res
+}

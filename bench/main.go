@@ -1,0 +1,118 @@
+// Command bench is `make bench`: it measures metergate on this machine against baselines
+// measured in the same run, prints a table and writes bench/results.json.
+//
+// Every figure is a ratio against a baseline of the same run, or a latency or a size taken
+// beside one, because absolute timings on a shared two-core machine are noise: the load
+// generator (bench/loadgen, a process of its own), the services and the measured binaries
+// all share the cores. See docs/bench.md for what each key measures and how.
+//
+// It works in a space of its own on the local stack (make up): PostgreSQL schema or
+// database metergate_bench, Redis key prefix bench:mg, a Kafka topic of the run. It runs
+// the binaries of bin/ (make build), bin/loadgen and bin/redisrate.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	cfg, err := parse(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := run(ctx, cfg, os.Stdout)
+	if res != nil {
+		res.Print(os.Stdout)
+		if werr := res.Write(cfg.Out); werr != nil {
+			err = errors.Join(err, werr)
+		} else {
+			fmt.Printf("\nwrote %s\n", cfg.Out)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// Config is what a run measures and where.
+type Config struct {
+	BinDir, LogDir string
+	// Space is the bench's database (or schema) and KeyPrefix its Redis key prefix; both
+	// are emptied at the start. Its Kafka topics are named after Space.
+	Space, KeyPrefix string
+	RedisURL       string
+	DatabaseURL    string
+	Brokers        []string
+	Out            string // results.json
+	// Duration is the measured window of each load run (after Warmup).
+	Duration, Warmup time.Duration
+	// Clients is the concurrency of the throughput runs (64).
+	Clients int
+	// Accounts is the size of the policy cache for admit_rss_mb_100k (100,000).
+	Accounts int
+	// E2ERate is the offered rate of the end-to-end run (10,000 events/s).
+	E2ERate float64
+	// EvalshaRequests is redis-benchmark's -n.
+	EvalshaRequests int
+	// GoBench runs the Go benchmarks of the meter and reconcile (their own keys); off in
+	// the package's test.
+	GoBench bool
+	// MeterEvents is the events of the meter benchmark (its -benchtime Nx), and
+	// ReconcileBenchtime the -benchtime of the reconcile benchmark.
+	MeterEvents, ReconcileBenchtime string
+	Log                             *slog.Logger
+}
+
+// topicPrefix starts the names of the run's topics: metergate_bench → metergate.bench.
+func (c Config) topicPrefix() string { return strings.ReplaceAll(c.Space, "_", ".") + "." }
+
+func parse(args []string) (Config, error) {
+	cfg := Config{Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&cfg.BinDir, "bin", "bin", "directory of admit, meter, reconcile, loadgen and redisrate")
+	fs.StringVar(&cfg.LogDir, "logs", ".run/bench", "directory for the services' logs")
+	fs.StringVar(&cfg.Space, "space", "metergate_bench", "database (or schema) of the run, dropped and created")
+	fs.StringVar(&cfg.KeyPrefix, "key-prefix", "bench:mg", "Redis key prefix of the run, emptied first")
+	fs.StringVar(&cfg.Out, "out", "bench/results.json", "where to write the results")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "measured window of each load run")
+	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "load before each measured window")
+	fs.IntVar(&cfg.Clients, "clients", 64, "concurrent clients of the throughput runs")
+	fs.IntVar(&cfg.Accounts, "accounts", 100_000, "accounts in admit's policy cache for the memory figure")
+	fs.Float64Var(&cfg.E2ERate, "e2e-rate", 10_000, "offered rate of the end-to-end run, events/s")
+	fs.IntVar(&cfg.EvalshaRequests, "evalsha-requests", 200_000, "redis-benchmark -n")
+	fs.BoolVar(&cfg.GoBench, "go-bench", true, "also run the meter's and reconcile's Go benchmarks")
+	fs.StringVar(&cfg.MeterEvents, "meter-events", "100000", "events of the meter benchmark")
+	fs.StringVar(&cfg.ReconcileBenchtime, "reconcile-benchtime", "3x", "-benchtime of the reconcile benchmark")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg.RedisURL, cfg.DatabaseURL = os.Getenv("REDIS_URL"), os.Getenv("DATABASE_URL")
+	if b := os.Getenv("KAFKA_BROKERS"); b != "" {
+		cfg.Brokers = strings.Split(b, ",")
+	}
+	if cfg.RedisURL == "" || cfg.DatabaseURL == "" || len(cfg.Brokers) == 0 {
+		return cfg, errors.New("REDIS_URL, DATABASE_URL and KAFKA_BROKERS must be set (make up writes them to .run/env)")
+	}
+	var err error
+	if cfg.BinDir, err = filepath.Abs(cfg.BinDir); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
