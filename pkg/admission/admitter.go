@@ -56,11 +56,13 @@ const skew = 5 * time.Minute
 
 // Admitter takes decisions in Redis with the admission script.
 type Admitter struct {
-	rdb     redis.UniversalClient
-	opts    Options
-	keys    Keys
-	queues  []queue
-	metrics *scriptMetrics
+	// idemTTL and leaseTTL are the options' TTLs as the script takes them (ms).
+	idemTTL, leaseTTL string
+	rdb               redis.UniversalClient
+	opts              Options
+	keys              Keys
+	queues            []queue
+	metrics           *scriptMetrics
 }
 
 // queue holds one shard's decisions waiting for a script call.
@@ -114,6 +116,8 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 		rdb: rdb, opts: o, keys: Keys{Prefix: o.KeyPrefix, Shards: o.Shards}.withTags(),
 		queues: make([]queue, o.Shards),
 	}
+	a.idemTTL = strconv.FormatInt(o.IdempotencyTTL.Milliseconds(), 10)
+	a.leaseTTL = strconv.FormatInt(o.LeaseTTL.Milliseconds(), 10)
 	a.metrics = newScriptMetrics(o.Registerer, a)
 	return a
 }
@@ -285,6 +289,7 @@ type check struct {
 	unit   policy.Unit
 	limit  policy.Limit
 	amount int64
+	args   *limitArgs
 }
 
 func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
@@ -325,26 +330,23 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy.QuotaPeriod][2]string) *plan {
 	p := &plan{req: r}
 	pol := r.Policy
-	for _, lv := range pol.Path {
-		for _, u := range policy.Units {
-			l, ok := lv.Limits[u]
-			amount := r.Units[u]
-			if !ok || amount == 0 {
-				continue // nothing to consume, nothing that could deny
-			}
-			if l.HasRate() {
-				p.rates = append(p.rates, check{level: lv, unit: u, limit: l, amount: amount})
-			}
-			if l.Quota != nil {
-				p.quotas = append(p.quotas, check{level: lv, unit: u, limit: l, amount: amount})
-			}
+	lim := a.limitsOf(shard, pol)
+	for i := range lim.checks {
+		c := &lim.checks[i]
+		amount := r.Units[c.unit]
+		if amount == 0 {
+			continue // nothing to consume, nothing that could deny
 		}
-		if lv.Concurrency > 0 {
-			p.concs = append(p.concs, lv)
+		if c.rateKey != "" {
+			p.rates = append(p.rates, check{level: c.level, unit: c.unit, limit: c.limit, amount: amount, args: c})
+		}
+		if c.quotaKey != "" {
+			p.quotas = append(p.quotas, check{level: c.level, unit: c.unit, limit: c.limit, amount: amount, args: c})
 		}
 	}
+	p.concs = lim.concs
 
-	head, middle, tail := admittedEvent(r)
+	head, middle, tail := admittedEvent(r, &lim.event)
 	hasIdem := "0"
 	if r.IdempotencyKey != "" {
 		hasIdem = "1"
@@ -353,37 +355,93 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy
 	if len(p.concs) > 0 {
 		e.keys = append(e.keys, a.keys.leaseRecord(shard, r.EventID))
 	}
-	e.args = append(e.args, r.EventID, pol.Org, hasIdem, fingerprint(r.Units, r.Tool),
-		strconv.FormatInt(a.opts.IdempotencyTTL.Milliseconds(), 10),
+	e.args = append(e.args, r.EventID, pol.Org, hasIdem, fingerprint(r.Units, r.Tool), a.idemTTL,
 		strconv.Itoa(len(p.rates)), strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs)),
-		strconv.FormatInt(a.opts.LeaseTTL.Milliseconds(), 10), head, middle, tail)
+		a.leaseTTL, head, middle, tail)
 	for _, c := range p.rates {
-		amount := strconv.FormatInt(c.amount, 10)
-		if c.limit.Algorithm == policy.SlidingWindow {
-			e.keys = append(e.keys, a.keys.window(shard, c.level.Account, c.unit))
-			e.args = append(e.args, "w", amount, strconv.FormatInt(c.limit.WindowS*1000, 10),
-				strconv.FormatInt(c.limit.Limit, 10), "0")
-			continue
-		}
-		fill := float64(c.limit.Burst) / c.limit.RatePerS * 1000 // ms for an empty bucket to fill
-		e.keys = append(e.keys, a.keys.bucket(shard, c.level.Account, c.unit))
-		e.args = append(e.args, "b", amount, strconv.FormatFloat(c.limit.RatePerS/1000, 'g', -1, 64),
-			strconv.FormatInt(c.limit.Burst, 10), strconv.FormatInt(int64(math.Min(math.Ceil(fill), 1e12))+1000, 10))
+		e.keys = append(e.keys, c.args.rateKey)
+		e.args = append(e.args, c.args.rateArgs[0], strconv.FormatInt(c.amount, 10), c.args.rateArgs[1], c.args.rateArgs[2], c.args.rateArgs[3])
 	}
 	for _, c := range p.quotas {
 		l := labels[c.limit.QuotaPeriod]
-		kind := "m"
-		if c.limit.QuotaPeriod == policy.Day {
-			kind = "d"
-		}
-		e.keys = append(e.keys, a.keys.quota(shard, c.level.Account, c.unit, l[0]), a.keys.quota(shard, c.level.Account, c.unit, l[1]))
-		e.args = append(e.args, strconv.FormatInt(c.amount, 10), strconv.FormatInt(*c.limit.Quota, 10), kind)
+		e.keys = append(e.keys, c.args.quotaKey+l[0], c.args.quotaKey+l[1])
+		e.args = append(e.args, strconv.FormatInt(c.amount, 10), c.args.quota, c.args.quotaKind)
 	}
-	for _, lv := range p.concs {
-		e.keys = append(e.keys, a.keys.leases(shard, lv.Account))
+	for i, lv := range p.concs {
+		e.keys = append(e.keys, lim.concKeys[i])
 		e.args = append(e.args, strconv.Itoa(lv.Concurrency))
 	}
 	return p
+}
+
+// limits is what the script call of a decision needs from its policy, apart from the
+// amounts: each limit's keys and constant arguments, and the event's constant parts. It is
+// derived once per policy and Admitter and kept in the policy's Memo.
+type limits struct {
+	a        *Admitter
+	checks   []limitArgs // by level, org first, then in policy.Units order
+	concs    []policy.Level
+	concKeys []string
+	event    eventStatic
+}
+
+// limitArgs is one unit's limit at one level.
+type limitArgs struct {
+	level policy.Level
+	unit  policy.Unit
+	limit policy.Limit
+	// rateKey is the bucket or window key; rateArgs the algorithm and, after the amount,
+	// the script's three parameters (see lua/admit.lua). Empty: no rate limit.
+	rateKey  string
+	rateArgs [4]string
+	// quotaKey starts the counters' keys (the period's label ends them); quota and
+	// quotaKind are the script's arguments. Empty: no quota.
+	quotaKey, quota, quotaKind string
+}
+
+// limitsOf returns pol's limits in shard, derived at the first decision of the policy.
+func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
+	if pol.Memo != nil {
+		if l, ok := pol.Memo.Load().(*limits); ok && l.a == a {
+			return l
+		}
+	}
+	l := &limits{a: a, event: newEventStatic(pol)}
+	for _, lv := range pol.Path {
+		for _, u := range policy.Units {
+			lim, ok := lv.Limits[u]
+			if !ok || (!lim.HasRate() && lim.Quota == nil) {
+				continue
+			}
+			c := limitArgs{level: lv, unit: u, limit: lim}
+			switch {
+			case lim.HasRate() && lim.Algorithm == policy.SlidingWindow:
+				c.rateKey = a.keys.window(shard, lv.Account, u)
+				c.rateArgs = [4]string{"w", strconv.FormatInt(lim.WindowS*1000, 10), strconv.FormatInt(lim.Limit, 10), "0"}
+			case lim.HasRate():
+				fill := float64(lim.Burst) / lim.RatePerS * 1000 // ms for an empty bucket to fill
+				c.rateKey = a.keys.bucket(shard, lv.Account, u)
+				c.rateArgs = [4]string{"b", strconv.FormatFloat(lim.RatePerS/1000, 'g', -1, 64),
+					strconv.FormatInt(lim.Burst, 10), strconv.FormatInt(int64(math.Min(math.Ceil(fill), 1e12))+1000, 10)}
+			}
+			if lim.Quota != nil {
+				c.quotaKey = a.keys.quota(shard, lv.Account, u, "")
+				c.quota, c.quotaKind = strconv.FormatInt(*lim.Quota, 10), "m"
+				if lim.QuotaPeriod == policy.Day {
+					c.quotaKind = "d"
+				}
+			}
+			l.checks = append(l.checks, c)
+		}
+		if lv.Concurrency > 0 {
+			l.concs = append(l.concs, lv)
+			l.concKeys = append(l.concKeys, a.keys.leases(shard, lv.Account))
+		}
+	}
+	if pol.Memo != nil {
+		pol.Memo.Store(l)
+	}
+	return l
 }
 
 // fingerprint identifies a request's units and tool, to tell a retry from a reuse of its

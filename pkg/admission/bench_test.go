@@ -29,7 +29,9 @@ func benchTree(org string) policy.Resolved {
 		levels = append(levels, policy.Level{Account: org + "-" + string(kind), Kind: kind, Limits: limits})
 	}
 	levels[0].Account = org
-	return tree(levels...)
+	pol := tree(levels...)
+	pol.Memo = new(policy.Memo) // as the policy cache makes them
+	return pol
 }
 
 func cleanupShard(b *testing.B, rdb redis.UniversalClient, adm *admission.Admitter, org string) {

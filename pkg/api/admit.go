@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/metergate/metergate/pkg/admission"
@@ -154,17 +154,26 @@ func setRateLimitHeaders(h http.Header, limits []admission.LimitState) {
 		return
 	}
 	sort.SliceStable(picked, func(i, j int) bool { return !picked[i].Quota && picked[j].Quota })
-	var pol, cur []string
-	for _, l := range picked {
+	// Built with strconv, not fmt: every decision writes them.
+	var pol, cur []byte
+	item := func(b []byte, l admission.LimitState, k1 string, v1 int64, k2 string, v2 int64) []byte {
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
 		name := l.Account + "-" + l.Unit
 		if l.Quota {
 			name += "-quota"
 		}
-		pol = append(pol, fmt.Sprintf("%q;q=%d;w=%d", name, l.Limit, ceilSeconds(l.Window)))
-		cur = append(cur, fmt.Sprintf("%q;r=%d;t=%d", name, max(0, l.Remaining), ceilSeconds(l.Reset)))
+		b = strconv.AppendQuote(b, name)
+		b = strconv.AppendInt(append(b, k1...), v1, 10)
+		return strconv.AppendInt(append(b, k2...), v2, 10)
 	}
-	h.Set("RateLimit-Policy", strings.Join(pol, ", "))
-	h.Set("RateLimit", strings.Join(cur, ", "))
+	for _, l := range picked {
+		pol = item(pol, l, ";q=", l.Limit, ";w=", ceilSeconds(l.Window))
+		cur = item(cur, l, ";r=", max(0, l.Remaining), ";t=", ceilSeconds(l.Reset))
+	}
+	h.Set("RateLimit-Policy", string(pol))
+	h.Set("RateLimit", string(cur))
 }
 
 func ceilSeconds(d time.Duration) int64 {

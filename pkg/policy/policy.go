@@ -40,6 +40,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 )
 
 // Unit is what a limit counts.
@@ -224,7 +225,22 @@ type Resolved struct {
 	Org  string  `json:"org"`
 	Plan string  `json:"plan"`
 	Path []Level `json:"path"` // org first, the account itself last
+	// Memo is this policy's slot for what a consumer derives from it (nil when the policy
+	// was not made by a Cache).
+	Memo *Memo `json:"-"`
 }
+
+// Memo is a slot, one per account of a cache snapshot, where a consumer keeps what it
+// derives from the account's policy, so that it is derived once per snapshot and not once
+// per request (admission keeps the script's keys and arguments for the limits there). A
+// reload makes new policies with empty slots: nothing derived outlives its policy.
+type Memo struct{ v atomic.Value }
+
+// Load returns what was stored, or nil.
+func (m *Memo) Load() any { return m.v.Load() }
+
+// Store keeps v; every Store of a Memo must use the same concrete type.
+func (m *Memo) Store(v any) { m.v.Store(v) }
 
 // Account is the node the policy was resolved for.
 func (r Resolved) Account() string { return r.Path[len(r.Path)-1].Account }

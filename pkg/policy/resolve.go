@@ -210,7 +210,7 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 			arena = append(arena, parent...)
 			arena = append(arena, b.level(n))
 			path := arena[start:len(arena):len(arena)] // capped: an append by a reader copies
-			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path}
+			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path, Memo: new(Memo)}
 		}
 	}
 	return resolved, bad

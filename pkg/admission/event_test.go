@@ -1,0 +1,56 @@
+package admission
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// The event pieces built by hand are, byte for byte, what encoding/json makes of the same
+// event: the meter's fast decoder and every consumer see one layout.
+func TestAdmittedEventIsJSON(t *testing.T) {
+	pol := policy.Resolved{Org: "acme", Plan: "pro", Memo: new(policy.Memo), Path: []policy.Level{
+		{Account: "acme", Kind: policy.Org}, {Account: "eng", Kind: policy.Team},
+		{Account: "alice", Kind: policy.User}, {Account: "agent-1", Kind: policy.Agent}}}
+	requests := []Request{
+		{EventID: "e1", Source: "node-1", Policy: pol, Units: map[policy.Unit]int64{policy.Requests: 1}},
+		{EventID: "e2", Source: "node-1", Policy: pol, APIKeyID: "k1", IdempotencyKey: "idem-1", Tool: "web_search",
+			Units: map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 2500, policy.Credits: 3, policy.CostMicros: 0}},
+		{EventID: "e3", Source: `odd "node" <&>`, Policy: pol, IdempotencyKey: `a\b"c<d>&é`, Tool: "tool\u2028x",
+			Units: map[policy.Unit]int64{policy.Tokens: 9_000_000_000}},
+		{EventID: "e4", Source: "n", Policy: policy.Resolved{Org: "solo", Path: []policy.Level{{Account: "solo", Kind: policy.Org}}},
+			Units: map[policy.Unit]int64{}},
+	}
+	for _, r := range requests {
+		st := newEventStatic(r.Policy)
+		head, middle, tail := admittedEvent(r, &st)
+		got := head + "2026-11-23T10:00:00.000000Z" + middle + "2026-11" + tail
+
+		data, err := json.Marshal(r.Admitted("2026-11"))
+		require.NoError(t, err)
+		want := `{"specversion":"1.0","id":` + quote(r.EventID) + `,"source":` + quote(r.Source) +
+			`,"type":` + quote(event.TypeAdmitted) + `,"subject":` + quote(event.Subject(r.Admitted("").Path)) +
+			`,"time":"2026-11-23T10:00:00.000000Z","datacontenttype":"application/json","data":` + string(data) + `}`
+		require.Equal(t, want, got)
+		require.True(t, json.Valid([]byte(got)), got)
+	}
+}
+
+// What an Admitter derives from a policy stays its own: another Admitter (another key
+// prefix) deciding with the same policy gets its own keys.
+func TestLimitsArePerAdmitter(t *testing.T) {
+	limit := policy.Limit{Algorithm: policy.TokenBucket, RatePerS: 10, Burst: 20}
+	pol := policy.Resolved{Org: "acme", Memo: new(policy.Memo), Path: []policy.Level{
+		{Account: "acme", Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{policy.Requests: limit}}}}
+	r := Request{EventID: "e1", Policy: pol, Units: map[policy.Unit]int64{policy.Requests: 1}}
+	for _, prefix := range []string{"one", "two", "one"} {
+		keys, _, err := New(nil, Options{KeyPrefix: prefix}).ScriptCall(r)
+		require.NoError(t, err)
+		require.Len(t, keys, 2)
+		require.Regexp(t, `^`+prefix+`\{\d+\}:b:acme:requests$`, keys[1])
+	}
+}
