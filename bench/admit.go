@@ -108,15 +108,21 @@ func (s *stack) createTree(ctx context.Context, tree []map[string]any) (string, 
 	}
 }
 
+// loadRun is a loadgen result with the CPU time loadgen itself used.
+type loadRun struct {
+	load.Result
+	LoadgenCPUS float64 `json:"loadgen_cpu_s"`
+}
+
 // loadgen runs bin/loadgen and returns its result.
-func (s *stack) loadgen(ctx context.Context, url, token, body string, args ...string) (load.Result, error) {
+func (s *stack) loadgen(ctx context.Context, url, token, body string, args ...string) (loadRun, error) {
 	f, err := os.CreateTemp("", "bench-body-*.json")
 	if err != nil {
-		return load.Result{}, err
+		return loadRun{}, err
 	}
 	defer os.Remove(f.Name())
 	if _, err := f.WriteString(body); err != nil {
-		return load.Result{}, err
+		return loadRun{}, err
 	}
 	f.Close()
 	all := append([]string{"-url", url, "-token", token, "-body", "@" + f.Name(),
@@ -125,10 +131,10 @@ func (s *stack) loadgen(ctx context.Context, url, token, body string, args ...st
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return load.Result{}, fmt.Errorf("loadgen %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
+		return loadRun{}, fmt.Errorf("loadgen %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
 	}
-	var res load.Result
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
+	res := loadRun{LoadgenCPUS: (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()}
+	if err := json.Unmarshal(stdout.Bytes(), &res.Result); err != nil {
 		return res, fmt.Errorf("loadgen output: %w", err)
 	}
 	if ok := res.Status["200"]; ok == 0 || ok < res.Requests*99/100 {
@@ -171,6 +177,65 @@ func (s *stack) startPeer(ctx context.Context) (*peer, error) {
 }
 
 func (p *peer) stop() { _ = p.cmd.Process.Signal(os.Interrupt) }
+
+// procCPU is the CPU time (user + system) a process has used so far.
+func procCPU(pid int) (time.Duration, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command name (which may hold spaces, in parentheses): utime and
+	// stime are the 12th and 13th, in clock ticks (100 per second on Linux).
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// cpuSplit is the CPU time each process used per request of a closed-loop run, in µs.
+type cpuSplit struct {
+	Loadgen float64 `json:"loadgen_us"`
+	Server  float64 `json:"server_us"`
+	Redis   float64 `json:"redis_us"`
+}
+
+func (c cpuSplit) String() string {
+	return fmt.Sprintf("CPU per request: loadgen %.0f µs, server %.0f µs, Redis %.0f µs", c.Loadgen, c.Server, c.Redis)
+}
+
+// cpuProbe reads a server's and Redis's CPU time before and after a load run.
+type cpuProbe struct {
+	s             *stack
+	pid           int
+	server, redis time.Duration
+}
+
+func (s *stack) probeCPU(ctx context.Context, pid int) (*cpuProbe, error) {
+	p := &cpuProbe{s: s, pid: pid}
+	var err1, err2 error
+	p.server, err1 = procCPU(pid)
+	p.redis, err2 = s.redisCPU(ctx)
+	return p, errors.Join(err1, err2)
+}
+
+// split divides what the server, Redis and loadgen used since the probe by the requests
+// loadgen sent (warmup included, as the CPU times are).
+func (p *cpuProbe) split(ctx context.Context, r loadRun) (cpuSplit, error) {
+	server, err1 := procCPU(p.pid)
+	redis, err2 := p.s.redisCPU(ctx)
+	if err := errors.Join(err1, err2); err != nil {
+		return cpuSplit{}, err
+	}
+	n := float64(r.Requests) * (r.DurationS + r.WarmupS) / r.DurationS // the warmup's requests, estimated at the same rate
+	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / n }
+	return cpuSplit{Loadgen: r.LoadgenCPUS * 1e6 / n, Server: us(server - p.server), Redis: us(redis - p.redis)}, nil
+}
 
 // redisCPU is Redis's used CPU time (user + system) so far.
 func (s *stack) redisCPU(ctx context.Context) (time.Duration, error) {
@@ -254,7 +319,16 @@ func (s *stack) admitThroughput(ctx context.Context, res *Results) error {
 	if err != nil {
 		return err
 	}
+	probe, err := s.probeCPU(ctx, p.cmd.Process.Pid)
+	if err != nil {
+		p.stop()
+		return err
+	}
 	peerRes, err := s.loadgen(ctx, "http://"+p.addr+"/v1/admit", "", `{"units":{"requests":1}}`, "-concurrency", clients)
+	var peerCPU cpuSplit
+	if err == nil {
+		peerCPU, err = probe.split(ctx, peerRes)
+	}
 	p.stop()
 	if err != nil {
 		return fmt.Errorf("redis_rate peer: %w", err)
@@ -278,9 +352,17 @@ func (s *stack) admitThroughput(ctx context.Context, res *Results) error {
 	if err != nil {
 		return err
 	}
+	probe, err = s.probeCPU(ctx, s.admit.Pid())
+	if err != nil {
+		return err
+	}
 	admitRes, err := s.loadgen(ctx, s.admit.URL()+"/v1/admit", serviceToken, body, "-concurrency", clients)
 	if err != nil {
 		return fmt.Errorf("admit: %w", err)
+	}
+	admitSplit, err := probe.split(ctx, admitRes)
+	if err != nil {
+		return err
 	}
 	if err := s.startRelay(ctx); err != nil {
 		return err
@@ -311,6 +393,7 @@ func (s *stack) admitThroughput(ctx context.Context, res *Results) error {
 
 	res.Raw["redis_rate_peer"] = peerRes
 	res.Raw["admit_closed_loop"] = admitRes
+	res.Raw["cpu_per_request"] = map[string]cpuSplit{"redis_rate_peer": peerCPU, "admit": admitSplit}
 	res.Raw["admit_closed_loop_relay_running"] = fullRes
 	res.Raw["redis_cpu"] = map[string]any{
 		"admit_decisions": dec1 - dec0, "admit_cpu_s": (cpu1 - cpu0).Seconds(), "admit_cpu_us_per_decision": admitCPU / 1e3,
@@ -318,7 +401,7 @@ func (s *stack) admitThroughput(ctx context.Context, res *Results) error {
 		"evalsha_rps": ev.rps,
 	}
 	res.add("admit_vs_redis_rate", admitRes.Rate/peerRes.Rate, "×", "≥ 0.8",
-		fmt.Sprintf("admit %.0f decisions/s (4 levels × requests+tokens buckets, monthly quota, outbox event; relay paused) ÷ redis_rate AllowN peer %.0f/s; %d clients, closed loop", admitRes.Rate, peerRes.Rate, s.cfg.Clients))
+		fmt.Sprintf("admit %.0f decisions/s (4 levels × requests+tokens buckets, monthly quota, outbox event; relay paused) ÷ redis_rate AllowN peer %.0f/s; %d clients, closed loop. admit's %s; the peer's %s", admitRes.Rate, peerRes.Rate, s.cfg.Clients, admitSplit, peerCPU))
 	res.add("admit_vs_redis_rate_relay_running", fullRes.Rate/peerRes.Rate, "×", "",
 		fmt.Sprintf("the same, with the relay, Kafka, the meter and PostgreSQL at work on the same 2 cores: admit %.0f/s", fullRes.Rate))
 	res.add("admit_redis_efficiency", float64(ev.cpu)/float64(ev.calls)/admitCPU, "×", "≥ 1.0",
@@ -326,9 +409,10 @@ func (s *stack) admitThroughput(ctx context.Context, res *Results) error {
 	res.add("admit_vs_evalsha", admitRes.Rate/ev.rps, "×", "",
 		fmt.Sprintf("admit %.0f decisions/s ÷ redis-benchmark EVALSHA of the same script %.0f/s", admitRes.Rate, ev.rps))
 
-	// Latency at 50 % and 90 % of the maximum, open loop (from each request's due time).
+	// Latency at 50 % and 90 % of the maximum measured under the same conditions (relay
+	// running), open loop (from each request's due time).
 	for _, frac := range []float64{0.5, 0.9} {
-		rate := admitRes.Rate * frac
+		rate := fullRes.Rate * frac
 		r, err := s.loadgen(ctx, s.admit.URL()+"/v1/admit", serviceToken, body,
 			"-rate", strconv.FormatFloat(rate, 'f', 0, 64), "-concurrency", "512")
 		if err != nil {
@@ -336,7 +420,7 @@ func (s *stack) admitThroughput(ctx context.Context, res *Results) error {
 		}
 		pct := fmt.Sprintf("%.0f", frac*100)
 		res.Raw["admit_open_loop_"+pct] = r
-		against := fmt.Sprintf("open loop at %.0f/s = %s %% of the measured maximum (achieved %.0f/s, %d late > 1 ms, %d unsent)", rate, pct, r.Rate, r.Late, r.Unsent)
+		against := fmt.Sprintf("open loop at %.0f/s = %s %% of the maximum with the relay running (achieved %.0f/s, %d late > 1 ms, %d unsent)", rate, pct, r.Rate, r.Late, r.Unsent)
 		res.add("admit_p50_ms_at_"+pct, r.Latency.P50, "ms", "", against)
 		res.add("admit_p99_ms_at_"+pct, r.Latency.P99, "ms", "", against)
 	}

@@ -48,6 +48,7 @@ func TestBench(t *testing.T) {
 		RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Brokers: testenv.KafkaBrokers(t),
 		Duration: time.Second, Warmup: 200 * time.Millisecond, Clients: 16,
 		Accounts: 2000, E2ERate: 300, EvalshaRequests: 3000,
+		Only: []string{"throughput", "idle", "e2e", "pipeline", "memory"}, // "go": the packages' own benchmarks
 	}
 	var out bytes.Buffer
 	res, err := run(ctx, cfg, &out)

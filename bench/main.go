@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -54,10 +55,10 @@ type Config struct {
 	// Space is the bench's database (or schema) and KeyPrefix its Redis key prefix; both
 	// are emptied at the start. Its Kafka topics are named after Space.
 	Space, KeyPrefix string
-	RedisURL       string
-	DatabaseURL    string
-	Brokers        []string
-	Out            string // results.json
+	RedisURL         string
+	DatabaseURL      string
+	Brokers          []string
+	Out              string // results.json
 	// Duration is the measured window of each load run (after Warmup).
 	Duration, Warmup time.Duration
 	// Clients is the concurrency of the throughput runs (64).
@@ -68,13 +69,18 @@ type Config struct {
 	E2ERate float64
 	// EvalshaRequests is redis-benchmark's -n.
 	EvalshaRequests int
-	// GoBench runs the Go benchmarks of the meter and reconcile (their own keys); off in
-	// the package's test.
-	GoBench bool
+	// Only names the measurements to take (throughput, idle, e2e, pipeline, memory, go);
+	// empty: all of them.
+	Only []string
 	// MeterEvents is the events of the meter benchmark (its -benchtime Nx), and
 	// ReconcileBenchtime the -benchtime of the reconcile benchmark.
 	MeterEvents, ReconcileBenchtime string
 	Log                             *slog.Logger
+}
+
+// runs reports whether the measurement named name is to be taken.
+func (c Config) runs(name string) bool {
+	return len(c.Only) == 0 || slices.Contains(c.Only, name)
 }
 
 // topicPrefix starts the names of the run's topics: metergate_bench → metergate.bench.
@@ -94,7 +100,7 @@ func parse(args []string) (Config, error) {
 	fs.IntVar(&cfg.Accounts, "accounts", 100_000, "accounts in admit's policy cache for the memory figure")
 	fs.Float64Var(&cfg.E2ERate, "e2e-rate", 10_000, "offered rate of the end-to-end run, events/s")
 	fs.IntVar(&cfg.EvalshaRequests, "evalsha-requests", 200_000, "redis-benchmark -n")
-	fs.BoolVar(&cfg.GoBench, "go-bench", true, "also run the meter's and reconcile's Go benchmarks")
+	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, go (default: all)")
 	fs.StringVar(&cfg.MeterEvents, "meter-events", "100000", "events of the meter benchmark")
 	fs.StringVar(&cfg.ReconcileBenchtime, "reconcile-benchtime", "3x", "-benchtime of the reconcile benchmark")
 	if err := fs.Parse(args); err != nil {
@@ -102,6 +108,9 @@ func parse(args []string) (Config, error) {
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
 	}
 	cfg.RedisURL, cfg.DatabaseURL = os.Getenv("REDIS_URL"), os.Getenv("DATABASE_URL")
 	if b := os.Getenv("KAFKA_BROKERS"); b != "" {

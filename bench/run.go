@@ -61,33 +61,31 @@ func run(ctx context.Context, cfg Config, out io.Writer) (*Results, error) {
 	defer s.close()
 
 	steps := []struct {
-		name string
-		f    func(context.Context, *Results) error
+		name, what string
+		f          func(context.Context, *Results) error
 	}{
-		{"admit vs redis_rate, Redis CPU, latency under load", s.admitThroughput},
-		{"admit idle latency", s.admitIdle},
-		{"end-to-end latency through admit's HTTP API", s.endToEnd},
-		{"end-to-end latency at the full rate, decisions in-process", s.pipeline},
-		{"admit memory with a large policy cache", s.admitMemory},
+		{"throughput", "admit vs redis_rate, Redis CPU, latency under load", s.admitThroughput},
+		{"idle", "admit idle latency", s.admitIdle},
+		{"e2e", "end-to-end latency through admit's HTTP API", s.endToEnd},
+		{"pipeline", "end-to-end latency at the full rate, decisions in-process", s.pipeline},
+		{"memory", "admit memory with a large policy cache", s.admitMemory},
+		{"go", "Go benchmarks: meter vs INSERT … SELECT, reconcile, the decision path", s.goBenchmarks},
 	}
 	for _, st := range steps {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		s.step("%s", st.name)
+		if !cfg.runs(st.name) {
+			continue
+		}
+		s.step("%s", st.what)
 		begin := time.Now()
 		if err := st.f(ctx, res); err != nil {
-			res.problem(st.name, err)
+			res.problem(st.what, err)
 			fmt.Fprintf(out, "  FAILED: %v\n", err)
 			continue
 		}
 		fmt.Fprintf(out, "  done (%s)\n", time.Since(begin).Round(100*time.Millisecond))
-	}
-	if cfg.GoBench {
-		s.step("Go benchmarks: meter vs INSERT … SELECT, reconcile")
-		if err := s.goBenchmarks(ctx, res); err != nil {
-			res.problem("Go benchmarks", err)
-		}
 	}
 	return res, ctx.Err()
 }
