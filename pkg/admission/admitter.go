@@ -328,9 +328,9 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 }
 
 func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy.QuotaPeriod][2]string) *plan {
-	p := &plan{req: r}
 	pol := r.Policy
 	lim := a.limitsOf(shard, pol)
+	p := &plan{req: r, rates: make([]check, 0, len(lim.checks))}
 	for i := range lim.checks {
 		c := &lim.checks[i]
 		amount := r.Units[c.unit]
