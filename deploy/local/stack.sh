@@ -78,7 +78,7 @@ pg_bindir() {
 install_missing() {
   local pkgs=()
   command -v redis-server >/dev/null || pkgs+=(redis-server)
-  command -v redis-cli >/dev/null || pkgs+=(redis-tools)
+  command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || pkgs+=(redis-tools) # redis-benchmark: make bench
   pg_bindir >/dev/null || pkgs+=(postgresql)
   command -v psql >/dev/null || pkgs+=(postgresql-client)
   command -v java >/dev/null || pkgs+=(default-jre-headless)
