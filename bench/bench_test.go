@@ -3,9 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -18,23 +16,8 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := testenv.BuildBinaries("../cmd/admit", "../cmd/meter", "../cmd/reconcile", "./loadgen")
-	if err == nil {
-		// The redis_rate peer is a module of its own.
-		build := exec.Command("go", "build", "-o", filepath.Join(dir, "redisrate"), ".")
-		build.Dir = "redisrate"
-		if out, berr := build.CombinedOutput(); berr != nil {
-			err = fmt.Errorf("build redisrate: %w\n%s", berr, out)
-		}
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = dir
-	code := testenv.Run(m)
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	// ./redisrate, the peer, is a module of its own: BuildBinaries builds it in its directory.
+	os.Exit(testenv.RunWithBinaries(m, &bin, "../cmd/admit", "../cmd/meter", "../cmd/reconcile", "./loadgen", "./redisrate"))
 }
 
 // make bench in miniature, against the real stack: every measurement is taken, every key

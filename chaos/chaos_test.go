@@ -36,14 +36,7 @@ func pick[T any](short, long T) T {
 }
 
 func TestMain(m *testing.M) {
-	dir, err := testenv.BuildBinaries("../cmd/admit", "../cmd/meter", "../cmd/reconcile")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = dir
-	code := testenv.Run(m)
-	_ = os.RemoveAll(dir)
+	code := testenv.RunWithBinaries(m, &bin, "../cmd/admit", "../cmd/meter", "../cmd/reconcile")
 	if board.print(os.Stdout) > 0 && code == 0 {
 		code = 1
 	}

@@ -29,15 +29,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := testenv.BuildBinaries("../cmd/admit", "../cmd/meter", "../cmd/reconcile")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = dir
-	code := testenv.Run(m)
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.RunWithBinaries(m, &bin, "../cmd/admit", "../cmd/meter", "../cmd/reconcile"))
 }
 
 const (

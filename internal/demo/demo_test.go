@@ -2,7 +2,6 @@ package demo
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -15,15 +14,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := testenv.BuildBinaries("../../cmd/admit", "../../cmd/meter", "../../cmd/reconcile")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = dir
-	code := testenv.Run(m)
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.RunWithBinaries(m, &bin, "../../cmd/admit", "../../cmd/meter", "../../cmd/reconcile"))
 }
 
 // The demo end to end, with 5 s of traffic, on a database (schema), Redis key prefix and

@@ -19,17 +19,52 @@ import (
 
 // BuildBinaries builds the main packages pkgs (as `go build` takes them, relative to the
 // test's directory) into a new temporary directory and returns it; the caller removes it.
+// A directory that is a module of its own (it holds a go.mod) is built in it, into a
+// binary named after the directory.
 func BuildBinaries(pkgs ...string) (string, error) {
 	dir, err := os.MkdirTemp("", "metergate-bin-")
 	if err != nil {
 		return "", err
 	}
-	build := exec.Command("go", append([]string{"build", "-o", dir + "/"}, pkgs...)...)
-	if out, err := build.CombinedOutput(); err != nil {
-		_ = os.RemoveAll(dir)
-		return "", fmt.Errorf("build %v: %w\n%s", pkgs, err, out)
+	type build struct {
+		cmd  *exec.Cmd
+		what []string
+	}
+	var builds []build
+	var ours []string
+	for _, p := range pkgs {
+		if _, err := os.Stat(filepath.Join(p, "go.mod")); err != nil {
+			ours = append(ours, p)
+			continue
+		}
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, filepath.Base(p)), ".")
+		cmd.Dir = p
+		builds = append(builds, build{cmd, []string{p}})
+	}
+	if len(ours) > 0 {
+		builds = append(builds, build{exec.Command("go", append([]string{"build", "-o", dir + "/"}, ours...)...), ours})
+	}
+	for _, b := range builds {
+		if out, err := b.cmd.CombinedOutput(); err != nil {
+			_ = os.RemoveAll(dir)
+			return "", fmt.Errorf("build %v: %w\n%s", b.what, err, out)
+		}
 	}
 	return dir, nil
+}
+
+// RunWithBinaries is Run for a TestMain whose tests start binaries: it builds pkgs
+// (BuildBinaries) into a directory it stores in *bin, runs the tests and removes the
+// directory. A failed build fails the run (status 1) without running a test.
+func RunWithBinaries(m *testing.M, bin *string, pkgs ...string) int {
+	dir, err := BuildBinaries(pkgs...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	*bin = dir
+	return Run(m)
 }
 
 // ReexecEnv is set in the environment of a test binary started by StartMain: the test's
