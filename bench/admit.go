@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/metergate/metergate/bench/internal/load"
+	"github.com/metergate/metergate/internal/sandbox"
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/policy"
@@ -44,42 +44,18 @@ func highLimits(quota bool) map[string]any {
 	return map[string]any{"requests": req, "tokens": map[string]any{"rate_per_s": 10_000_000_000, "burst": 100_000_000_000}}
 }
 
-// decisionUnits are the units of every benchmarked decision.
+// decisionBody holds the units of every benchmarked decision over HTTP, decisionUnits the
+// same for the decisions the bench takes in-process.
 const decisionBody = `"units":{"requests":1,"tokens":500}`
 
-// admin calls admit's admin API.
-func (s *stack) admin(ctx context.Context, method, path string, body any, want int, out any) error {
-	raw, err := json.Marshal(body)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, method, s.admit.URL()+path, bytes.NewReader(raw))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != want {
-		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(b))
-	}
-	if out != nil {
-		return json.Unmarshal(b, out)
-	}
-	return nil
-}
+var decisionUnits = map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 500}
 
 // createTree creates tree through the admin API and returns an API key of the last
-// account, once admit's policy cache has it (a write's reply carries "effective" when the
-// cache load after it is done).
+// account, once admit's policy cache has it.
 func (s *stack) createTree(ctx context.Context, tree []map[string]any) (string, error) {
-	for _, a := range tree {
-		if err := s.admin(ctx, http.MethodPost, "/v1/admin/accounts", a, http.StatusCreated, nil); err != nil {
+	a := sandbox.Admin{Base: s.admit.URL(), Token: adminToken, HTTP: s.http}
+	for _, acc := range tree {
+		if err := a.Do(ctx, http.MethodPost, "/v1/admin/accounts", acc, http.StatusCreated, nil); err != nil {
 			return "", err
 		}
 	}
@@ -87,25 +63,13 @@ func (s *stack) createTree(ctx context.Context, tree []map[string]any) (string, 
 	var key struct {
 		APIKey string `json:"api_key"`
 	}
-	if err := s.admin(ctx, http.MethodPost, "/v1/admin/api-keys", map[string]any{"account": last["id"]}, http.StatusCreated, &key); err != nil {
+	if err := a.Do(ctx, http.MethodPost, "/v1/admin/api-keys", map[string]any{"account": last["id"]}, http.StatusCreated, &key); err != nil {
 		return "", err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var reply struct {
-			Effective json.RawMessage `json:"effective"`
-		}
-		if err := s.admin(ctx, http.MethodPut, "/v1/admin/accounts/"+last["id"].(string), map[string]any{"limits": last["limits"]}, http.StatusOK, &reply); err != nil {
-			return "", err
-		}
-		if len(reply.Effective) > 0 {
-			return key.APIKey, nil
-		}
-		if time.Now().After(deadline) {
-			return "", errors.New("admit's policy cache did not load the accounts within 30 s")
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := a.WaitLoaded(ctx, last["id"].(string), map[string]any{"limits": last["limits"]}); err != nil {
+		return "", err
 	}
+	return key.APIKey, nil
 }
 
 // loadRun is a loadgen result with the CPU time loadgen itself used.
@@ -437,19 +401,15 @@ type evalshaResult struct {
 // keys and arguments admit sends for one decision of benchAccount. The keys are under a
 // prefix of their own that no relay reads, so Redis does the script's work only.
 func (s *stack) evalsha(ctx context.Context) (evalshaResult, error) {
-	cache := policy.NewCache(s.pool, s.cfg.Log, time.Hour)
-	if err := cache.Reload(ctx); err != nil {
-		return evalshaResult{}, err
-	}
-	pol, err := cache.Resolve(benchAccount)
+	pol, err := s.benchPolicy(ctx)
 	if err != nil {
 		return evalshaResult{}, err
 	}
 	prefix := s.cfg.KeyPrefix + "-evalsha"
 	adm := admission.New(s.rdb, admission.Options{KeyPrefix: prefix, Shards: shards})
-	defer func() { _, _ = deleteByPattern(context.WithoutCancel(ctx), s.rdb, prefix+"{*") }()
+	defer func() { _, _ = sandbox.DeleteKeys(context.WithoutCancel(ctx), s.rdb, prefix) }()
 	keys, args, err := adm.ScriptCall(admission.Request{EventID: adm.NewEventID(pol.Org), Policy: pol,
-		Units: map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 500}, Source: "bench"})
+		Units: decisionUnits, Source: "bench"})
 	if err != nil {
 		return evalshaResult{}, err
 	}
@@ -517,18 +477,6 @@ func benchmarkRPS(out string) (float64, error) {
 		return 0, fmt.Errorf("no requests/s in redis-benchmark's output %q", out)
 	}
 	return strconv.ParseFloat(strings.Trim(f[len(f)-7], `"`), 64)
-}
-
-func deleteByPattern(ctx context.Context, rdb *redis.Client, pattern string) (int, error) {
-	n := 0
-	iter := rdb.Scan(ctx, 0, pattern, 1000).Iterator()
-	for iter.Next(ctx) {
-		if err := rdb.Unlink(ctx, iter.Val()).Err(); err != nil {
-			return n, err
-		}
-		n++
-	}
-	return n, iter.Err()
 }
 
 // admitIdle is one client, closed loop: the latency of a decision with nothing else going

@@ -56,6 +56,26 @@ func (s *stack) endToEnd(ctx context.Context, res *Results) error {
 	return nil
 }
 
+// benchPolicy is benchAccount's resolved policy, read from the bench's database at the
+// first call (the tree made first if need be), for the decisions the bench takes itself.
+func (s *stack) benchPolicy(ctx context.Context) (policy.Resolved, error) {
+	if s.pol.Org != "" {
+		return s.pol, nil
+	}
+	if _, err := s.benchKey(ctx); err != nil {
+		return policy.Resolved{}, err
+	}
+	cache := policy.NewCache(s.pool, s.cfg.Log, time.Hour)
+	if err := cache.Reload(ctx); err != nil {
+		return policy.Resolved{}, err
+	}
+	pol, err := cache.Resolve(benchAccount)
+	if err == nil {
+		s.pol = pol
+	}
+	return pol, err
+}
+
 // benchKey is the API key of benchAccount, made at the first call.
 func (s *stack) benchKey(ctx context.Context) (string, error) {
 	if s.key != "" {
@@ -112,14 +132,7 @@ func (s *stack) rowLatency(ctx context.Context, since time.Time, want int64) (la
 // whole pipeline but admit's HTTP layer, which this machine cannot run at that rate beside
 // the rest) and reads admission → row latency from the rows.
 func (s *stack) pipeline(ctx context.Context, res *Results) error {
-	if _, err := s.benchKey(ctx); err != nil {
-		return err
-	}
-	cache := policy.NewCache(s.pool, s.cfg.Log, time.Hour)
-	if err := cache.Reload(ctx); err != nil {
-		return err
-	}
-	pol, err := cache.Resolve(benchAccount)
+	pol, err := s.benchPolicy(ctx)
 	if err != nil {
 		return err
 	}
@@ -131,7 +144,6 @@ func (s *stack) pipeline(ctx context.Context, res *Results) error {
 	if err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&since); err != nil {
 		return err
 	}
-	units := map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 500}
 	interval := float64(time.Second) / s.cfg.E2ERate
 	start := time.Now()
 	end := start.Add(s.cfg.Duration)
@@ -152,7 +164,7 @@ func (s *stack) pipeline(ctx context.Context, res *Results) error {
 						break
 					}
 				}
-				d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(pol.Org), Policy: pol, Units: units, Source: "bench"})
+				d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(pol.Org), Policy: pol, Units: decisionUnits, Source: "bench"})
 				switch {
 				case err != nil:
 					failed.Add(1)

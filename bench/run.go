@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/metergate/metergate/internal/sandbox"
+	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/topic"
 )
 
@@ -39,7 +40,8 @@ type stack struct {
 	relay *sandbox.Proc // admit relay; nil while stopped
 	http  *http.Client
 	out   io.Writer
-	key   string // API key of benchAccount (benchKey)
+	key   string          // API key of benchAccount (benchKey)
+	pol   policy.Resolved // benchAccount's policy (benchPolicy)
 }
 
 // run takes every measurement in turn, each on a quiet machine (nothing else of the bench

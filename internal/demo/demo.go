@@ -221,7 +221,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	httpClient := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
 	tree := accounts(cfg.Duration)
 	done = step("create %d accounts and their API keys (POST /v1/admin/accounts, /v1/admin/api-keys)", len(tree))
-	keys, err := setup(ctx, admin{base: admitP.URL(), token: adminToken, http: httpClient}, tree)
+	keys, err := setup(ctx, sandbox.Admin{Base: admitP.URL(), Token: adminToken, HTTP: httpClient}, tree)
 	if err := done(err); err != nil {
 		return r, err
 	}

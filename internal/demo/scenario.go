@@ -1,15 +1,13 @@
 package demo
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/internal/sandbox"
 )
 
 // account is one node of the demo's account tree, as POST /v1/admin/accounts takes it.
@@ -93,48 +91,12 @@ func accounts(d time.Duration) []account {
 // a third of the way through the traffic.
 func freeQuota(d time.Duration) int64 { return 20 + int64(1.5*d.Seconds()) }
 
-// admin calls admit's admin API.
-type admin struct {
-	base, token string
-	http        *http.Client
-}
-
-func (a admin) do(ctx context.Context, method, path string, body any, want int, out any) error {
-	raw, err := json.Marshal(body)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, method, a.base+path, bytes.NewReader(raw))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+a.token)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := a.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != want {
-		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(b))
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			return fmt.Errorf("%s %s: decode reply: %w", method, path, err)
-		}
-	}
-	return nil
-}
-
-// setup creates the accounts and their API keys and returns the keys by account. It ends
-// once admit's policy cache holds them all: a write through the admin API waits for a
-// cache load that began after it (its reply then carries "effective"), and a load sees
-// every write committed before it, the keys included.
-func setup(ctx context.Context, a admin, tree []account) (map[string]string, error) {
+// setup creates the accounts and their API keys and returns the keys by account, once
+// admit's policy cache holds them all.
+func setup(ctx context.Context, a sandbox.Admin, tree []account) (map[string]string, error) {
 	keys := map[string]string{}
 	for _, acc := range tree {
-		if err := a.do(ctx, http.MethodPost, "/v1/admin/accounts", acc, http.StatusCreated, nil); err != nil {
+		if err := a.Do(ctx, http.MethodPost, "/v1/admin/accounts", acc, http.StatusCreated, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -145,27 +107,14 @@ func setup(ctx context.Context, a admin, tree []account) (map[string]string, err
 		var reply struct {
 			APIKey string `json:"api_key"`
 		}
-		if err := a.do(ctx, http.MethodPost, "/v1/admin/api-keys", map[string]string{"account": acc.ID}, http.StatusCreated, &reply); err != nil {
+		if err := a.Do(ctx, http.MethodPost, "/v1/admin/api-keys", map[string]string{"account": acc.ID}, http.StatusCreated, &reply); err != nil {
 			return nil, err
 		}
 		keys[acc.ID] = reply.APIKey
 	}
-	last := tree[0]
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var reply struct {
-			Effective json.RawMessage `json:"effective"`
-		}
-		body := map[string]any{"plan": last.Plan, "limits": last.Limits}
-		if err := a.do(ctx, http.MethodPut, "/v1/admin/accounts/"+last.ID, body, http.StatusOK, &reply); err != nil {
-			return nil, err
-		}
-		if len(reply.Effective) > 0 {
-			return keys, nil
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("admit's policy cache did not load the accounts within 30 s")
-		}
-		time.Sleep(100 * time.Millisecond)
+	first := tree[0]
+	if err := a.WaitLoaded(ctx, first.ID, map[string]any{"plan": first.Plan, "limits": first.Limits}); err != nil {
+		return nil, err
 	}
+	return keys, nil
 }
