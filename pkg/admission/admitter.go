@@ -285,11 +285,8 @@ type plan struct {
 }
 
 type check struct {
-	level  policy.Level
-	unit   policy.Unit
-	limit  policy.Limit
-	amount int64
-	args   *limitArgs
+	*limitArgs // the level, unit and limit, with their keys and constant arguments
+	amount     int64
 }
 
 func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
@@ -338,10 +335,10 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy
 			continue // nothing to consume, nothing that could deny
 		}
 		if c.rateKey != "" {
-			p.rates = append(p.rates, check{level: c.level, unit: c.unit, limit: c.limit, amount: amount, args: c})
+			p.rates = append(p.rates, check{limitArgs: c, amount: amount})
 		}
 		if c.quotaKey != "" {
-			p.quotas = append(p.quotas, check{level: c.level, unit: c.unit, limit: c.limit, amount: amount, args: c})
+			p.quotas = append(p.quotas, check{limitArgs: c, amount: amount})
 		}
 	}
 	p.concs = lim.concs
@@ -359,13 +356,13 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy
 		strconv.Itoa(len(p.rates)), strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs)),
 		a.leaseTTL, head, middle, tail)
 	for _, c := range p.rates {
-		e.keys = append(e.keys, c.args.rateKey)
-		e.args = append(e.args, c.args.rateArgs[0], strconv.FormatInt(c.amount, 10), c.args.rateArgs[1], c.args.rateArgs[2], c.args.rateArgs[3])
+		e.keys = append(e.keys, c.rateKey)
+		e.args = append(e.args, c.rateArgs[0], strconv.FormatInt(c.amount, 10), c.rateArgs[1], c.rateArgs[2], c.rateArgs[3])
 	}
 	for _, c := range p.quotas {
 		l := labels[c.limit.QuotaPeriod]
-		e.keys = append(e.keys, c.args.quotaKey+l[0], c.args.quotaKey+l[1])
-		e.args = append(e.args, strconv.FormatInt(c.amount, 10), c.args.quota, c.args.quotaKind)
+		e.keys = append(e.keys, c.quotaKey+l[0], c.quotaKey+l[1])
+		e.args = append(e.args, strconv.FormatInt(c.amount, 10), c.quota, c.quotaKind)
 	}
 	for i, lv := range p.concs {
 		e.keys = append(e.keys, lim.concKeys[i])
