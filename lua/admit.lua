@@ -14,12 +14,16 @@
 -- ARGV[7..8]   expiry (ms since the epoch) of quota counters of the current / next month
 -- ARGV[9..11]  day bounds (as for months)
 -- ARGV[12..13] expiry of quota counters of the current / next day
+-- ARGV[14]     the shard's key start ("<prefix>{N}:"), for the void marks of void.lua
 --
 -- Then per decision (a cursor walks ARGV and KEYS):
 --   event_id, org, has_idem (0/1), units fingerprint, idempotency TTL ms,
 --   n_rate, n_quota, n_conc, lease TTL ms, event JSON head, event JSON middle,
 --   event JSON tail
 --   keys: idempotency record (if has_idem), lease record (if n_conc > 0)
+--   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
+--   ids of the requests that were answered with this decision (the first and each replay)
+--   and not voided since (void.lua). A record without "\n" (older) has one attempt, its own.
 --   per rate limit:  algorithm ('b' bucket, 'w' sliding window), amount,
 --                    rate per ms (b) or window ms (w), burst (b) or limit (w), idle TTL ms (b)
 --                    key: bucket state string (b) or window sorted set (w)
@@ -115,8 +119,9 @@ local function window(key, width)
   return sum, entries
 end
 
+local tag = ARGV[14]
 local out = {1, sec, usec}
-local a, k = 14, 2 -- cursors into ARGV and KEYS
+local a, k = 15, 2 -- cursors into ARGV and KEYS
 
 for _ = 1, tonumber(ARGV[1]) do
   local event_id, org, has_idem, fingerprint = ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1', ARGV[a + 3]
@@ -154,12 +159,21 @@ for _ = 1, tonumber(ARGV[1]) do
   end
   preload(reads)
 
-  -- Idempotency: a key seen before returns the first decision and charges nothing.
+  -- Idempotency: a key seen before returns the first decision and charges nothing, and
+  -- this request becomes one more attempt of it. A decision voided since (every attempt
+  -- unanswered: void.lua) is forgotten: the request is decided afresh.
   local code, ra, rb, replayed = 0, '', '', 0
   if idem_key and loaded[idem_key] then
-    local id, p, fp = string.match(loaded[idem_key], '^(%S+) (%S+) (.*)$')
-    if fp == fingerprint then
+    local head, attempts = string.match(loaded[idem_key], '^([^\n]*)\n?(.*)$')
+    local id, p, fp = string.match(head, '^(%S+) (%S+) (.*)$')
+    if redis.call('EXISTS', tag .. 'v:' .. id) == 1 then
+      loaded[idem_key] = false
+    elseif fp == fingerprint then
       code, ra, rb, replayed = 1, id, p, 1
+      if attempts == '' then attempts = id end
+      local record = head .. '\n' .. attempts .. ' ' .. event_id
+      redis.call('SET', idem_key, record, 'KEEPTTL')
+      loaded[idem_key] = record
     else
       code = 4
     end
@@ -251,7 +265,7 @@ for _ = 1, tonumber(ARGV[1]) do
       c.dirty = true
     end
     if idem_key then
-      local record = event_id .. ' ' .. period .. ' ' .. fingerprint
+      local record = event_id .. ' ' .. period .. ' ' .. fingerprint .. '\n' .. event_id
       redis.call('SET', idem_key, record, 'PX', idem_ttl)
       loaded[idem_key] = record
     end

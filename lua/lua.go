@@ -40,3 +40,8 @@ var Outcome = mustScript("clock.lua", "outcome.lua")
 // ForgetConsumer deletes a stream group's consumer if it holds no pending entry (see
 // forget_consumer.lua): the relay forgets the consumers of pods that are gone.
 var ForgetConsumer = mustScript("forget_consumer.lua")
+
+// Void voids a request no caller was told the decision of: it appends a usage.voided event
+// and releases the leases of the decision, once every attempt answered with it was voided
+// (see void.lua).
+var Void = mustScript("clock.lua", "void.lua")

@@ -1,6 +1,6 @@
 // Command reconcile is metergate's run-once job for a cron schedule: it compares Redis
 // quota counters with the billing log in PostgreSQL and records every correction
-// (refund_5xx, settle_tokens, period_move, drift_restore) as an adjustments row applied to
+// (refund_5xx, refund_void, settle_tokens, period_move, drift_restore) as an adjustments row applied to
 // Redis exactly once (see pkg/reconcile and docs/reconcile.md). It exits non-zero when a
 // run fails or an invariant check after it does (a correction left unapplied, a counter
 // still below its billable total, an issued invoice that no longer ties out).

@@ -304,13 +304,14 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	}
 	// Room for two units' rate limits and quotas per level, so appends rarely grow.
 	keys := make([]string, 0, 1+3*len(batch)+6*levels)
-	args := make([]any, 0, 13+12*len(batch)+16*levels)
+	args := make([]any, 0, 14+12*len(batch)+16*levels)
 	e := encoded{
 		keys: append(keys, a.keys.Outbox(shard)),
 		args: append(args,
 			strconv.Itoa(len(batch)),
 			ms(mCur), ms(mNext), ms(mEnd), MonthLabel(mCur), MonthLabel(mNext), ms(mNext.Add(keep)), ms(mEnd.Add(keep)),
 			ms(dCur), ms(dNext), ms(dEnd), ms(dNext.Add(keep)), ms(dEnd.Add(keep)),
+			a.keys.tag(shard),
 		),
 		plans: make([]*plan, len(batch)),
 	}

@@ -68,6 +68,12 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		Source:         s.cfg.Source,
 	}
 	d, err := s.cfg.Decider.Decide(r.Context(), req)
+	if r.Context().Err() != nil {
+		// The caller hung up: nobody will be told, so nothing may be billed. Not a Redis
+		// outage, whatever Decide returned.
+		s.callerGone(req, d, err)
+		return
+	}
 	switch {
 	case errors.Is(err, admission.ErrIdempotencyKeyReused):
 		s.metrics.rejected("idempotency_key_reused")
@@ -116,6 +122,10 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 		if err == nil {
 			err = s.cfg.Recorder.Record(r.Context(), pol.Org, ev)
 		}
+		if r.Context().Err() != nil {
+			s.callerGone(req, admission.Decision{}, cause) // recorded or not, nobody is told
+			return
+		}
 		if err == nil {
 			log.Warn("redis unavailable: admitted fail-open, event written to kafka", "event_id", req.EventID)
 			s.metrics.failOpen.Inc()
@@ -128,6 +138,10 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 		log.Warn("redis unavailable: failing closed")
 	}
 	s.metrics.failClosed.Inc()
+	// The script call may have run (it timed out after it was sent) or may still run (queued
+	// behind a stall): void the request before the caller hears 503, so that a retry with
+	// the same idempotency key cannot be answered with the decision this caller was refused.
+	s.void(req, event.VoidUnavailable)
 	w.Header().Set("Retry-After", retryAfterSeconds(s.cfg.RedisDownRetryAfter))
 	writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "the decision cannot be taken right now; retry later"})
 }

@@ -51,6 +51,8 @@ type Admin interface {
 type Decider interface {
 	NewEventID(org string) string
 	Decide(ctx context.Context, r admission.Request) (admission.Decision, error)
+	// Void voids a request whose decision its caller was not told (admission.Admitter.Void).
+	Void(ctx context.Context, v admission.Void) (bool, error)
 	Outcome(ctx context.Context, o admission.Outcome) error
 	Usage(ctx context.Context, p policy.Resolved) (map[policy.Unit]admission.UnitUsage, error)
 }

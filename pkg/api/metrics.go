@@ -15,6 +15,8 @@ type metrics struct {
 	rejections *prometheus.CounterVec
 	failOpen   prometheus.Counter
 	failClosed prometheus.Counter
+	abandoned  prometheus.Counter
+	voids      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -40,8 +42,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "metergate_admit_fail_closed_total",
 			Help: "Requests denied with 503 because Redis was unavailable.",
 		}),
+		abandoned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_admit_abandoned_total",
+			Help: "Admission requests whose caller hung up before the answer (not a Redis outage).",
+		}),
+		voids: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "metergate_admit_voids_total",
+			Help: "Requests voided because no caller was told their decision, by reason (unavailable, caller_gone) and where the void was recorded (redis, kafka, pending: neither yet, redis_retried, given_up).",
+		}, []string{"reason", "via"}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.rejections, m.failOpen, m.failClosed)
+	reg.MustRegister(m.decisions, m.latency, m.rejections, m.failOpen, m.failClosed, m.abandoned, m.voids)
 	return m
 }
 

@@ -1,5 +1,6 @@
 // Package event defines metergate's usage events as they travel on Kafka: CloudEvents 1.0
-// in structured JSON mode, one per admitted request and one per reported outcome.
+// in structured JSON mode, one per admitted request, one per reported outcome and one per
+// voided request.
 package event
 
 import (
@@ -12,6 +13,19 @@ import (
 const (
 	TypeAdmitted = "io.metergate.usage.admitted.v1"
 	TypeOutcome  = "io.metergate.usage.outcome.v1"
+	TypeVoided   = "io.metergate.usage.voided.v1"
+)
+
+// VoidSuffix makes a usage.voided event's id from the id of the event it voids.
+const VoidSuffix = "/void"
+
+// Reasons a request was voided.
+const (
+	// VoidUnavailable: admit answered 503 after a script call whose outcome it does not
+	// know (timed out after it was sent, or the connection broke).
+	VoidUnavailable = "unavailable"
+	// VoidCallerGone: the caller hung up before it was answered.
+	VoidCallerGone = "caller_gone"
 )
 
 // PathNode is one level of the account path an event was charged to.
@@ -42,6 +56,16 @@ type Outcome struct {
 	EventID string           `json:"event_id"`
 	Status  int              `json:"status"`
 	Units   map[string]int64 `json:"units,omitempty"` // actual units, e.g. tokens used
+}
+
+// Voided is the data of a usage.voided event: no caller was told the decision of the
+// admitted request EventID, so it bills nothing (reconcile refunds what it charged).
+// Attempt is the event id of the request that was not answered (EventID itself, or a
+// request that replayed it by its idempotency key).
+type Voided struct {
+	EventID string `json:"event_id"`
+	Attempt string `json:"attempt"`
+	Reason  string `json:"reason"`
 }
 
 // CloudEvent is a CloudEvents 1.0 envelope in structured JSON mode.

@@ -53,6 +53,17 @@ type outcomeRow struct {
 	Offset      int64
 }
 
+// voidRow is one row of usage_voids.
+type voidRow struct {
+	EventID   string
+	Attempt   string
+	Reason    string
+	VoidTime  time.Time
+	Source    string
+	Partition int
+	Offset    int64
+}
+
 // units holds the four units; a nil field was not reported.
 type units struct {
 	Requests, Tokens, Credits, CostMicros *int64
@@ -95,10 +106,11 @@ func parseUnits(field string, m map[string]int64) (units, error) {
 	return u, nil
 }
 
-// parsed is what a message became: exactly one of the three is set.
+// parsed is what a message became: exactly one of the four is set.
 type parsed struct {
 	usage   *usageRow
 	outcome *outcomeRow
+	void    *voidRow
 	err     error // the reason the message is a dead letter
 }
 
@@ -131,8 +143,15 @@ func parse(value []byte, partition int, offset int64) parsed {
 		}
 		row.Partition, row.Offset = partition, offset
 		return parsed{outcome: row}
+	case m.void != nil:
+		row, err := parseVoid(m.ce, m.void)
+		if err != nil {
+			return parsed{err: err}
+		}
+		row.Partition, row.Offset = partition, offset
+		return parsed{void: row}
 	}
-	return parsed{err: fmt.Errorf("type %q: want %s or %s", m.ce.Type, event.TypeAdmitted, event.TypeOutcome)}
+	return parsed{err: fmt.Errorf("type %q: want %s, %s or %s", m.ce.Type, event.TypeAdmitted, event.TypeOutcome, event.TypeVoided)}
 }
 
 // decode decodes any message with encoding/json: the envelope, then the data of a known
@@ -154,6 +173,11 @@ func decode(value []byte) (decoded, error) {
 	case event.TypeOutcome:
 		m.outcome = new(event.Outcome)
 		if err := json.Unmarshal(m.ce.Data, m.outcome); err != nil {
+			return decoded{}, fmt.Errorf("data: %w", err)
+		}
+	case event.TypeVoided:
+		m.void = new(event.Voided)
+		if err := json.Unmarshal(m.ce.Data, m.void); err != nil {
 			return decoded{}, fmt.Errorf("data: %w", err)
 		}
 	}
@@ -263,6 +287,22 @@ func parseOutcome(ce event.CloudEvent, d *event.Outcome) (*outcomeRow, error) {
 		return nil, err
 	}
 	return &outcomeRow{EventID: d.EventID, Status: d.Status, Units: u, OutcomeTime: eventTime(ce), Source: ce.Source}, nil
+}
+
+func parseVoid(ce event.CloudEvent, d *event.Voided) (*voidRow, error) {
+	if err := printable("data.event_id", d.EventID, 255-len(event.VoidSuffix), false); err != nil {
+		return nil, err
+	}
+	if ce.ID != d.EventID+event.VoidSuffix {
+		return nil, fmt.Errorf("id %q: want data.event_id + %q", ce.ID, event.VoidSuffix)
+	}
+	if err := printable("data.attempt", d.Attempt, 255, false); err != nil {
+		return nil, err
+	}
+	if d.Reason != event.VoidUnavailable && d.Reason != event.VoidCallerGone {
+		return nil, fmt.Errorf("data.reason %q: want %s or %s", d.Reason, event.VoidUnavailable, event.VoidCallerGone)
+	}
+	return &voidRow{EventID: d.EventID, Attempt: d.Attempt, Reason: d.Reason, VoidTime: eventTime(ce), Source: ce.Source}, nil
 }
 
 // printable checks an identifier: printable ASCII without spaces, at most max bytes.

@@ -22,6 +22,7 @@ type item struct {
 	key, value []byte
 	usage      *usageRow
 	outcome    *outcomeRow
+	void       *voidRow
 	err        error
 }
 
@@ -33,7 +34,7 @@ func (c *counts) add(o counts) { c.staged += o.staged; c.inserted += o.inserted 
 
 // written is what a batch wrote, per table.
 type written struct {
-	usage, outcomes, deadLetters counts
+	usage, outcomes, voids, deadLetters counts
 	// refused counts rows PostgreSQL refused for their content, written as dead letters.
 	refused int
 }
@@ -41,6 +42,7 @@ type written struct {
 func (w *written) add(o written) {
 	w.usage.add(o.usage)
 	w.outcomes.add(o.outcomes)
+	w.voids.add(o.voids)
 	w.deadLetters.add(o.deadLetters)
 	w.refused += o.refused
 }
@@ -134,6 +136,13 @@ ORDER BY event_id, kafka_partition, kafka_offset
 ON CONFLICT (event_id) DO NOTHING`
 )
 
+// Voids are rare (a request nobody was told the decision of): inserted from arrays, no
+// staging table.
+const insertVoids = `INSERT INTO usage_voids (event_id, attempt, reason, void_time, source, kafka_partition, kafka_offset)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::integer[], $7::bigint[])
+ORDER BY 1, 6, 7
+ON CONFLICT (event_id) DO NOTHING`
+
 const insertDeadLetters = `INSERT INTO dead_letters (topic, "partition", "offset", key, value, error)
 SELECT $1, d.p, d.o, d.k, d.v, d.e FROM unnest($2::integer[], $3::bigint[], $4::bytea[], $5::bytea[], $6::text[]) AS d(p, o, k, v, e)
 ON CONFLICT ON CONSTRAINT dead_letters_position_key DO NOTHING`
@@ -164,7 +173,7 @@ func ptr(p *int64) any {
 // tables and INSERT … ON CONFLICT DO NOTHING, dead letters keyed by their Kafka position.
 // Either everything is written or nothing is.
 func (s *store) write(ctx context.Context, items []item) (w written, err error) {
-	var usage, outcomes, dead []*item
+	var usage, outcomes, voids, dead []*item
 	var months []time.Time
 	seen := map[time.Time]bool{}
 	for i := range items {
@@ -180,6 +189,8 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 			}
 		case it.outcome != nil:
 			outcomes = append(outcomes, it)
+		case it.void != nil:
+			voids = append(voids, it)
 		}
 	}
 	sort.Slice(months, func(i, j int) bool { return months[i].Before(months[j]) })
@@ -254,6 +265,23 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 		}
 		w.outcomes = counts{staged: n, inserted: tag.RowsAffected()}
 	}
+	if len(voids) > 0 {
+		var ids, attempts, reasons, sources []string
+		var times []time.Time
+		var parts []int32
+		var offsets []int64
+		for _, it := range voids {
+			v := it.void
+			ids, attempts, reasons = append(ids, v.EventID), append(attempts, v.Attempt), append(reasons, v.Reason)
+			times, sources = append(times, v.VoidTime), append(sources, v.Source)
+			parts, offsets = append(parts, int32(v.Partition)), append(offsets, v.Offset) //nolint:gosec // Kafka partitions are int32
+		}
+		tag, err := tx.Exec(ctx, insertVoids, ids, attempts, reasons, times, sources, parts, offsets)
+		if err != nil {
+			return written{}, fmt.Errorf("insert usage_voids: %w", err)
+		}
+		w.voids = counts{staged: int64(len(voids)), inserted: tag.RowsAffected()}
+	}
 	if len(dead) > 0 {
 		parts := make([]int32, len(dead))
 		offsets := make([]int64, len(dead))
@@ -289,7 +317,7 @@ func (s *store) writeEach(ctx context.Context, items []item) (written, error) {
 	for i := range items {
 		w, err := s.write(ctx, items[i:i+1])
 		if isContentError(err) && items[i].err == nil {
-			items[i].usage, items[i].outcome = nil, nil
+			items[i].usage, items[i].outcome, items[i].void = nil, nil, nil
 			items[i].err = fmt.Errorf("refused by PostgreSQL: %w", err)
 			w, err = s.write(ctx, items[i:i+1])
 			w.refused = 1

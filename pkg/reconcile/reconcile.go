@@ -38,6 +38,9 @@ const (
 	PeriodMove Kind = "period_move"
 	// Refund5xx gives back the quota of a request whose outcome was a 5xx.
 	Refund5xx Kind = "refund_5xx"
+	// RefundVoid gives back the quota of a request that no caller was told 200 for
+	// (usage_voids): admit answered 503 after an unknown outcome, or the caller hung up.
+	RefundVoid Kind = "refund_void"
 	// SettleTokens replaces estimated units by the actual ones an outcome reported.
 	SettleTokens Kind = "settle_tokens"
 	// DriftRestore raises a counter found below PostgreSQL's billable total.
@@ -536,14 +539,16 @@ select e.event_id, e.org, e.account, e.charged_period, e.billing_period, e.event
        array[e.requests, e.tokens, e.credits, e.cost_micros],
        o.status, array[o.requests, o.tokens, o.credits, o.cost_micros],
        exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id),
-       exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'settle_tokens') and a.source_event = e.event_id)
+       exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'refund_void', 'settle_tokens') and a.source_event = e.event_id),
+       v.reason
 from usage_events e
 left join lateral (select * from usage_outcomes o where o.event_id = e.event_id limit 1) o on true
+left join usage_voids v on v.event_id = e.event_id
 where e.billing_period >= $1 and not e.fail_open
   and ((e.charged_period <> e.billing_period
         and not exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id))
-    or ((o.status >= 500 or num_nonnulls(o.requests, o.tokens, o.credits, o.cost_micros) > 0)
-        and not exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'settle_tokens') and a.source_event = e.event_id)))
+    or ((o.status >= 500 or num_nonnulls(o.requests, o.tokens, o.credits, o.cost_micros) > 0 or v.event_id is not null)
+        and not exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'refund_void', 'settle_tokens') and a.source_event = e.event_id)))
 order by e.event_time, e.event_id`, from)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read events to correct: %w", err)
@@ -562,8 +567,9 @@ order by e.event_time, e.event_id`, from)
 			status           *int
 			actual           []*int64
 			moved, settled   bool
+			voided           *string // the void's reason
 		)
-		if err := rows.Scan(&id, &org, &account, &charged, &billing, &at, &est, &status, &actual, &moved, &settled); err != nil {
+		if err := rows.Scan(&id, &org, &account, &charged, &billing, &at, &est, &status, &actual, &moved, &settled, &voided); err != nil {
 			return nil, 0, fmt.Errorf("read events to correct: %w", err)
 		}
 		pol, err := o.Policies.Resolve(account)
@@ -583,7 +589,10 @@ order by e.event_time, e.event_id`, from)
 		settle := func(lv policy.Level, u policy.Unit, period string) {
 			n := est[unitIndex(u)]
 			switch {
-			case settled || status == nil:
+			case settled:
+			case voided != nil: // whatever its outcome says: nobody was told 200
+				add(RefundVoid, lv, u, period, -n, "voided: "+*voided)
+			case status == nil:
 			case *status >= 500:
 				add(Refund5xx, lv, u, period, -n, fmt.Sprintf("outcome status %d", *status))
 			case actual[unitIndex(u)] != nil:
@@ -694,10 +703,11 @@ with x as (
          case when z.zero then 0 when z.actual then coalesce(o.cost_micros, e.cost_micros) else e.cost_micros end as cost_micros
   from usage_events e
   left join lateral (select * from usage_outcomes o where o.event_id = e.event_id limit 1) o on true
+  left join usage_voids v on v.event_id = e.event_id
   cross join lateral (select $2::boolean and not e.fail_open as corrected) c
   cross join lateral (select
-      case when not c.corrected then coalesce(o.status >= 500, false)
-           else exists (select 1 from adjustments a where a.kind = 'refund_5xx' and a.source_event = e.event_id) end as zero,
+      case when not c.corrected then coalesce(o.status >= 500, false) or v.event_id is not null
+           else exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'refund_void') and a.source_event = e.event_id) end as zero,
       case when not c.corrected then true
            else exists (select 1 from adjustments a where a.kind = 'settle_tokens' and a.source_event = e.event_id) end as actual,
       case when not c.corrected or e.charged_period = e.billing_period
