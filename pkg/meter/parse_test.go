@@ -194,6 +194,7 @@ func TestOutcomeIDIsAdmissions(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add(encode(f, goodAdmitted()))
 	f.Add(encode(f, goodOutcome()))
+	f.Add(encode(f, voidedEvent(f, "e1.2.acme", "e1.2.acme", event.VoidUnavailable, time.Now())))
 	for _, tc := range malformed {
 		f.Add(tc.value(f))
 	}
@@ -203,6 +204,7 @@ func FuzzParse(f *testing.F) {
 		case p.err != nil:
 			require.Nil(t, p.usage)
 			require.Nil(t, p.outcome)
+			require.Nil(t, p.void)
 		case p.usage != nil:
 			r := p.usage
 			require.Equal(t, monthOf(r.EventTime), r.BillingPeriod)
@@ -218,6 +220,10 @@ func FuzzParse(f *testing.F) {
 		case p.outcome != nil:
 			require.True(t, p.outcome.Status >= 100 && p.outcome.Status <= 599)
 			require.NotEmpty(t, p.outcome.EventID)
+		case p.void != nil:
+			require.Contains(t, []string{event.VoidUnavailable, event.VoidCallerGone}, p.void.Reason)
+			require.NotEmpty(t, p.void.EventID)
+			require.NotEmpty(t, p.void.Attempt)
 		default:
 			t.Fatal("parse returned nothing")
 		}
