@@ -1,0 +1,159 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/testenv"
+)
+
+// metric is the value of the API's counter name with the labels given (0 when absent).
+func (b *testBundle) metric(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := b.reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					continue next
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// outboxEvents returns every event in every outbox stream of the bundle's Redis.
+func (b *testBundle) outboxEvents(t *testing.T) []event.CloudEvent {
+	t.Helper()
+	ctx := testenv.Context(t, 10*time.Second)
+	keys, err := b.rdb.Keys(ctx, "*outbox").Result()
+	require.NoError(t, err)
+	var out []event.CloudEvent
+	for _, k := range keys {
+		entries, err := b.rdb.XRange(ctx, k, "-", "+").Result()
+		require.NoError(t, err)
+		for _, e := range entries {
+			var ev event.CloudEvent
+			require.NoError(t, json.Unmarshal([]byte(e.Values["v"].(string)), &ev))
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// requireVoided checks the outbox once Redis ran everything: one usage.voided event of the
+// reason, and no admitted event that it does not void.
+func (b *testBundle) requireVoided(t *testing.T, reason string, mustHaveRun bool) {
+	t.Helper()
+	voided, admitted := map[string]bool{}, []string{}
+	for _, ev := range b.outboxEvents(t) {
+		switch ev.Type {
+		case event.TypeVoided:
+			var v event.Voided
+			require.NoError(t, json.Unmarshal(ev.Data, &v))
+			require.Equal(t, reason, v.Reason)
+			voided[v.EventID] = true
+		case event.TypeAdmitted:
+			admitted = append(admitted, ev.ID)
+		}
+	}
+	require.Len(t, voided, 1, "one void")
+	if mustHaveRun {
+		require.Len(t, admitted, 1, "the script call queued behind the stall ran")
+	}
+	for _, id := range admitted {
+		require.True(t, voided[id], "admitted event %s is voided", id)
+	}
+}
+
+// privateRedis starts a Redis server of the test's own: a stall would slow every test
+// sharing the stack's.
+func privateRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(testenv.StartRedis(t).URL())
+	require.NoError(t, err)
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func jsonBody(t *testing.T, v any) *bytes.Reader {
+	t.Helper()
+	raw, err := json.Marshal(v)
+	require.NoError(t, err)
+	return bytes.NewReader(raw)
+}
+
+// stall makes the bundle's (private) Redis busy for d and returns when the stall has begun.
+func (b *testBundle) stall(t *testing.T, d time.Duration) <-chan error {
+	t.Helper()
+	done, err := testenv.StallRedis(testenv.Context(t, 10*time.Second), b.rdb.(*redis.Client).Options(), d)
+	require.NoError(t, err)
+	return done
+}
+
+// A script call that times out while Redis is busy may still run once Redis is free: the
+// 503 is answered only after the request is voided, so that it bills nothing.
+func TestTimedOutCallIsVoidedBefore503(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{rdb: privateRedis(t), callTimeout: 300 * time.Millisecond})
+	org := b.id("acme")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"}) // a monthly quota: fail closed
+	b.waitResolvable(t, org)
+
+	done := b.stall(t, 1500*time.Millisecond)
+	rep := b.admit(t, map[string]any{"account": org})
+	require.Equal(t, http.StatusServiceUnavailable, rep.Status, rep.Raw)
+	require.NoError(t, <-done)
+	require.EqualValues(t, 1, b.metric(t, "metergate_admit_fail_closed_total", nil))
+	require.EqualValues(t, 1, b.metric(t, "metergate_admit_voids_total", map[string]string{"reason": "unavailable", "via": "redis"}),
+		"voided in redis before the 503")
+	b.requireVoided(t, event.VoidUnavailable, false)
+}
+
+// A caller that hangs up while its decision waits for Redis is not a Redis outage: it is
+// counted as abandoned, nothing is written fail-open, and the decision (taken once Redis is
+// free) is voided.
+func TestCallerHangingUpIsVoidedNotAnOutage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{rdb: privateRedis(t), recorder: true})
+	org := b.id("rates")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro",
+		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 100, "burst": 100}}}) // fail open
+	b.waitResolvable(t, org)
+
+	done := b.stall(t, 1500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+"/v1/admit", jsonBody(t, map[string]any{"account": org}))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+serviceToken)
+	_, err = http.DefaultClient.Do(req)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, <-done)
+
+	deadline := time.Now().Add(5 * time.Second)
+	for b.metric(t, "metergate_admit_voids_total", map[string]string{"reason": "caller_gone", "via": "redis"}) != 1 {
+		require.True(t, time.Now().Before(deadline), "the hang-up was never voided")
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.EqualValues(t, 1, b.metric(t, "metergate_admit_abandoned_total", nil))
+	require.Zero(t, b.metric(t, "metergate_admit_fail_open_total", nil), "not a Redis outage")
+	require.Zero(t, b.metric(t, "metergate_admit_fail_closed_total", nil), "not a Redis outage")
+	b.requireVoided(t, event.VoidCallerGone, true)
+}
