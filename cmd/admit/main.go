@@ -129,7 +129,15 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		_ = topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()) // ends only with ctx
 		return nil
 	})
-	return g.Wait()
+	err = g.Wait()
+	// The HTTP server has stopped: no request is voided any more. Voids Redis has not taken
+	// yet go straight to Kafka (the recorder is closed after this).
+	cctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)
+	defer cancel()
+	if cerr := server.Close(cctx); cerr != nil {
+		log.Error("voids still pending at shutdown", "err", cerr)
+	}
+	return err
 }
 
 // runRelay runs the outbox relay alone, for deployments that scale it apart from the API.

@@ -98,6 +98,7 @@ type Server struct {
 	cfg     Config
 	mux     *http.ServeMux
 	metrics *metrics
+	voids   voids
 }
 
 // New returns a Server; mount Handler on the listener.
@@ -120,7 +121,7 @@ func New(cfg Config) *Server {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), metrics: newMetrics(cfg.Registerer)}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), metrics: newMetrics(cfg.Registerer), voids: voids{stop: make(chan struct{})}}
 	s.routes()
 	return s
 }

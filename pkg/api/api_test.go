@@ -44,6 +44,7 @@ type testBundle struct {
 	prefix string               // account-id prefix unique to the test
 	topic  string               // set when a Kafka recorder is wired
 	reg    *prometheus.Registry // the API's metrics
+	srv    *api.Server
 }
 
 type options struct {
@@ -98,7 +99,13 @@ func setup(t *testing.T, o options) *testBundle {
 	// with it is checked against the OpenAPI document (contract_test.go).
 	mux := http.NewServeMux()
 	(&ops.Probes{}).Mount(mux, prometheus.NewRegistry())
-	api.New(cfg).Mount(mux)
+	b.srv = api.New(cfg)
+	b.srv.Mount(mux)
+	t.Cleanup(func() { // before the recorder closes: pending voids go to Kafka
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = b.srv.Close(ctx)
+	})
 	b.url = newContractServer(t, mux).URL
 	return b
 }

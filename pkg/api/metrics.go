@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		voids: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "metergate_admit_voids_total",
-			Help: "Requests voided because no caller was told their decision, by reason (unavailable, caller_gone) and where the void was recorded (redis, kafka, pending: neither yet, redis_retried, given_up).",
+			Help: "Requests voided because no caller was told their decision, by reason (unavailable, caller_gone) and where the void was recorded (redis: at once; redis_retried: later, in the background; kafka: straight to Kafka, the last resort when admit stops or Redis stays away; lost: neither took it).",
 		}, []string{"reason", "via"}),
 	}
 	reg.MustRegister(m.decisions, m.latency, m.rejections, m.failOpen, m.failClosed, m.abandoned, m.voids)

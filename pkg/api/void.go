@@ -3,22 +3,34 @@ package api
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
 )
 
-// Voiding a request nobody was told the decision of (DESIGN.md, failure policy): first in
-// Redis, where the decision was taken (void.lua also stops a replay of it); when Redis
-// cannot take it, its usage.voided event goes straight to Kafka, and the Redis part is
-// retried in the background.
+// Voiding a request nobody was told the decision of (DESIGN.md, failure policy) happens in
+// Redis, where the decision was taken: void.lua orders it with the decision's other
+// requests (replays by its idempotency key), so a void never unbills a decision that a
+// replay answered with 200, whichever runs first. While Redis cannot take it, the void is
+// retried in the background; only when admit stops (or after voidRetryFor) does a void
+// still pending go straight to Kafka, where it voids the request's own event id.
 const (
-	// voidTimeout bounds the void's script call made before a 503 is answered.
+	// voidTimeout bounds one script call of a void (the Redis client's timeouts apply too).
 	voidTimeout = 2 * time.Second
-	// voidRetryFor is how long the Redis part of a void is retried after it failed.
-	voidRetryFor = 10 * time.Minute
+	// voidRetryFor is how long a void is retried against Redis before it goes to Kafka.
+	voidRetryFor = time.Hour
+	// voidBackoffMax is the longest pause between two tries.
+	voidBackoffMax = 5 * time.Second
 )
+
+// voids runs the voids that Redis did not take at the first try.
+type voids struct {
+	wg       sync.WaitGroup
+	stop     chan struct{}
+	stopOnce sync.Once
+}
 
 // callerGone handles a request whose caller hung up while it was decided: it is counted as
 // abandoned (not as a Redis outage) and, unless nothing was charged, voided.
@@ -30,49 +42,81 @@ func (s *Server) callerGone(req admission.Request, d admission.Decision, err err
 	s.void(req, event.VoidCallerGone)
 }
 
-// void voids req; it returns once the void is recorded in Redis or in Kafka, or both failed
-// (then logged and retried in the background, against Redis).
+// void voids req: once now, and in the background until Redis takes it.
 func (s *Server) void(req admission.Request, reason string) {
-	log := s.cfg.Log.With("event_id", req.EventID, "org", req.Policy.Org, "reason", reason)
-	ctx, cancel := context.WithTimeout(context.Background(), voidTimeout)
-	defer cancel()
-	if _, err := s.cfg.Decider.Void(ctx, admission.Void{Request: req, Reason: reason}); err == nil {
+	if s.tryVoid(req, reason) {
 		s.metrics.voids.WithLabelValues(reason, "redis").Inc()
 		return
-	} else {
-		log = log.With("err", err)
 	}
-	go s.retryVoid(req, reason)
-	if s.cfg.Recorder != nil {
-		ev, err := admission.VoidedEvent(req, req.EventID, reason, s.cfg.Clock())
-		if err == nil {
-			err = s.cfg.Recorder.Record(ctx, req.Policy.Org, ev)
-		}
-		if err == nil {
-			s.metrics.voids.WithLabelValues(reason, "kafka").Inc()
-			log.Warn("request voided in kafka; its redis part is retried")
-			return
-		}
-		log = log.With("record_err", err)
-	}
-	s.metrics.voids.WithLabelValues(reason, "pending").Inc()
-	log.Error("request could not be voided yet; retrying against redis")
+	s.voids.wg.Add(1)
+	go func() {
+		defer s.voids.wg.Done()
+		s.retryVoid(req, reason)
+	}()
 }
 
-// retryVoid retries the Redis part of a void with backoff until it succeeds or voidRetryFor
-// has passed.
+func (s *Server) tryVoid(req admission.Request, reason string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), voidTimeout)
+	defer cancel()
+	_, err := s.cfg.Decider.Void(ctx, admission.Void{Request: req, Reason: reason})
+	if err != nil {
+		s.cfg.Log.Warn("void not taken by redis yet; retrying", "event_id", req.EventID, "org", req.Policy.Org, "err", err)
+	}
+	return err == nil
+}
+
+// retryVoid retries a void against Redis with backoff; when admit stops or voidRetryFor has
+// passed, it writes the void straight to Kafka instead.
 func (s *Server) retryVoid(req admission.Request, reason string) {
 	deadline := time.Now().Add(voidRetryFor)
-	for wait := 100 * time.Millisecond; time.Now().Before(deadline); wait = min(2*wait, 5*time.Second) {
-		time.Sleep(wait)
-		ctx, cancel := context.WithTimeout(context.Background(), voidTimeout)
-		_, err := s.cfg.Decider.Void(ctx, admission.Void{Request: req, Reason: reason})
-		cancel()
-		if err == nil {
+	for wait := 50 * time.Millisecond; time.Now().Before(deadline); wait = min(2*wait, voidBackoffMax) {
+		select {
+		case <-time.After(wait):
+		case <-s.voids.stop:
+			s.voidInKafka(req, reason)
+			return
+		}
+		if s.tryVoid(req, reason) {
 			s.metrics.voids.WithLabelValues(reason, "redis_retried").Inc()
 			return
 		}
 	}
-	s.metrics.voids.WithLabelValues(reason, "given_up").Inc()
-	s.cfg.Log.Error("void given up in redis", "event_id", req.EventID, "org", req.Policy.Org)
+	s.voidInKafka(req, reason)
+}
+
+// voidInKafka records the void of req's own event id straight to Kafka. It is the last
+// resort: a replay of req's decision answered after this (once Redis is back) would be
+// told 200 for an event that bills nothing (docs/admission.md).
+func (s *Server) voidInKafka(req admission.Request, reason string) {
+	log := s.cfg.Log.With("event_id", req.EventID, "org", req.Policy.Org, "reason", reason)
+	err := errors.New("no kafka recorder")
+	if s.cfg.Recorder != nil {
+		var ev event.CloudEvent
+		if ev, err = admission.VoidedEvent(req, req.EventID, reason, s.cfg.Clock()); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), voidTimeout)
+			err = s.cfg.Recorder.Record(ctx, req.Policy.Org, ev)
+			cancel()
+		}
+	}
+	if err != nil {
+		s.metrics.voids.WithLabelValues(reason, "lost").Inc()
+		log.Error("void lost: neither redis nor kafka took it", "err", err)
+		return
+	}
+	s.metrics.voids.WithLabelValues(reason, "kafka").Inc()
+	log.Warn("void written straight to kafka: redis did not take it")
+}
+
+// Close ends the voids still retried against Redis: each goes straight to Kafka. Call it
+// once the HTTP server has stopped; it returns when they are written or ctx ends.
+func (s *Server) Close(ctx context.Context) error {
+	s.voids.stopOnce.Do(func() { close(s.voids.stop) })
+	done := make(chan struct{})
+	go func() { s.voids.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -9,17 +9,19 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/testenv"
 )
 
-// metric is the value of the API's counter name with the labels given (0 when absent).
+// metric is the sum of the API's counters name with the labels given (0 when absent).
 func (b *testBundle) metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
 	families, err := b.reg.Gather()
 	require.NoError(t, err)
+	sum := 0.0
 	for _, f := range families {
 		if f.GetName() != name {
 			continue
@@ -31,10 +33,20 @@ func (b *testBundle) metric(t *testing.T, name string, labels map[string]string)
 					continue next
 				}
 			}
-			return m.GetCounter().GetValue()
+			sum += m.GetCounter().GetValue()
 		}
 	}
-	return 0
+	return sum
+}
+
+// waitMetric polls the counter until it reaches want.
+func (b *testBundle) waitMetric(t *testing.T, name string, labels map[string]string, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.metric(t, name, labels) != want {
+		require.True(t, time.Now().Before(deadline), "%s%v never reached %v", name, labels, want)
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // outboxEvents returns every event in every outbox stream of the bundle's Redis.
@@ -108,8 +120,8 @@ func (b *testBundle) stall(t *testing.T, d time.Duration) <-chan error {
 }
 
 // A script call that times out while Redis is busy may still run once Redis is free: the
-// 503 is answered only after the request is voided, so that it bills nothing.
-func TestTimedOutCallIsVoidedBefore503(t *testing.T) {
+// request answered 503 is voided, so that it bills nothing.
+func TestTimedOutCallIsVoided(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{rdb: privateRedis(t), callTimeout: 300 * time.Millisecond})
 	org := b.id("acme")
@@ -121,8 +133,8 @@ func TestTimedOutCallIsVoidedBefore503(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, rep.Status, rep.Raw)
 	require.NoError(t, <-done)
 	require.EqualValues(t, 1, b.metric(t, "metergate_admit_fail_closed_total", nil))
-	require.EqualValues(t, 1, b.metric(t, "metergate_admit_voids_total", map[string]string{"reason": "unavailable", "via": "redis"}),
-		"voided in redis before the 503")
+	b.waitMetric(t, "metergate_admit_voids_total", map[string]string{"reason": "unavailable"}, 1)
+	require.Zero(t, b.metric(t, "metergate_admit_voids_total", map[string]string{"via": "kafka"}), "redis took it")
 	b.requireVoided(t, event.VoidUnavailable, false)
 }
 
@@ -147,13 +159,40 @@ func TestCallerHangingUpIsVoidedNotAnOutage(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.NoError(t, <-done)
 
-	deadline := time.Now().Add(5 * time.Second)
-	for b.metric(t, "metergate_admit_voids_total", map[string]string{"reason": "caller_gone", "via": "redis"}) != 1 {
-		require.True(t, time.Now().Before(deadline), "the hang-up was never voided")
-		time.Sleep(10 * time.Millisecond)
-	}
+	b.waitMetric(t, "metergate_admit_voids_total", map[string]string{"reason": "caller_gone"}, 1)
 	require.EqualValues(t, 1, b.metric(t, "metergate_admit_abandoned_total", nil))
 	require.Zero(t, b.metric(t, "metergate_admit_fail_open_total", nil), "not a Redis outage")
 	require.Zero(t, b.metric(t, "metergate_admit_fail_closed_total", nil), "not a Redis outage")
 	b.requireVoided(t, event.VoidCallerGone, true)
+}
+
+// A void Redis does not take is retried in the background; when admit stops, it goes
+// straight to Kafka instead of being lost.
+func TestPendingVoidGoesToKafkaOnClose(t *testing.T) {
+	t.Parallel()
+	dead := redis.NewClient(&redis.Options{Addr: testenv.FreeAddr(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = dead.Close() })
+	b := setup(t, options{rdb: dead, recorder: true})
+	org := b.id("quota")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
+	b.waitResolvable(t, org)
+
+	r := b.admit(t, map[string]any{"account": org})
+	require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Raw)
+	require.Zero(t, b.metric(t, "metergate_admit_voids_total", nil), "redis took nothing")
+	require.NoError(t, b.srv.Close(testenv.Context(t, 10*time.Second)))
+	require.EqualValues(t, 1, b.metric(t, "metergate_admit_voids_total", map[string]string{"reason": "unavailable", "via": "kafka"}))
+
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: b.topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = rd.Close() })
+	msg, err := rd.ReadMessage(testenv.Context(t, time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, org, string(msg.Key))
+	var ev event.CloudEvent
+	require.NoError(t, json.Unmarshal(msg.Value, &ev))
+	require.Equal(t, event.TypeVoided, ev.Type)
+	var v event.Voided
+	require.NoError(t, json.Unmarshal(ev.Data, &v))
+	require.Equal(t, event.Voided{EventID: v.Attempt, Attempt: v.Attempt, Reason: event.VoidUnavailable}, v)
+	require.Equal(t, v.EventID+event.VoidSuffix, ev.ID)
 }
