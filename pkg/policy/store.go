@@ -309,8 +309,9 @@ func (s *Store) RevokeAPIKey(ctx context.Context, id string) error {
 // checkOverrides validates what a write may set besides the tree position: concurrency and
 // the override of each unit, which it returns normalized.
 func checkOverrides(a Account) (map[Unit]Limit, error) {
-	if a.Concurrency != nil && *a.Concurrency < 0 {
-		return nil, invalid("concurrency", "must be at least 0 (0 = no cap)")
+	// The column is an integer: a larger cap would fail in PostgreSQL's driver, not as bad input.
+	if a.Concurrency != nil && (*a.Concurrency < 0 || *a.Concurrency > math.MaxInt32) {
+		return nil, invalid("concurrency", "must be 0 (no cap) to %d", math.MaxInt32)
 	}
 	if a.Plan != "" && !ValidID(a.Plan) {
 		return nil, invalid("plan", "unknown plan %q", a.Plan)
