@@ -16,9 +16,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/topic"
-
+	"github.com/metergate/metergate/pkg/api/apitest"
 	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/pkg/topic"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.MainOrTests(m, main)) }
@@ -67,13 +67,15 @@ func TestSixNodesShareOneKey(t *testing.T) {
 		require.NoError(t, err)
 	}
 	t.Cleanup(func() { _ = topic.Delete(context.Background(), testenv.KafkaBrokers(t), "t."+prefix) })
+	// Every exchange with the nodes is checked against the OpenAPI document they serve.
+	client := &http.Client{Transport: apitest.Transport(t, nodes[0], transport)}
 
 	org := strings.ReplaceAll(prefix, "_", "-")
-	post(t, nodes[0]+"/v1/admin/accounts", adminToken(), map[string]any{"id": org, "kind": "org", "plan": "pro"}, 201)
-	key := post(t, nodes[0]+"/v1/admin/api-keys", adminToken(), map[string]any{"account": org}, 201)["api_key"].(string)
+	post(t, client, nodes[0]+"/v1/admin/accounts", adminToken(), map[string]any{"id": org, "kind": "org", "plan": "pro"}, 201)
+	key := post(t, client, nodes[0]+"/v1/admin/api-keys", adminToken(), map[string]any{"account": org}, 201)["api_key"].(string)
 	for _, n := range nodes { // every node knows the key (an admission of 0 requests consumes nothing)
 		for {
-			if status, _ := postStatus(n+"/v1/admit", serviceToken(), map[string]any{"api_key": key, "units": map[string]any{"requests": 0}}); status == 200 {
+			if status, _ := postStatus(client, n+"/v1/admit", serviceToken(), map[string]any{"api_key": key, "units": map[string]any{"requests": 0}}); status == 200 {
 				break
 			}
 			require.NoError(t, ctx.Err(), "node %s never learned the key", n)
@@ -94,7 +96,7 @@ func TestSixNodesShareOneKey(t *testing.T) {
 			defer wg.Done()
 			node := nodes[c%len(nodes)]
 			for time.Now().Before(stop) {
-				status, body := postStatus(node+"/v1/admit", serviceToken(), map[string]any{"api_key": key})
+				status, body := postStatus(client, node+"/v1/admit", serviceToken(), map[string]any{"api_key": key})
 				switch status {
 				case 200:
 					accepted.Add(1)
@@ -122,7 +124,7 @@ func TestSixNodesShareOneKey(t *testing.T) {
 	// script calls and reads the outbox length.
 	var allowed, limited float64
 	for _, n := range nodes {
-		status, body := get(n+"/metrics", "")
+		status, body := get(client, n+"/metrics", "")
 		require.Equal(t, 200, status)
 		text := string(body)
 		allowed += metricValue(t, text, `metergate_admit_decisions_total{level="",result="allow"}`)
@@ -151,9 +153,9 @@ func metricValue(t *testing.T, text, series string) float64 {
 func serviceToken() string { return strings.SplitN(testenv.AdmitTokens()[0], "=", 2)[1] }
 func adminToken() string   { return strings.SplitN(testenv.AdmitTokens()[1], "=", 2)[1] }
 
-var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+var transport = &http.Transport{MaxIdleConnsPerHost: 64}
 
-func postStatus(url, token string, body any) (int, []byte) {
+func postStatus(client *http.Client, url, token string, body any) (int, []byte) {
 	raw, _ := json.Marshal(body)
 	req, _ := http.NewRequest("POST", url, bytes.NewReader(raw))
 	req.Header.Set("Authorization", "Bearer "+token)
@@ -166,16 +168,16 @@ func postStatus(url, token string, body any) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-func post(t *testing.T, url, token string, body any, want int) map[string]any {
+func post(t *testing.T, client *http.Client, url, token string, body any, want int) map[string]any {
 	t.Helper()
-	status, b := postStatus(url, token, body)
+	status, b := postStatus(client, url, token, body)
 	require.Equal(t, want, status, string(b))
 	var out map[string]any
 	require.NoError(t, json.Unmarshal(b, &out))
 	return out
 }
 
-func get(url, token string) (int, []byte) {
+func get(client *http.Client, url, token string) (int, []byte) {
 	req, _ := http.NewRequest("GET", url, nil)
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := client.Do(req)
