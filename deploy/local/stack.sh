@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
 # The local stack without Docker: Redis, a 3-master Redis Cluster, PostgreSQL and a
-# single-node Apache Kafka (KRaft) broker, all on loopback, all state under .run/.
+# single-node Apache Kafka (KRaft) broker, all on loopback, all state under .run/ (but for
+# PostgreSQL as root: below).
 #
 #   stack.sh up           Redis :6379 (AOF on), PostgreSQL :5432 (db metergate), Kafka :9092
 #   stack.sh up-cluster   also a 3-master Redis Cluster on :7000-7002
 #   stack.sh down         stops, by pid, everything the two above started
 #   stack.sh status       what is running
+#   stack.sh verify-down  fails if anything the stack started still runs
+#   stack.sh purge        down, then delete this clone's state (.run/ and PostgreSQL's data)
 #
 # Installs what is missing (apt-get when root; the Kafka jars from Maven Central through
 # `mvn dependency:copy-dependencies` into .cache/), reuses services that already run, waits
 # until each answers, and writes .run/env to be sourced.
+#
+# Ports: REDIS_PORT, PG_PORT, KAFKA_PORT, KAFKA_CONTROLLER_PORT, REDIS_CLUSTER_PORTS (three,
+# space-separated), so that a second clone can run a stack of its own beside the first.
+#
+# As root, PostgreSQL runs as the system user postgres, which may not be able to reach the
+# clone (a clone in root's 0700 home): its files then live in a directory of this clone's own
+# under /var/lib/metergate (METERGATE_PG_STATE_DIR), linked from .run/postgres/home
+# (docs/deploy.md, "The local stack's state").
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 RUN=${METERGATE_RUN_DIR:-$ROOT/.run}
+case $RUN in /*) ;; *) RUN=$PWD/$RUN ;; esac # absolute: PostgreSQL's home names it
 CACHE=${METERGATE_CACHE_DIR:-$ROOT/.cache}
 KAFKA_VERSION=${KAFKA_VERSION:-4.4.0}
 REDIS_PORT=${REDIS_PORT:-6379}
 PG_PORT=${PG_PORT:-5432}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-9093}
-CLUSTER_PORTS=(7000 7001 7002)
+read -r -a CLUSTER_PORTS <<<"${REDIS_CLUSTER_PORTS:-7000 7001 7002}"
+[ ${#CLUSTER_PORTS[@]} -eq 3 ] || { echo "[stack] error: REDIS_CLUSTER_PORTS must name 3 ports" >&2; exit 2; }
+PG_STATE_BASE=${METERGATE_PG_STATE_DIR:-/var/lib/metergate}
 PG_USER=metergate
 PG_DB=metergate
 WAIT_S=${STACK_WAIT_S:-120}
@@ -151,24 +165,94 @@ up_cluster_nodes() {
 
 # ---------------------------------------------------------------------------------------
 # PostgreSQL (refuses to run as root: as root it runs as the system user postgres)
+#
+# The server's own files (data/, postgres.log) live in its "home": .run/postgres when the
+# server's user can reach it (always when it is you; as root, when postgres can traverse the
+# clone's path), else a directory of this clone alone, mktemp'd under $PG_STATE_BASE (not
+# /tmp: a cleaner there would delete a data directory that sat unused for some days), linked
+# from .run/postgres/home and naming its clone's .run in its file `owner`. The decision is
+# recorded once (the link, or a data directory in place) and kept. The server has no unix
+# socket (clients use 127.0.0.1): a socket path in a deep clone can pass the 107-byte limit,
+# and the packages' /var/run/postgresql is not writable by a normal user.
 
-PGDATA_DIR() { echo "$RUN/postgres/data"; }
+# pg_home: the directory holding this stack's data/ and postgres.log; empty when
+# .run/postgres/home links to a directory that another clone owns (a copy of a clone with
+# its .run: `up` gives this one its own).
+pg_home() {
+  local link="$RUN/postgres/home" home
+  if [ ! -L "$link" ]; then
+    echo "$RUN/postgres"
+  else
+    home=$(readlink "$link")
+    if [ "$(cat "$home/owner" 2>/dev/null || echo "$RUN")" = "$RUN" ]; then echo "$home"; fi
+  fi
+}
 
+PGDATA_DIR() { local home; home=$(pg_home); if [ -n "$home" ]; then echo "$home/data"; fi; }
+
+# as_pg COMMAND...: runs COMMAND as the server's user, from / (as postgres, the caller's
+# working directory may be out of reach, and initdb and postgres complain about that).
 as_pg() {
-  if is_root; then runuser -u postgres -- "$@"; else "$@"; fi
+  if is_root; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
 }
 
 pg_ready() { "$(pg_bindir)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; }
 
-up_postgres() {
-  local bin data sock
-  bin=$(pg_bindir) || die "no PostgreSQL server binaries found under /usr/lib/postgresql"
-  data=$(PGDATA_DIR); sock="$RUN/postgres/sock"
-  mkdir -p "$RUN/postgres" "$sock"
-  if is_root; then
-    id postgres >/dev/null 2>&1 || useradd --system --home-dir /var/lib/postgresql --shell /bin/false postgres
-    chown postgres "$RUN/postgres" "$sock"
+# gc_pg_homes: deletes the server homes under $PG_STATE_BASE whose clone is gone (its .run
+# no longer exists, e.g. the clone was deleted without `stack.sh purge`) and whose server
+# does not run.
+gc_pg_homes() {
+  local home owner pid
+  for home in "$PG_STATE_BASE"/*; do
+    [ -f "$home/owner" ] || continue
+    owner=$(cat "$home/owner")
+    [ ! -d "$owner" ] || continue
+    pid=$(head -1 "$home/data/postmaster.pid" 2>/dev/null || true)
+    [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null || continue
+    log "deleting $home: PostgreSQL files of $owner, which no longer exists"
+    rm -rf -- "$home"
+  done
+}
+
+# settle_pg_home (root only): makes sure the server's home exists and the user postgres can
+# reach and write it, out of the clone when postgres cannot reach the clone.
+settle_pg_home() {
+  local link="$RUN/postgres/home" home owner
+  id postgres >/dev/null 2>&1 || useradd --system --home-dir /var/lib/postgresql --shell /bin/false postgres
+  if [ -L "$link" ]; then
+    home=$(readlink "$link")
+    owner=$(cat "$home/owner" 2>/dev/null || echo "$RUN")
+    if [ "$owner" = "$RUN" ] || [ ! -d "$owner" ]; then
+      # ours (or the clone was moved here): keep it, recreate it if it was deleted
+      mkdir -p "$home"; echo "$RUN" >"$home/owner"; chown postgres "$home"; chmod 700 "$home"
+      return 0
+    fi
+    log "$home belongs to the stack of $owner (this clone is a copy of it): a new one for this clone"
+    rm -f "$link"
+  else
+    chown postgres "$RUN/postgres"
+    if runuser -u postgres -- test -x "$RUN/postgres" -a -w "$RUN/postgres" 2>/dev/null; then return 0; fi
+    [ ! -s "$RUN/postgres/data/PG_VERSION" ] ||
+      die "the user postgres can no longer reach $RUN/postgres/data (was the clone moved?): move it back, or delete the stack's state with: $0 purge"
+    chown root "$RUN/postgres"
   fi
+  mkdir -p "$PG_STATE_BASE"; chmod 755 "$PG_STATE_BASE"
+  home=$(mktemp -d "$PG_STATE_BASE/$(basename "$ROOT" | tr -c 'A-Za-z0-9._\n-' _).XXXXXXXX")
+  echo "$RUN" >"$home/owner"
+  chown postgres "$home"; chmod 700 "$home"
+  ln -s "$home" "$link"
+  log "the user postgres cannot reach $RUN: PostgreSQL's files go to $home (linked from $link)"
+}
+
+up_postgres() {
+  local bin home data
+  bin=$(pg_bindir) || die "no PostgreSQL server binaries found under /usr/lib/postgresql"
+  mkdir -p "$RUN/postgres"
+  if is_root; then
+    settle_pg_home
+    [ ! -d "$PG_STATE_BASE" ] || gc_pg_homes # after settle_pg_home: a moved clone keeps its data
+  fi
+  home=$(pg_home); data="$home/data"
   if [ -s "$data/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
     log "PostgreSQL already running on :$PG_PORT"
   elif port_open "$PG_PORT"; then
@@ -182,9 +266,9 @@ up_postgres() {
         as_pg "$bin/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --no-locale >"$RUN/postgres/initdb.log" 2>&1 ||
         die "initdb failed: $(tail -5 "$RUN/postgres/initdb.log")"
     fi
-    as_pg "$bin/pg_ctl" -D "$data" -l "$RUN/postgres/postgres.log" -w -t "$WAIT_S" start \
-      -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -k $sock -c fsync=on -c max_connections=200" >/dev/null ||
-      die "PostgreSQL did not start: $(tail -5 "$RUN/postgres/postgres.log")"
+    as_pg "$bin/pg_ctl" -D "$data" -l "$home/postgres.log" -w -t "$WAIT_S" start \
+      -o "-c listen_addresses=127.0.0.1 -p $PG_PORT -c unix_socket_directories= -c fsync=on -c max_connections=200" >/dev/null ||
+      die "PostgreSQL did not start: $(tail -5 "$home/postgres.log" 2>&1)"
   fi
   wait_for "PostgreSQL on :$PG_PORT" pg_ready
   local psql=(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt)
@@ -305,7 +389,7 @@ down() {
   for port in "${CLUSTER_PORTS[@]}"; do stop_pid "redis-cluster/$port" "$RUN/redis-cluster/$port/redis.pid"; done
   stop_pid redis "$RUN/redis/redis.pid"
   local data; data=$(PGDATA_DIR)
-  if [ -s "$data/postmaster.pid" ]; then
+  if [ -n "$data" ] && [ -s "$data/postmaster.pid" ]; then
     local bin; bin=$(pg_bindir)
     as_pg "$bin/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
     # pg_ctl only stops a server whose pid file is current; make sure by pid as well.
@@ -323,15 +407,16 @@ status() {
   for port in "${CLUSTER_PORTS[@]}"; do
     alive "$RUN/redis-cluster/$port/redis.pid" && echo "redis-$port   pid $(cat "$RUN/redis-cluster/$port/redis.pid")" || echo "redis-$port   down"
   done
-  [ -s "$(PGDATA_DIR)/postmaster.pid" ] && echo "postgres     pid $(head -1 "$(PGDATA_DIR)/postmaster.pid") :$PG_PORT" || echo "postgres     down"
+  local data; data=$(PGDATA_DIR)
+  [ -n "$data" ] && [ -s "$data/postmaster.pid" ] && echo "postgres     pid $(head -1 "$data/postmaster.pid") :$PG_PORT ($data)" || echo "postgres     down"
   alive "$RUN/kafka/kafka.pid" && echo "kafka        pid $(cat "$RUN/kafka/kafka.pid") :$KAFKA_PORT" || echo "kafka        down"
 }
 
 # verify_down: fails if any process started by this stack still runs (by recorded pid, or
-# by a command line that names the state folder).
+# by a command line that names the state folder or PostgreSQL's home).
 verify_down() {
-  local left
-  left=$(pgrep -af -- "$RUN" | grep -v -e "stack.sh" -e pgrep || true)
+  local left home; home=$(pg_home)
+  left=$( (pgrep -af -- "$RUN"; [ -z "$home" ] || pgrep -af -- "$home") | sort -u | grep -v -e "stack.sh" -e pgrep || true)
   [ -z "$left" ] || die "still running after down:
 $left"
   local port
@@ -339,6 +424,17 @@ $left"
     ! port_open "$port" || die "port $port still answers after down"
   done
   log "nothing started by the stack is running"
+}
+
+# purge: down, then deletes this clone's state: .run/ and PostgreSQL's home when it is
+# elsewhere (the next `up` starts from empty databases; .cache/, the Kafka jars, stays).
+purge() {
+  down
+  local home; home=$(pg_home)
+  if [ -n "$home" ] && [ "$home" != "$RUN/postgres" ]; then
+    log "deleting $home"; rm -rf -- "$home"
+  fi
+  log "deleting $RUN"; rm -rf -- "$RUN"
 }
 
 case "${1:-}" in
@@ -357,6 +453,7 @@ case "${1:-}" in
   down) down ;;
   verify-down) verify_down ;;
   status) status ;;
+  purge) purge ;;
   env) write_env; cat "$RUN/env" ;;
-  *) echo "usage: $0 up|up-cluster|down|verify-down|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up|up-cluster|down|verify-down|status|purge|env" >&2; exit 2 ;;
 esac
