@@ -5,7 +5,7 @@ GO ?= go
 STACK := bash deploy/local/stack.sh
 WITH_ENV := set -a && . .run/env && set +a &&
 
-.PHONY: help up up-cluster down status migrate build vet test test-short chaos bench lint
+.PHONY: help up up-cluster down status migrate build vet test test-short chaos bench lint fuzz
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -51,3 +51,30 @@ bench: up build ## measure against baselines of the same run: prints a table, wr
 
 test-short: ## unit tests only: integration tests skip when the services are not set
 	$(GO) test -race -count=1 ./...
+
+FUZZTIME ?= 15s
+FUZZCACHE ?= $(CURDIR)/.cache/fuzz
+fuzz: ## run every fuzz target for FUZZTIME each (default 15s); corpus kept in .cache/fuzz, crashers saved to testdata/fuzz (docs/fuzz.md)
+	@# go test -fuzz takes one package and one target: list the targets of every package
+	@# with a func Fuzz in a _test.go file (go test -list, so build tags count), then loop.
+	@# -test.fuzzcachedir: the corpus the fuzzer grows stays in .cache/fuzz, not in GOCACHE.
+	@set -uo pipefail; targets=0; failed=(); \
+	while IFS='=' read -r pkg dir; do \
+	  grep -qs '^func Fuzz' "$$dir"/*_test.go || continue; \
+	  list=$$($(GO) test -list '^Fuzz' "$$pkg" </dev/null) || { echo "$$list"; exit 1; }; \
+	  for t in $$(grep '^Fuzz' <<<"$$list"); do \
+	    targets=$$((targets + 1)); \
+	    echo "fuzz: $$pkg $$t for $(FUZZTIME)"; \
+	    seen=$$(ls "$$dir/testdata/fuzz/$$t" 2>/dev/null); \
+	    $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime "$(FUZZTIME)" $(FUZZFLAGS) "$$pkg" \
+	      -args -test.fuzzcachedir="$(FUZZCACHE)/$$pkg" </dev/null && continue; \
+	    new=$$(comm -13 <(echo "$$seen") <(ls "$$dir/testdata/fuzz/$$t" 2>/dev/null) | sed "s|^|$$dir/testdata/fuzz/$$t/|"); \
+	    failed+=("$$pkg $$t: $${new:-no new crasher written, see the output above}"); \
+	  done; \
+	done < <($(GO) list -f '{{.ImportPath}}={{.Dir}}' ./...); \
+	[ "$$targets" -gt 0 ] || { echo "fuzz: no fuzz target found"; exit 1; }; \
+	if [ $${#failed[@]} -gt 0 ]; then \
+	  echo "fuzz: $${#failed[@]} of $$targets targets failed (a crasher in testdata/fuzz/ is a regression test from now on: commit it with the fix):"; \
+	  printf '  %s\n' "$${failed[@]}"; exit 1; \
+	fi; \
+	echo "fuzz: $$targets targets fuzzed for $(FUZZTIME) each, no crasher (corpus: $(FUZZCACHE))"
