@@ -188,3 +188,130 @@ func get(client *http.Client, url, token string) (int, []byte) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, b
 }
+
+// A policy change is enforced by every admit node within 1 s of its COMMIT, through
+// LISTEN/NOTIFY: three admit processes whose fallback full reload (ADMIT_POLICY_RELOAD) is an
+// hour. The change is made once through node 0's admin API (the clock starts before the PUT
+// is sent; the PUT waits for node 0's own reload, not the others') and once straight in
+// PostgreSQL (the clock starts just before the COMMIT). Every node is polled with admissions
+// from the start until it decides with the new policy: a requests quota of 0 (402), then the
+// key revoked (403). The setup does not rely on notifications: nodes 1 and 2 start once the
+// account and its key exist, and node 0 reloads for its own PUT.
+func TestPolicyChangeReachesEveryNodeWithinOneSecond(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 2*time.Minute)
+	pool, schema := testenv.EmptySchema(t)
+	dbURL := testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema)
+	prefix := testenv.Name(t)
+	rdb := testenv.Redis(t)
+	t.Cleanup(func() { // relay off: the admissions' outbox entries stay in Redis
+		if keys, _ := rdb.Keys(context.Background(), "t:"+prefix+":*").Result(); len(keys) > 0 {
+			rdb.Del(context.Background(), keys...)
+		}
+	})
+	var nodes []string
+	startNode := func(args ...string) {
+		addr := testenv.FreeAddr(t)
+		env := append(testenv.AdmitTokens(),
+			"ADMIT_ADDR="+addr, "ADMIT_NODE=node-"+strconv.Itoa(len(nodes)), "ADMIT_KEY_PREFIX=t:"+prefix+":mg",
+			"ADMIT_POLICY_RELOAD=1h", "ADMIT_RELAY=false",
+			"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "DATABASE_URL="+dbURL,
+			"KAFKA_BROKERS="+strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC=t."+prefix, "LOG_LEVEL=warn")
+		testenv.StartMain(t, env, args...)
+		nodes = append(nodes, "http://"+addr)
+		_, err := testenv.WaitHTTP(ctx, "http://"+addr+"/readyz", 200)
+		require.NoError(t, err)
+	}
+	startNode("-migrate")
+
+	org := strings.ReplaceAll(prefix, "_", "-")
+	status, body := nodeCall("POST", nodes[0]+"/v1/admin/accounts", adminToken(), map[string]any{"id": org, "kind": "org", "plan": "pro"})
+	require.Equal(t, 201, status, string(body))
+	status, body = nodeCall("POST", nodes[0]+"/v1/admin/api-keys", adminToken(), map[string]any{"account": org})
+	require.Equal(t, 201, status, string(body))
+	var created struct {
+		ID     string `json:"id"`
+		APIKey string `json:"api_key"`
+	}
+	require.NoError(t, json.Unmarshal(body, &created))
+	key, keyID := created.APIKey, created.ID
+	status, body = nodeCall("PUT", nodes[0]+"/v1/admin/accounts/"+org, adminToken(), map[string]any{"plan": "pro"})
+	require.Equal(t, 200, status, string(body))
+	startNode()
+	startNode()
+	for _, n := range nodes {
+		status, body := nodeCall("POST", n+"/v1/admit", serviceToken(), map[string]any{"api_key": key})
+		require.Equal(t, 200, status, "node %s admits with the key: %s", n, body)
+	}
+
+	// Through node 0's admin API.
+	start := time.Now()
+	enforced := pollNodes(nodes, start, key, 402)
+	status, body = nodeCall("PUT", nodes[0]+"/v1/admin/accounts/"+org, adminToken(),
+		map[string]any{"plan": "pro", "limits": map[string]any{"requests": map[string]any{"quota": 0}}})
+	require.Equal(t, 200, status, string(body))
+	requireEnforced(t, "a requests quota of 0 set through node 0's PUT", enforced())
+
+	// Straight in PostgreSQL.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, keyID)
+	require.NoError(t, err)
+	start = time.Now()
+	enforced = pollNodes(nodes, start, key, 403)
+	require.NoError(t, tx.Commit(ctx))
+	requireEnforced(t, "the key revoked by SQL", enforced())
+}
+
+// pollNodes sends an admission of one request with key to every node, over and over from
+// start, until the node answers want (or 10 s have passed). The function it returns waits
+// for every node and returns, per node, the time from start to the first such answer (-1
+// when none came).
+func pollNodes(nodes []string, start time.Time, key string, want int) func() []time.Duration {
+	took := make([]time.Duration, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Go(func() {
+			for {
+				status, _ := nodeCall("POST", n+"/v1/admit", serviceToken(), map[string]any{"api_key": key})
+				if status == want {
+					took[i] = time.Since(start)
+					return
+				}
+				if time.Since(start) > 10*time.Second {
+					took[i] = -1
+					return
+				}
+				time.Sleep(2 * time.Millisecond) // polling interval, not synchronisation
+			}
+		})
+	}
+	return func() []time.Duration { wg.Wait(); return took }
+}
+
+// requireEnforced fails unless every node decided with the change within 1 s of its start.
+func requireEnforced(t *testing.T, what string, took []time.Duration) {
+	t.Helper()
+	t.Logf("%s: enforced by the nodes after %v (-1ns: not within 10 s)", what, took)
+	for i, d := range took {
+		require.True(t, d >= 0, "%s: node %d did not enforce it within 10 s", what, i)
+		require.Less(t, d, time.Second, "%s: node %d enforced it too late", what, i)
+	}
+}
+
+// nodeCall sends a JSON request with a bearer token and returns the status and body (status
+// 0 when the node did not answer).
+func nodeCall(method, url, token string, body any) (int, []byte) {
+	raw, _ := json.Marshal(body)
+	req, _ := http.NewRequest(method, url, bytes.NewReader(raw))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := nodeClient.Do(req)
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+var nodeClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 10 * time.Second}
