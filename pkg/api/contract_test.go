@@ -165,3 +165,29 @@ func TestContractExceptionsAreTheDocuments(t *testing.T) {
 		require.NotContains(t, raw.Paths, p)
 	}
 }
+
+// What the check adds to every exchange of the API tests.
+func BenchmarkContractCheck(b *testing.B) {
+	rec := httptest.NewRecorder()
+	api.New(api.Config{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/openapi.yaml", nil))
+	c, err := apitest.Load(rec.Body.Bytes())
+	require.NoError(b, err)
+	for _, bm := range []struct {
+		name string
+		ex   apitest.Exchange
+	}{
+		{"admit", exchange("POST", "/v1/admit", "svc", `{"api_key":"mgk_x","units":{"tokens":20000}}`, 200,
+			http.Header{"Ratelimit-Policy": {`"acme-requests";q=300;w=3`}, "Ratelimit": {`"acme-requests";r=12;t=1`}},
+			`{"decision":"allow","event_id":"`+eventID+`","account":"acme","org":"acme","period":"2026-05"}`)},
+		{"account", exchange("GET", "/v1/admin/accounts/acme", "adm", "", 200, nil, storedAccount)},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := c.Check(bm.ex); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
