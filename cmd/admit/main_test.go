@@ -223,11 +223,13 @@ func TestPolicyChangeReachesEveryNodeWithinOneSecond(t *testing.T) {
 		require.NoError(t, err)
 	}
 	startNode("-migrate")
+	// Every exchange with the nodes is checked against the OpenAPI document they serve.
+	client := &http.Client{Transport: apitest.Transport(t, nodes[0], nodeClient.Transport), Timeout: nodeClient.Timeout}
 
 	org := strings.ReplaceAll(prefix, "_", "-")
-	status, body := nodeCall("POST", nodes[0]+"/v1/admin/accounts", adminToken(), map[string]any{"id": org, "kind": "org", "plan": "pro"})
+	status, body := nodeCall(client, "POST", nodes[0]+"/v1/admin/accounts", adminToken(), map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	require.Equal(t, 201, status, string(body))
-	status, body = nodeCall("POST", nodes[0]+"/v1/admin/api-keys", adminToken(), map[string]any{"account": org})
+	status, body = nodeCall(client, "POST", nodes[0]+"/v1/admin/api-keys", adminToken(), map[string]any{"account": org})
 	require.Equal(t, 201, status, string(body))
 	var created struct {
 		ID     string `json:"id"`
@@ -235,19 +237,19 @@ func TestPolicyChangeReachesEveryNodeWithinOneSecond(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(body, &created))
 	key, keyID := created.APIKey, created.ID
-	status, body = nodeCall("PUT", nodes[0]+"/v1/admin/accounts/"+org, adminToken(), map[string]any{"plan": "pro"})
+	status, body = nodeCall(client, "PUT", nodes[0]+"/v1/admin/accounts/"+org, adminToken(), map[string]any{"plan": "pro"})
 	require.Equal(t, 200, status, string(body))
 	startNode()
 	startNode()
 	for _, n := range nodes {
-		status, body := nodeCall("POST", n+"/v1/admit", serviceToken(), map[string]any{"api_key": key})
+		status, body := nodeCall(client, "POST", n+"/v1/admit", serviceToken(), map[string]any{"api_key": key})
 		require.Equal(t, 200, status, "node %s admits with the key: %s", n, body)
 	}
 
 	// Through node 0's admin API.
 	start := time.Now()
-	enforced := pollNodes(nodes, start, key, 402)
-	status, body = nodeCall("PUT", nodes[0]+"/v1/admin/accounts/"+org, adminToken(),
+	enforced := pollNodes(client, nodes, start, key, 402)
+	status, body = nodeCall(client, "PUT", nodes[0]+"/v1/admin/accounts/"+org, adminToken(),
 		map[string]any{"plan": "pro", "limits": map[string]any{"requests": map[string]any{"quota": 0}}})
 	require.Equal(t, 200, status, string(body))
 	requireEnforced(t, "a requests quota of 0 set through node 0's PUT", enforced())
@@ -258,7 +260,7 @@ func TestPolicyChangeReachesEveryNodeWithinOneSecond(t *testing.T) {
 	_, err = tx.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE id = $1`, keyID)
 	require.NoError(t, err)
 	start = time.Now()
-	enforced = pollNodes(nodes, start, key, 403)
+	enforced = pollNodes(client, nodes, start, key, 403)
 	require.NoError(t, tx.Commit(ctx))
 	requireEnforced(t, "the key revoked by SQL", enforced())
 }
@@ -267,13 +269,13 @@ func TestPolicyChangeReachesEveryNodeWithinOneSecond(t *testing.T) {
 // start, until the node answers want (or 10 s have passed). The function it returns waits
 // for every node and returns, per node, the time from start to the first such answer (-1
 // when none came).
-func pollNodes(nodes []string, start time.Time, key string, want int) func() []time.Duration {
+func pollNodes(client *http.Client, nodes []string, start time.Time, key string, want int) func() []time.Duration {
 	took := make([]time.Duration, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
 		wg.Go(func() {
 			for {
-				status, _ := nodeCall("POST", n+"/v1/admit", serviceToken(), map[string]any{"api_key": key})
+				status, _ := nodeCall(client, "POST", n+"/v1/admit", serviceToken(), map[string]any{"api_key": key})
 				if status == want {
 					took[i] = time.Since(start)
 					return
@@ -301,11 +303,11 @@ func requireEnforced(t *testing.T, what string, took []time.Duration) {
 
 // nodeCall sends a JSON request with a bearer token and returns the status and body (status
 // 0 when the node did not answer).
-func nodeCall(method, url, token string, body any) (int, []byte) {
+func nodeCall(client *http.Client, method, url, token string, body any) (int, []byte) {
 	raw, _ := json.Marshal(body)
 	req, _ := http.NewRequest(method, url, bytes.NewReader(raw))
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := nodeClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil
 	}
