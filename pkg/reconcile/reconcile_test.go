@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
@@ -511,23 +513,115 @@ func TestCrashSafety(t *testing.T) {
 	}
 }
 
-// Two runs at once would both restore the same drift: the second is refused.
+// Two runs at once, each on a pool of its own (as two reconcile processes), on a state that
+// needs work: Redis lost the monthly counters of ten requests (acme and eng, requests and
+// tokens). Each run's failpoint after it records its corrections waits until the other run
+// has returned or reached the same point, so the two overlap for certain and neither is
+// given the lock by hand. One run takes the run lock and restores the four counters; the
+// other is refused with ErrRunning before it measures or records anything. Each counter is
+// restored once: four drift_restore rows, all of the winning run, each applied once, and the
+// counters equal the log's totals. (Without the lock both runs measure the same drift and
+// each restores it.)
 func TestOneRunAtATime(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1000)
 	ctx := testenv.Context(t, time.Minute)
-	conn, err := b.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `select pg_advisory_lock(hashtext('metergate.reconcile.' || current_schema()))`)
-	require.NoError(t, err)
-	_, err = reconcile.Run(ctx, b.opts())
-	require.ErrorIs(t, err, reconcile.ErrRunning)
+	at := b.cur.Add(time.Hour)
+	for i := range 10 {
+		b.event(t, fmt.Sprintf("ev-%d", i), at, at, 1, 100)
+	}
+	b.flush(ctx, t)
+	require.Len(t, verify(t, b), 4, "acme and eng requests and tokens counters lost")
 
-	_, err = conn.Exec(ctx, `select pg_advisory_unlock(hashtext('metergate.reconcile.' || current_schema()))`)
-	require.NoError(t, err)
-	run(t, b.opts())
-	run(t, b.opts()) // the lock was given back
+	type runResult struct {
+		s   reconcile.Summary
+		err error
+	}
+	var (
+		results  [2]runResult
+		arrived  = [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+		returned = [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+		start    = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	for i := range 2 {
+		pool, err := pgxpool.NewWithConfig(ctx, b.pool.Config().Copy())
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		o := b.opts()
+		o.Pool = pool
+		var once sync.Once
+		o.Failpoint = func(point string) error {
+			if point != reconcile.AfterInsert {
+				return nil
+			}
+			once.Do(func() { close(arrived[i]) })
+			select {
+			case <-arrived[1-i]:
+			case <-returned[1-i]:
+			case <-time.After(30 * time.Second):
+				return errors.New("the other run neither returned nor recorded its corrections within 30 s")
+			}
+			return nil
+		}
+		wg.Go(func() {
+			defer close(returned[i])
+			<-start
+			results[i].s, results[i].err = reconcile.Run(ctx, o)
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	var winner, refused []int
+	for i, r := range results {
+		switch {
+		case r.err == nil:
+			winner = append(winner, i)
+		case errors.Is(r.err, reconcile.ErrRunning):
+			refused = append(refused, i)
+		default:
+			t.Errorf("run %d: %v", i, r.err)
+		}
+	}
+	for i, r := range results {
+		t.Logf("run %d: err %v, drift found %d, applied %d", i, r.err, r.s.DriftFound, r.s.AdjustmentsApplied)
+	}
+	// Every check below is made, so that a broken lock shows all it breaks.
+	assert.Len(t, winner, 1, "exactly one run does the work")
+	assert.Len(t, refused, 1, "the other is refused: ErrRunning")
+	if len(winner) == 1 {
+		s := results[winner[0]].s
+		assert.Equal(t, 4, s.DriftFound)
+		assert.Equal(t, 4, s.AdjustmentsApplied)
+		assert.Equal(t, map[reconcile.Kind]int{reconcile.DriftRestore: 4}, s.ByKind)
+		assert.Empty(t, s.InvariantFailures)
+	}
+	for _, i := range refused {
+		assert.Zero(t, results[i].s.AdjustmentsApplied, "the refused run applied nothing")
+	}
+
+	var rows, runIDs, unapplied, mismatched, runs int
+	var runID string
+	require.NoError(t, b.pool.QueryRow(ctx, `select count(*), count(distinct run_id), coalesce(min(run_id::text), ''),
+  count(*) filter (where applied_at is null), count(*) filter (where redis_after - redis_before <> amount) from adjustments`).
+		Scan(&rows, &runIDs, &runID, &unapplied, &mismatched))
+	require.NoError(t, b.pool.QueryRow(ctx, `select count(*) from reconcile_runs`).Scan(&runs))
+	assert.Equal(t, 4, rows, "one drift_restore row per lost counter, not one per run")
+	assert.Equal(t, 1, runIDs, "every row is of one run")
+	if len(winner) == 1 {
+		assert.Equal(t, results[winner[0]].s.RunID, runID, "of the run that took the lock")
+	}
+	assert.Zero(t, unapplied)
+	assert.Zero(t, mismatched, "rows whose redis_after - redis_before is not their amount")
+	assert.Equal(t, 1, runs, "the refused run recorded no run")
+	for _, acc := range []string{org, team} {
+		assert.Equal(t, int64(10), b.counter(t, acc, policy.Requests, at), "%s requests restored once", acc)
+		assert.Equal(t, int64(1000), b.counter(t, acc, policy.Tokens, at), "%s tokens restored once", acc)
+	}
+	assert.Empty(t, verify(t, b))
+	require.False(t, t.Failed())
+	require.Zero(t, run(t, b.opts()).AdjustmentsApplied, "a run after them applies nothing")
 }
 
 // Outcomes and boundary events metered while a run is under way (after it computed its
