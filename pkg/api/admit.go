@@ -72,7 +72,6 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		// The caller hung up: nobody will be told, so nothing may be billed. Not a Redis
 		// outage, whatever Decide returned.
 		s.callerGone(req, d, err)
-		return
 	}
 	switch {
 	case errors.Is(err, admission.ErrIdempotencyKeyReused):
@@ -124,7 +123,6 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 		}
 		if r.Context().Err() != nil {
 			s.callerGone(req, admission.Decision{}, cause) // recorded or not, nobody is told
-			return
 		}
 		if err == nil {
 			log.Warn("redis unavailable: admitted fail-open, event written to kafka", "event_id", req.EventID)

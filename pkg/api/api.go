@@ -167,6 +167,9 @@ func (s *Server) Mount(mux *http.ServeMux) { mux.Handle("/", s) }
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value, compared as net/http does
+				panic(v) // the response is aborted on purpose: net/http closes the connection
+			}
 			s.cfg.Log.Error("handler panicked", "path", r.URL.Path, "panic", v)
 			writeError(w, &Error{Status: 500, Code: "internal", Message: "internal error"})
 		}

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"time"
 
@@ -33,13 +34,15 @@ type voids struct {
 }
 
 // callerGone handles a request whose caller hung up while it was decided: it is counted as
-// abandoned (not as a Redis outage) and, unless nothing was charged, voided.
+// abandoned (not as a Redis outage), voided unless nothing was charged, and answered with
+// nothing at all. It does not return: it aborts the handler (http.ErrAbortHandler), as
+// returning would make net/http answer an implicit, empty 200.
 func (s *Server) callerGone(req admission.Request, d admission.Decision, err error) {
 	s.metrics.abandoned.Inc()
-	if err == nil && d.Result != admission.Allow || errors.Is(err, admission.ErrIdempotencyKeyReused) {
-		return // a denial consumed nothing
+	if err != nil && !errors.Is(err, admission.ErrIdempotencyKeyReused) || err == nil && d.Result == admission.Allow {
+		s.void(req, event.VoidCallerGone) // a denial consumed nothing
 	}
-	s.void(req, event.VoidCallerGone)
+	panic(http.ErrAbortHandler)
 }
 
 // void voids req: once now, and in the background until Redis takes it.

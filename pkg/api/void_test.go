@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/testenv"
 )
@@ -86,7 +90,7 @@ func (b *testBundle) requireVoided(t *testing.T, reason string, mustHaveRun bool
 	}
 	require.Len(t, voided, 1, "one void")
 	if mustHaveRun {
-		require.Len(t, admitted, 1, "the script call queued behind the stall ran")
+		require.Len(t, admitted, 1, "the script call whose answer was lost ran")
 	}
 	for _, id := range admitted {
 		require.True(t, voided[id], "admitted event %s is voided", id)
@@ -119,23 +123,77 @@ func (b *testBundle) stall(t *testing.T, d time.Duration) <-chan error {
 	return done
 }
 
-// A script call that times out while Redis is busy may still run once Redis is free: the
-// request answered 503 is voided, so that it bills nothing.
+// replyDropper is a TCP proxy to a Redis server that, while drop is set, passes commands on
+// and throws the replies away: a script runs, and its caller never hears of it (a reply
+// lost in a network partition or a failover).
+type replyDropper struct {
+	addr string
+	drop atomic.Bool
+}
+
+func newReplyDropper(t *testing.T, redisAddr string) *replyDropper {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	p := &replyDropper{addr: ln.Addr().String()}
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", redisAddr)
+			if err != nil {
+				_ = client.Close()
+				continue
+			}
+			go func() { _, _ = io.Copy(server, client); _ = server.Close() }()
+			go func() {
+				defer client.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := server.Read(buf)
+					if n > 0 && !p.drop.Load() {
+						if _, werr := client.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+// A script call whose reply is lost ran all the same: its decision was taken, and the
+// request, answered 503, is voided so that it bills nothing.
 func TestTimedOutCallIsVoided(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{rdb: privateRedis(t), callTimeout: 300 * time.Millisecond})
+	redisAddr := testenv.StartRedis(t).Addr()
+	proxy := newReplyDropper(t, redisAddr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	b := setup(t, options{rdb: rdb})
 	org := b.id("acme")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"}) // a monthly quota: fail closed
 	b.waitResolvable(t, org)
 
-	done := b.stall(t, 1500*time.Millisecond)
+	// The script is cached: with the reply of EVALSHA's NOSCRIPT lost, nothing would run.
+	for _, script := range []*redis.Script{lua.Admit, lua.Void} {
+		require.NoError(t, script.Load(testenv.Context(t, 10*time.Second), rdb).Err())
+	}
+	proxy.drop.Store(true)
 	rep := b.admit(t, map[string]any{"account": org})
+	proxy.drop.Store(false)
 	require.Equal(t, http.StatusServiceUnavailable, rep.Status, rep.Raw)
-	require.NoError(t, <-done)
 	require.EqualValues(t, 1, b.metric(t, "metergate_admit_fail_closed_total", nil))
 	b.waitMetric(t, "metergate_admit_voids_total", map[string]string{"reason": "unavailable"}, 1)
 	require.Zero(t, b.metric(t, "metergate_admit_voids_total", map[string]string{"via": "kafka"}), "redis took it")
-	b.requireVoided(t, event.VoidUnavailable, false)
+	b.requireVoided(t, event.VoidUnavailable, true)
 }
 
 // A caller that hangs up while its decision waits for Redis is not a Redis outage: it is
