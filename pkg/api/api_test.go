@@ -462,9 +462,7 @@ func effective(t *testing.T, r reply) map[string]any {
 // rate-only accounts fail open, their event written straight to Kafka.
 func TestRedisDown(t *testing.T) {
 	t.Parallel()
-	dead := redis.NewClient(&redis.Options{Addr: testenv.FreeAddr(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { _ = dead.Close() })
-	b := setup(t, options{rdb: dead, recorder: true})
+	b := setup(t, options{rdb: deadRedis(t), recorder: true})
 	quota, rateOnly := b.id("quota"), b.id("rate-only")
 	b.account(t, map[string]any{"id": quota, "kind": "org", "plan": "pro"})
 	b.account(t, map[string]any{"id": rateOnly, "kind": "org", "plan": "enterprise"}) // uncapped quota
@@ -480,13 +478,7 @@ func TestRedisDown(t *testing.T) {
 	require.Equal(t, true, r.Body["fail_open"])
 	id := r.Body["event_id"].(string)
 
-	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: b.topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	t.Cleanup(func() { _ = rd.Close() })
-	msg, err := rd.ReadMessage(testenv.Context(t, time.Minute))
-	require.NoError(t, err)
-	require.Equal(t, rateOnly, string(msg.Key))
-	var ev event.CloudEvent
-	require.NoError(t, json.Unmarshal(msg.Value, &ev))
+	ev := b.recorded(t, rateOnly)
 	require.Equal(t, id, ev.ID)
 	require.Equal(t, event.TypeAdmitted, ev.Type)
 	require.Equal(t, "1.0", ev.SpecVersion)
@@ -496,13 +488,31 @@ func TestRedisDown(t *testing.T) {
 	require.Equal(t, int64(42), data.Units["tokens"])
 }
 
+// deadRedis is a client of a Redis that is not there.
+func deadRedis(t *testing.T) *redis.Client {
+	dead := redis.NewClient(&redis.Options{Addr: testenv.FreeAddr(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = dead.Close() })
+	return dead
+}
+
+// recorded is the first event the Kafka recorder wrote, which must be keyed by org.
+func (b *testBundle) recorded(t *testing.T, org string) event.CloudEvent {
+	t.Helper()
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: b.topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = rd.Close() })
+	msg, err := rd.ReadMessage(testenv.Context(t, time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, org, string(msg.Key))
+	var ev event.CloudEvent
+	require.NoError(t, json.Unmarshal(msg.Value, &ev))
+	return ev
+}
+
 // Redis and Kafka both unavailable: a rate-only account is denied (503), because an
 // admission that cannot be recorded is not made.
 func TestRedisAndKafkaDown(t *testing.T) {
 	t.Parallel()
-	dead := redis.NewClient(&redis.Options{Addr: testenv.FreeAddr(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { _ = dead.Close() })
-	b := setup(t, options{rdb: dead, deadKafka: true})
+	b := setup(t, options{rdb: deadRedis(t), deadKafka: true})
 	rateOnly := b.id("rate-only")
 	b.account(t, map[string]any{"id": rateOnly, "kind": "org", "plan": "enterprise"})
 	b.waitResolvable(t, rateOnly)
