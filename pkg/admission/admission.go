@@ -74,5 +74,9 @@ type Decision struct {
 // or another tool.
 var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different units")
 
+// ErrNotSent wraps a script call's error when the call certainly never reached Redis (no
+// connection could be had): nothing was decided, so there is nothing to void.
+var ErrNotSent = errors.New("not sent to redis")
+
 // ErrUnknownEvent is returned for an outcome whose event id is malformed.
 var ErrUnknownEvent = errors.New("unknown event id")

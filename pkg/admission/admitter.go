@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -210,6 +211,9 @@ func (a *Admitter) run(shard int, batch []*call) {
 		raw, err := lua.Admit.Run(ctx, a.rdb, enc.keys, enc.args...).Slice()
 		a.metrics.observe(len(batch), time.Since(start))
 		if err != nil {
+			if notSent(err) {
+				err = fmt.Errorf("%w: %w", ErrNotSent, err)
+			}
 			for _, c := range batch {
 				deliver(c, Decision{}, fmt.Errorf("admission script: %w", err))
 			}
@@ -236,6 +240,14 @@ func (a *Admitter) run(shard int, batch []*call) {
 		}
 		return
 	}
+}
+
+// notSent reports an error that leaves the command unsent: a refused or failed dial, no
+// free connection in the pool, a closed client.
+func notSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial" ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
 }
 
 func replyHeader(raw []any) (ok bool, now time.Time, err error) {

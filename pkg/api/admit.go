@@ -139,8 +139,10 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 	// The script call may have run (it timed out after it was sent) or may still run (queued
 	// behind a stall): void it. A retry with the same idempotency key that is answered with
 	// its decision before the void lands makes it bill again (void.lua): that caller was
-	// told 200.
-	s.void(req, event.VoidUnavailable)
+	// told 200. A call that never reached Redis decided nothing.
+	if mayHaveCharged(admission.Decision{}, cause) {
+		s.void(req, event.VoidUnavailable)
+	}
 	w.Header().Set("Retry-After", retryAfterSeconds(s.cfg.RedisDownRetryAfter))
 	writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "the decision cannot be taken right now; retry later"})
 }

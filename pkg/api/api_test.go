@@ -472,6 +472,8 @@ func TestRedisDown(t *testing.T) {
 	r := b.admit(t, map[string]any{"account": quota})
 	require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Raw)
 	require.Equal(t, "1", r.Header.Get("Retry-After"))
+	require.Zero(t, b.metric(t, "metergate_admit_voids_total", nil)+b.metric(t, "metergate_admit_voids_pending", nil),
+		"a call that never reached Redis decided nothing to void")
 
 	r = b.admit(t, map[string]any{"account": rateOnly, "units": map[string]any{"requests": 1, "tokens": 42}})
 	require.Equal(t, http.StatusOK, r.Status, r.Raw)

@@ -17,6 +17,7 @@ type metrics struct {
 	failClosed prometheus.Counter
 	abandoned  prometheus.Counter
 	voids      *prometheus.CounterVec
+	pending    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -50,8 +51,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "metergate_admit_voids_total",
 			Help: "Requests voided because no caller was told their decision, by reason (unavailable, caller_gone) and where the void was recorded (redis: at once; redis_retried: later, in the background; kafka: straight to Kafka, the last resort when admit stops or Redis stays away; lost: neither took it).",
 		}, []string{"reason", "via"}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "metergate_admit_voids_pending",
+			Help: "Voids Redis has not taken yet, retried in the background.",
+		}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.rejections, m.failOpen, m.failClosed, m.abandoned, m.voids)
+	reg.MustRegister(m.decisions, m.latency, m.rejections, m.failOpen, m.failClosed, m.abandoned, m.voids, m.pending)
 	return m
 }
 

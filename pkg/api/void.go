@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/metergate/metergate/pkg/admission"
@@ -24,10 +25,14 @@ const (
 	voidRetryFor = time.Hour
 	// voidBackoffMax is the longest pause between two tries.
 	voidBackoffMax = 5 * time.Second
+	// maxPendingVoids bounds the voids retried in the background; past it (a long outage
+	// with calls timing out), a void goes straight to Kafka.
+	maxPendingVoids = 10_000
 )
 
 // voids runs the voids that Redis did not take at the first try.
 type voids struct {
+	pending  atomic.Int64
 	wg       sync.WaitGroup
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -39,10 +44,20 @@ type voids struct {
 // returning would make net/http answer an implicit, empty 200.
 func (s *Server) callerGone(req admission.Request, d admission.Decision, err error) {
 	s.metrics.abandoned.Inc()
-	if err != nil && !errors.Is(err, admission.ErrIdempotencyKeyReused) || err == nil && d.Result == admission.Allow {
-		s.void(req, event.VoidCallerGone) // a denial consumed nothing
+	if mayHaveCharged(d, err) {
+		s.void(req, event.VoidCallerGone)
 	}
 	panic(http.ErrAbortHandler)
+}
+
+// mayHaveCharged reports whether Decide's answer leaves a charge possible: an admission, or
+// an error after the script call was sent (a denial, a reused idempotency key and a call
+// that never reached Redis charged nothing).
+func mayHaveCharged(d admission.Decision, err error) bool {
+	if err != nil {
+		return !errors.Is(err, admission.ErrIdempotencyKeyReused) && !errors.Is(err, admission.ErrNotSent)
+	}
+	return d.Result == admission.Allow
 }
 
 // void voids req: once now, and in the background until Redis takes it.
@@ -51,9 +66,17 @@ func (s *Server) void(req admission.Request, reason string) {
 		s.metrics.voids.WithLabelValues(reason, "redis").Inc()
 		return
 	}
+	if s.voids.pending.Add(1) > maxPendingVoids {
+		s.voids.pending.Add(-1)
+		s.voidInKafka(req, reason)
+		return
+	}
+	s.metrics.pending.Inc()
 	s.voids.wg.Add(1)
 	go func() {
 		defer s.voids.wg.Done()
+		defer s.voids.pending.Add(-1)
+		defer s.metrics.pending.Dec()
 		s.retryVoid(req, reason)
 	}()
 }

@@ -36,7 +36,7 @@ func (b *testBundle) metric(t *testing.T, name string, labels map[string]string)
 					continue next
 				}
 			}
-			sum += m.GetCounter().GetValue()
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return sum
@@ -223,11 +223,32 @@ func TestCallerHangingUpIsVoidedNotAnOutage(t *testing.T) {
 	b.requireVoided(t, event.VoidCallerGone, true)
 }
 
+// silentRedis is a client of a server that takes connections and commands and never
+// answers: every call is sent, and times out.
+func silentRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
+		}
+	}()
+	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // A void Redis does not take is retried in the background; when admit stops, it goes
 // straight to Kafka instead of being lost.
 func TestPendingVoidGoesToKafkaOnClose(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{rdb: deadRedis(t), recorder: true})
+	b := setup(t, options{rdb: silentRedis(t), recorder: true})
 	org := b.id("quota")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	b.waitResolvable(t, org)
@@ -235,8 +256,10 @@ func TestPendingVoidGoesToKafkaOnClose(t *testing.T) {
 	r := b.admit(t, map[string]any{"account": org})
 	require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Raw)
 	require.Zero(t, b.metric(t, "metergate_admit_voids_total", nil), "redis took nothing")
+	require.EqualValues(t, 1, b.metric(t, "metergate_admit_voids_pending", nil))
 	require.NoError(t, b.srv.Close(testenv.Context(t, 10*time.Second)))
 	require.EqualValues(t, 1, b.metric(t, "metergate_admit_voids_total", map[string]string{"reason": "unavailable", "via": "kafka"}))
+	require.Zero(t, b.metric(t, "metergate_admit_voids_pending", nil))
 
 	ev := b.recorded(t, org)
 	require.Equal(t, event.TypeVoided, ev.Type)
