@@ -33,10 +33,11 @@ func TestBrokerStopped(t *testing.T) {
 	sc := begin(t, "2 Kafka broker stopped")
 	broker := testenv.StartBroker(t)
 	s := newStack(t, options{Brokers: []string{broker.Addr()}})
-	key := s.account("chaos-org", "org", "", "enterprise", enterpriseRate)
+	keys := []string{s.account("chaos-org", "org", "", "enterprise", enterpriseRate),
+		s.account("chaos-team", "team", "chaos-org", "", map[string]any{})}
 	outage := pick(5*time.Second, 30*time.Second)
 
-	l := s.startLoad(loadSpec{Workers: 8, Keys: []string{key}, Retry5xx: true, Deadline: 6 * time.Minute}, 400)
+	l := s.startLoad(loadSpec{Workers: 8, Keys: keys, Retry5xx: true, Deadline: 6 * time.Minute}, 400)
 	l.waitAdmitted(t, 200, 2*time.Minute)
 	broker.Stop()
 	down := time.Now()
@@ -72,11 +73,12 @@ func TestPostgresRestarted(t *testing.T) {
 	sc := begin(t, "4 PostgreSQL restarted")
 	pg := testenv.StartPostgres(t)
 	s := newStack(t, options{DatabaseURL: pg.URL()})
-	key := s.account("chaos-org", "org", "", "enterprise", enterpriseRate)
+	keys := []string{s.account("chaos-org", "org", "", "enterprise", enterpriseRate),
+		s.account("chaos-team", "team", "chaos-org", "", map[string]any{})}
 	outage := pick(3*time.Second, 10*time.Second)
 	ctx := testenv.Context(t, 10*time.Minute)
 
-	l := s.startLoad(loadSpec{Workers: 8, Keys: []string{key}, Retry5xx: true, Deadline: 6 * time.Minute}, 400)
+	l := s.startLoad(loadSpec{Workers: 8, Keys: keys, Retry5xx: true, Deadline: 6 * time.Minute}, 400)
 	l.waitAdmitted(t, 200, 2*time.Minute)
 	pg.Kill()
 	down := time.Now()
@@ -181,9 +183,8 @@ func TestRedisRestartedEmpty(t *testing.T) {
 	require.Equal(t, byKey[1][503], sumCounts(byKey[1]), "every request of the quota org gets 503 while Redis is down")
 	require.Equal(t, requests, after.Status[200], "after the restart every request is admitted: %v", after.Status)
 	require.Equal(t, byKey[1][503], sc.FiveXX, "the 5xx are exactly the quota org's requests while Redis was down")
-	require.Zero(t, b.Lost, "lost")
-	require.Zero(t, b.Duplicated, "duplicated")
-	require.Equal(t, len(before.Admitted)+len(during.Admitted)+len(after.Admitted), b.Rows)
+	// The fail-open rows too (written to Kafka by admit itself) hold what their callers sent.
+	b.requireExact(t, len(before.Admitted)+len(during.Admitted)+len(after.Admitted))
 	require.Equal(t, 0, code, "reconcile:\n%s", out)
 	require.Positive(t, drift, "reconcile restored the wiped counters (drift_found):\n%s", out)
 	require.Equal(t, 0, verifyCode, "reconcile verify:\n%s", verifyOut)
@@ -237,9 +238,6 @@ type runningLoad struct {
 // same idempotency key, 5xx when spec.Retry5xx.
 func (s *stack) startLoad(spec loadSpec, perSecond int) *runningLoad {
 	s.t.Helper()
-	if spec.Units == nil {
-		spec.Units = map[string]int64{"requests": 1}
-	}
 	if spec.Deadline == 0 {
 		spec.Deadline = 2 * time.Minute
 	}
@@ -277,10 +275,8 @@ func (s *stack) startLoad(spec loadSpec, perSecond int) *runningLoad {
 					}
 				}
 				i := int(next.Add(1)) - 1
-				idem := fmt.Sprintf("chaos-%s-%d", run, i)
-				k := i % len(spec.Keys)
-				body := map[string]any{"api_key": spec.Keys[k], "idempotency_key": idem, "units": spec.Units}
-				status, out, sent, err := admitAnswered(ctx, urls, (w+i)%len(urls), body, spec.Retry5xx, func() {
+				req := spec.request(run, i)
+				status, out, sent, err := admitAnswered(ctx, urls, (w+i)%len(urls), req.body(), spec.Retry5xx, func() {
 					l.mu.Lock()
 					l.res.FiveXX++
 					l.mu.Unlock()
@@ -292,8 +288,8 @@ func (s *stack) startLoad(spec loadSpec, perSecond int) *runningLoad {
 				answered := time.Now()
 				l.mu.Lock()
 				l.res.Requests++
-				l.res.record(idem, status, out)
-				l.answers = append(l.answers, answer{key: k, status: status, sent: sent, answered: answered})
+				l.res.record(req, status, out)
+				l.answers = append(l.answers, answer{key: i % len(spec.Keys), status: status, sent: sent, answered: answered})
 				l.mu.Unlock()
 				if status == 200 {
 					l.admitted.Add(1)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,10 +52,20 @@ type stack struct {
 	topic   string
 	admits  []*node
 	meters  []*node
-	// warm holds the event ids of the requests of 0 units that waited for a new key to
-	// reach every node: they are rows too, outside the scenarios' counts.
-	warm map[string]bool
+	// warm holds the requests of 0 units that waited for a new key to reach every node,
+	// by event id: they are rows too, outside the scenarios' counts.
+	warm map[string]sentRequest
+	// accounts and keys are what account made: each account's kind and parent, and each
+	// API key's id and account, by the key. A row's org, path and key id come from them.
+	accounts map[string]accountNode
+	keys     map[string]apiKey
 }
+
+// accountNode is an account a stack made.
+type accountNode struct{ kind, parent string }
+
+// apiKey is an API key a stack made: its id and its account.
+type apiKey struct{ id, account string }
 
 // node is one process of a stack, restartable on the same address.
 type node struct {
@@ -128,7 +139,8 @@ func newStack(t *testing.T, o options) *stack {
 	if redisURL == "" {
 		redisURL = testenv.RedisURL(t)
 	}
-	s := &stack{t: t, db: db, brokers: o.Brokers, warm: map[string]bool{}}
+	s := &stack{t: t, db: db, brokers: o.Brokers, warm: map[string]sentRequest{},
+		accounts: map[string]accountNode{}, keys: map[string]apiKey{}}
 	if s.brokers == nil {
 		s.brokers = testenv.KafkaBrokers(t)
 		s.topic = testenv.Topic(t, max(o.Partitions, 4))
@@ -238,15 +250,18 @@ func (s *stack) account(id, kind, parent, plan string, limits map[string]any) st
 	require.NoError(s.t, err)
 	require.Equal(s.t, 201, status, "api key of %s: %v", id, out)
 	key := out["api_key"].(string)
+	keyID, _ := out["id"].(string)
+	s.accounts[id] = accountNode{kind: kind, parent: parent}
+	s.keys[key] = apiKey{id: keyID, account: id}
 	// Every node learns the key through LISTEN/NOTIFY (< 1 s): ask each with a request of 0
 	// units until it admits (it charges nothing, and its event is a row like any other).
+	warm := sentRequest{Key: key, Units: map[string]int64{"requests": 0}}
 	for _, a := range s.admits {
 		for {
-			status, out, err := call(ctx, "POST", a.URL()+"/v1/admit", serviceToken,
-				map[string]any{"api_key": key, "units": map[string]any{"requests": 0}})
+			status, out, err := call(ctx, "POST", a.URL()+"/v1/admit", serviceToken, warm.body())
 			require.NoError(s.t, err)
 			if status == 200 {
-				s.warm[out["event_id"].(string)] = true
+				s.warm[out["event_id"].(string)] = warm
 				break
 			}
 			require.NoError(s.t, ctx.Err(), "admit %s never learned %s (last status %d %v)", a.addr, id, status, out)
@@ -262,7 +277,10 @@ type loadSpec struct {
 	Requests int
 	Workers  int
 	Keys     []string
-	Units    map[string]int64 // per request ({"requests": 1} when nil)
+	// Units is every request's units. When nil each request has units and a tool of its
+	// own (variedRequest), so that the books can tell its row from any other's and each
+	// unit's column from the others.
+	Units map[string]int64
 	// Retry5xx retries a 5xx answer with the same idempotency key (as a client that must get
 	// an answer does); otherwise a 5xx is the request's final answer. Network errors (a
 	// killed node, a refused connection) and 503 policies_loading (a node that has just
@@ -276,11 +294,54 @@ type loadSpec struct {
 	Deadline time.Duration
 }
 
+// request is the i-th request of a load whose idempotency keys are made of run.
+func (spec loadSpec) request(run string, i int) sentRequest {
+	r := sentRequest{Key: spec.Keys[i%len(spec.Keys)], Idem: fmt.Sprintf("chaos-%s-%d", run, i), Units: spec.Units}
+	if r.Units == nil {
+		r.Units, r.Tool = variedRequest(i)
+	}
+	return r
+}
+
+// loadTools are the tools that varied requests name in turn ("": none).
+var loadTools = []string{"", "llm_call", "web_search", "code_execute", "image_generate"}
+
+// variedRequest is the units and tool of the i-th request of a load that sets no units:
+// one request, and tokens, credits and cost_micros that differ from request to request and
+// from each other.
+func variedRequest(i int) (map[string]int64, string) {
+	return map[string]int64{"requests": 1, "tokens": 1000 + int64(i), "credits": 2 + int64(i%97),
+		"cost_micros": 100_000 + 3*int64(i)}, loadTools[i%len(loadTools)]
+}
+
+// sentRequest is what a caller sent to POST /v1/admit.
+type sentRequest struct {
+	Key   string // API key
+	Idem  string // idempotency key ("" for none)
+	Units map[string]int64
+	Tool  string
+}
+
+// body is the request's JSON body.
+func (r sentRequest) body() map[string]any {
+	b := map[string]any{"api_key": r.Key, "units": r.Units}
+	if r.Idem != "" {
+		b["idempotency_key"] = r.Idem
+	}
+	if r.Tool != "" {
+		b["tool"] = r.Tool
+	}
+	return b
+}
+
 // loadResult is what the callers saw.
 type loadResult struct {
 	Requests int
 	// Admitted maps the idempotency key of each request answered 200 to its event id.
 	Admitted map[string]string
+	// Sent holds what was sent for each idempotency key of Admitted (when recorded by
+	// record): what the request's row must hold.
+	Sent map[string]sentRequest
 	// Status counts the final answers by HTTP status.
 	Status map[int]int
 	// FiveXX counts every response >= 500 seen, retried ones included.
@@ -303,9 +364,6 @@ func (r *loadResult) ids() map[string]bool {
 // a retry after a killed node or a lost answer can never be admitted twice.
 func (s *stack) load(spec loadSpec) *loadResult {
 	s.t.Helper()
-	if spec.Units == nil {
-		spec.Units = map[string]int64{"requests": 1}
-	}
 	if spec.Deadline == 0 {
 		spec.Deadline = 2 * time.Minute
 	}
@@ -331,9 +389,8 @@ func (s *stack) load(spec loadSpec) *loadResult {
 				if i >= spec.Requests {
 					return
 				}
-				idem := fmt.Sprintf("chaos-%s-%d", run, i)
-				body := map[string]any{"api_key": spec.Keys[i%len(spec.Keys)], "idempotency_key": idem, "units": spec.Units}
-				status, out, _, err := admitAnswered(ctx, urls, (w+i)%len(urls), body, spec.Retry5xx, func() {
+				req := spec.request(run, i)
+				status, out, _, err := admitAnswered(ctx, urls, (w+i)%len(urls), req.body(), spec.Retry5xx, func() {
 					mu.Lock()
 					res.FiveXX++
 					mu.Unlock()
@@ -343,7 +400,7 @@ func (s *stack) load(spec loadSpec) *loadResult {
 					return
 				}
 				mu.Lock()
-				res.record(idem, status, out)
+				res.record(req, status, out)
 				mu.Unlock()
 				if spec.Progress != nil {
 					progress.Lock()
@@ -384,24 +441,32 @@ func admitAnswered(ctx context.Context, urls []string, node int, body map[string
 	}
 }
 
-// record counts one final answer to the admission with idempotency key idem.
-func (r *loadResult) record(idem string, status int, out map[string]any) {
+// record counts one final answer to the admission req.
+func (r *loadResult) record(req sentRequest, status int, out map[string]any) {
 	r.Status[status]++
 	if status == 200 {
 		id, _ := out["event_id"].(string)
-		if prev, ok := r.Admitted[idem]; ok && prev != id {
+		if prev, ok := r.Admitted[req.Idem]; ok && prev != id {
 			r.Mismatched++
 		}
-		r.Admitted[idem] = id
+		r.Admitted[req.Idem] = id
+		if r.Sent == nil {
+			r.Sent = map[string]sentRequest{}
+		}
+		r.Sent[req.Idem] = req
 	}
 }
 
-// requireExact fails unless the books hold rows rows and every admitted id exactly once.
+// requireExact fails unless the books hold rows rows, every admitted id exactly once, and
+// each row what its caller sent: the org, account and path of its API key, its units and
+// tool, under the event id and idempotency key the caller has.
 func (b *books) requireExact(t *testing.T, rows int) {
 	t.Helper()
 	require.Zero(t, b.Lost, "lost")
 	require.Zero(t, b.Duplicated, "duplicated")
 	require.Equal(t, rows, b.Rows)
+	require.Equal(t, b.Rows, b.Checked, "rows compared with the request their caller sent")
+	require.Zero(t, b.Wrong, "rows unlike the request their caller sent (sent → row):\n%s", strings.Join(b.WrongRows, "\n"))
 }
 
 // errorCode is the code of an error reply ("" for another body).
@@ -416,6 +481,38 @@ type books struct {
 	Rows       int // usage_events rows of the stack
 	Lost       int // admitted ids without a row
 	Duplicated int // rows beyond one per admitted request
+	// Checked counts the rows (warm-up rows aside) compared with the request their caller
+	// sent; Wrong those that differ from it, WrongRows the first few (sent → row).
+	Checked, Wrong int
+	WrongRows      []string
+}
+
+// bookRow is what a usage_events row says of a request: whom it is charged to, with
+// which key, idempotency key and tool, and how much.
+type bookRow struct {
+	Org, Account, Kind string
+	Path               []string
+	APIKeyID, Idem     string
+	Tool               string
+	Units              [4]int64 // requests, tokens, credits, cost_micros
+}
+
+// rowOf is the row the stack's meter must write for an admitted request r.
+func (s *stack) rowOf(r sentRequest) bookRow {
+	k := s.keys[r.Key]
+	var path []string
+	for acc := k.account; acc != ""; acc = s.accounts[acc].parent {
+		path = append([]string{acc}, path...)
+	}
+	units := [4]int64{1, r.Units["tokens"], r.Units["credits"], r.Units["cost_micros"]}
+	if n, ok := r.Units["requests"]; ok {
+		units[0] = n // admit charges one request unless the caller says otherwise
+	}
+	if len(path) == 0 { // a key the stack did not make: no row can match
+		return bookRow{Account: "(unknown key)", Idem: r.Idem, Tool: r.Tool, Units: units}
+	}
+	return bookRow{Org: path[0], Account: k.account, Kind: s.accounts[k.account].kind, Path: path,
+		APIKeyID: k.id, Idem: r.Idem, Tool: r.Tool, Units: units}
 }
 
 // waitBooks waits (up to within) until every id admitted in the loads has its row, then
@@ -425,13 +522,18 @@ func (s *stack) waitBooks(within time.Duration, loads ...*loadResult) books {
 	s.t.Helper()
 	ctx := testenv.Context(s.t, within+time.Minute)
 	want := map[string]bool{}
-	for id := range s.warm {
+	sent := map[string]sentRequest{} // by event id
+	for id, r := range s.warm {
 		want[id] = true
+		sent[id] = r
 	}
 	mismatched := 0
 	for _, res := range loads {
-		for id := range res.ids() {
+		for idem, id := range res.Admitted {
 			want[id] = true
+			if r, ok := res.Sent[idem]; ok {
+				sent[id] = r
+			}
 		}
 		mismatched += res.Mismatched
 	}
@@ -449,17 +551,35 @@ func (s *stack) waitBooks(within time.Duration, loads ...*loadResult) books {
 		time.Sleep(100 * time.Millisecond)
 	}
 	var b books
-	rows, err := s.db.Query(ctx, `select event_id, coalesce(idempotency_key, '') from usage_events`)
+	rows, err := s.db.Query(ctx, `select event_id, coalesce(idempotency_key, ''), org, account, account_kind, path,
+	coalesce(api_key_id, ''), coalesce(tool, ''), requests, tokens, credits, cost_micros from usage_events`)
 	require.NoError(s.t, err)
-	type row struct{ id, idem string }
+	type row struct {
+		id string
+		bookRow
+	}
 	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		return x, r.Scan(&x.id, &x.idem)
+		return x, r.Scan(&x.id, &x.Idem, &x.Org, &x.Account, &x.Kind, &x.Path, &x.APIKeyID, &x.Tool,
+			&x.Units[0], &x.Units[1], &x.Units[2], &x.Units[3])
 	})
 	require.NoError(s.t, err)
 	seen := map[string]int{}
 	for _, r := range all {
 		seen[r.id]++
+		req, ok := sent[r.id]
+		if !ok {
+			continue // an id no caller was given (a duplicate), or one whose request was not recorded
+		}
+		if _, warm := s.warm[r.id]; !warm {
+			b.Checked++
+		}
+		if want := s.rowOf(req); !reflect.DeepEqual(want, r.bookRow) {
+			b.Wrong++
+			if len(b.WrongRows) < 10 {
+				b.WrongRows = append(b.WrongRows, fmt.Sprintf("%s: %+v → %+v", r.id, want, r.bookRow))
+			}
+		}
 	}
 	b.Rows = len(all)
 	b.Lost = len(ids) - present
