@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -82,9 +84,106 @@ type stack struct {
 	topic        string
 	brokers      []string
 	env          []string // the services' environment, for more binaries
-	// warmup holds the event ids of admissions made while waiting for the key to reach
-	// admit's cache: they are rows too.
-	warmup []string
+	// warmup holds the rows of admissions made while waiting for a key to reach admit's
+	// cache, by event id: they are rows too.
+	warmup map[string]row
+	// accounts holds the kind and the parent of each account made, and keys the id and
+	// the account of each API key made: what a row's account, path and key id come from.
+	accounts map[string][2]string
+	keys     map[string][2]string
+}
+
+// row is what a usage_events row says of an admitted request: whom it is charged to, with
+// which API key (id), idempotency key and tool, and how much.
+type row struct {
+	Org, Account, Kind string
+	Path               []string
+	APIKeyID, Idem     string
+	Tool               string
+	Units              [4]int64 // requests, tokens, credits, cost_micros
+}
+
+// sent is the row of a request sent with key (or for account, when key is ""): what the
+// caller sent, with the units admit fills in when they are left out (one request).
+func (s *stack) sent(key, account, idem, tool string, units map[string]int64) row {
+	keyID := ""
+	if key != "" {
+		keyID, account = s.keys[key][0], s.keys[key][1]
+	}
+	var path []string
+	for acc := account; acc != ""; acc = s.accounts[acc][1] {
+		path = append([]string{acc}, path...)
+	}
+	r := row{Account: account, Kind: s.accounts[account][0], Path: path, APIKeyID: keyID, Idem: idem, Tool: tool,
+		Units: [4]int64{1, units["tokens"], units["credits"], units["cost_micros"]}}
+	if n, ok := units["requests"]; ok {
+		r.Units[0] = n
+	}
+	if len(path) > 0 {
+		r.Org = path[0]
+	}
+	return r
+}
+
+// body is the JSON body of POST /v1/admit for a request sent with key.
+func body(key, idem, tool string, units map[string]int64) map[string]any {
+	b := map[string]any{"api_key": key, "units": units}
+	if idem != "" {
+		b["idempotency_key"] = idem
+	}
+	if tool != "" {
+		b["tool"] = tool
+	}
+	return b
+}
+
+// tools are the tools varied requests name in turn ("": none).
+var tools = []string{"", "llm_call", "web_search", "code_execute", "image_generate"}
+
+// varied is the i-th of a series of requests whose units and tool differ from request to
+// request, and whose units differ from each other: a row that holds another request's
+// units, or one unit's amount in another's column, is told apart.
+func varied(i int) (map[string]int64, string) {
+	return map[string]int64{"requests": 1, "tokens": 1000 + int64(i), "credits": 2 + int64(i%97),
+		"cost_micros": 100_000 + 3*int64(i)}, tools[i%len(tools)]
+}
+
+// account creates an account through the admin API (parent "" for an org).
+func (s *stack) account(t *testing.T, id, kind, parent, plan string, limits map[string]any) {
+	t.Helper()
+	b := map[string]any{"id": id, "kind": kind, "limits": limits}
+	if parent != "" {
+		b["parent"] = parent
+	}
+	if plan != "" {
+		b["plan"] = plan
+	}
+	status, out, err := call("POST", s.admit+"/v1/admin/accounts", adminToken, b)
+	require.NoError(t, err)
+	require.Equal(t, 201, status, "%v", out)
+	s.accounts[id] = [2]string{kind, parent}
+}
+
+// apiKey makes an API key of account and returns it once admit admits with it (requests of
+// 0 units, whose rows are expected in warmup).
+func (s *stack) apiKey(t *testing.T, ctx context.Context, account string) string {
+	t.Helper()
+	status, out, err := call("POST", s.admit+"/v1/admin/api-keys", adminToken, map[string]any{"account": account})
+	require.NoError(t, err)
+	require.Equal(t, 201, status, "%v", out)
+	key := out["api_key"].(string)
+	s.keys[key] = [2]string{out["id"].(string), account}
+	zero := map[string]int64{"requests": 0}
+	for { // the key reaches admit's cache through LISTEN/NOTIFY (< 1 s)
+		status, out, err := call("POST", s.admit+"/v1/admit", serviceToken, body(key, "", "", zero))
+		require.NoError(t, err)
+		if status == 200 {
+			s.warmup[out["event_id"].(string)] = s.sent(key, "", "", "", zero)
+			return key
+		}
+		require.NoError(t, ctx.Err(), "admit never learned the key of %s", account)
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func newStack(t *testing.T, partitions int) *stack {
@@ -104,7 +203,8 @@ func newStackOn(t *testing.T, brokers []string, topic string) *stack {
 		"KAFKA_BROKERS="+strings.Join(brokers, ","), "KAFKA_TOPIC="+topic,
 		"LOG_LEVEL=warn", "REDIS_TIMEOUT=5s")
 	s := &stack{db: db, org: strings.ReplaceAll(name, "_", "-"), topic: topic, brokers: brokers,
-		env: append(common[:len(common):len(common)], "ADMIT_KEY_PREFIX=t:"+name+":mg")}
+		env:    append(common[:len(common):len(common)], "ADMIT_KEY_PREFIX=t:"+name+":mg"),
+		warmup: map[string]row{}, accounts: map[string][2]string{}, keys: map[string][2]string{}}
 
 	meterAddr := testenv.FreeAddr(t)
 	start(t, "meter", append(common, "METER_ADDR="+meterAddr, "METER_GROUP=g-"+name), "-migrate")
@@ -119,24 +219,8 @@ func newStackOn(t *testing.T, brokers []string, topic string) *stack {
 	_, err = testenv.WaitHTTP(ctx, s.admit+"/readyz", 200)
 	require.NoError(t, err, "admit ready")
 
-	status, body, err := call("POST", s.admit+"/v1/admin/accounts", adminToken, map[string]any{"id": s.org, "kind": "org", "plan": "enterprise",
-		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 100000, "burst": 100000}}})
-	require.NoError(t, err)
-	require.Equal(t, 201, status, "%v", body)
-	status, body, err = call("POST", s.admit+"/v1/admin/api-keys", adminToken, map[string]any{"account": s.org})
-	require.NoError(t, err)
-	require.Equal(t, 201, status, "%v", body)
-	s.key = body["api_key"].(string)
-	for { // the key reaches admit's cache through LISTEN/NOTIFY (< 1 s)
-		status, body, err := call("POST", s.admit+"/v1/admit", serviceToken, map[string]any{"api_key": s.key, "units": map[string]any{"requests": 0}})
-		require.NoError(t, err)
-		if status == 200 {
-			s.warmup = append(s.warmup, body["event_id"].(string))
-			break
-		}
-		require.NoError(t, ctx.Err(), "admit never learned the org")
-		time.Sleep(10 * time.Millisecond)
-	}
+	s.account(t, s.org, "org", "", "enterprise", map[string]any{"requests": map[string]any{"rate_per_s": 100000, "burst": 100000}})
+	s.key = s.apiKey(t, ctx, s.org)
 	return s
 }
 
@@ -166,7 +250,7 @@ func (s *stack) offsets(t *testing.T) map[int]int64 {
 }
 
 // whereMissing reads the topic back and says where the events without a row are.
-func (s *stack) whereMissing(t *testing.T, want map[string]bool) string {
+func (s *stack) whereMissing(t *testing.T, want map[string]row) string {
 	t.Helper()
 	rows := map[string]bool{}
 	for _, id := range s.eventIDs(t, context.Background()) {
@@ -220,9 +304,10 @@ func (s *stack) meterMetrics(t *testing.T) string {
 	return strings.Join(lines, "\n")
 }
 
-// waitRows waits until the org has exactly the rows of want, and fails saying where the
-// missing events are if that takes longer than within.
-func (s *stack) waitRows(t *testing.T, want map[string]bool, within time.Duration) {
+// waitRows waits until the org has exactly the rows of want (by event id), and fails saying
+// where the missing events are if that takes longer than within; then every row must hold
+// what want says its caller sent.
+func (s *stack) waitRows(t *testing.T, want map[string]row, within time.Duration) {
 	t.Helper()
 	ctx := testenv.Context(t, within+time.Minute)
 	deadline := time.Now().Add(within)
@@ -241,11 +326,19 @@ func (s *stack) waitRows(t *testing.T, want map[string]bool, within time.Duratio
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	got := s.eventIDs(t, ctx)
+	got := s.rows(t, ctx)
 	require.Len(t, got, len(want), "exactly one row per admission")
-	for _, id := range got {
-		require.True(t, want[id], "row for an event nobody was given: %s", id)
+	var wrong []string
+	for id, r := range got {
+		w, ok := want[id]
+		require.True(t, ok, "row for an event nobody was given: %s", id)
+		if !reflect.DeepEqual(w, r) {
+			wrong = append(wrong, fmt.Sprintf("%s: %+v → %+v", id, w, r))
+		}
 	}
+	sort.Strings(wrong)
+	require.Zero(t, len(wrong), "rows unlike the request their caller sent (sent → row), e.g.:\n%s",
+		strings.Join(wrong[:min(len(wrong), 10)], "\n"))
 }
 
 func lastLine(s string) string {
@@ -262,6 +355,30 @@ func (s *stack) reconcile(t *testing.T, args ...string) (int, string) {
 	return code, p.Output()
 }
 
+// rows returns the org's rows by event id (a duplicate fails the test).
+func (s *stack) rows(t *testing.T, ctx context.Context) map[string]row {
+	t.Helper()
+	rows, err := s.db.Query(ctx, `SELECT event_id, org, account, account_kind, path, coalesce(api_key_id, ''),
+	coalesce(idempotency_key, ''), coalesce(tool, ''), requests, tokens, credits, cost_micros
+	FROM usage_events WHERE org = $1`, s.org)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]row{}
+	for rows.Next() {
+		var (
+			id string
+			r  row
+		)
+		require.NoError(t, rows.Scan(&id, &r.Org, &r.Account, &r.Kind, &r.Path, &r.APIKeyID, &r.Idem, &r.Tool,
+			&r.Units[0], &r.Units[1], &r.Units[2], &r.Units[3]))
+		_, dup := out[id]
+		require.False(t, dup, "two rows of event %s", id)
+		out[id] = r
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
 // eventIDs returns the event ids of the org's rows.
 func (s *stack) eventIDs(t *testing.T, ctx context.Context) []string {
 	t.Helper()
@@ -273,15 +390,24 @@ func (s *stack) eventIDs(t *testing.T, ctx context.Context) []string {
 }
 
 // 10,000 admissions through the HTTP API become exactly 10,000 rows in usage_events with
-// the event ids the callers got, within a bounded time; the log line gives the sustained
-// rate and the admit-to-row latency.
+// the event ids the callers got, each holding what its caller sent (the org's key and an
+// agent's, under a team; units and a tool of its own; an idempotency key), within a bounded
+// time; the log line gives the sustained rate and the admit-to-row latency.
 func TestTenThousandAdmissionsBecomeRows(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, 12)
 	const n, clients = 10_000, 32
 	ctx := testenv.Context(t, 5*time.Minute)
+	team, agent := s.org+"-team", s.org+"-agent"
+	s.account(t, team, "team", s.org, "", map[string]any{})
+	s.account(t, agent, "agent", team, "", map[string]any{})
+	keys := []string{s.key, s.apiKey(t, ctx, agent)}
 
-	ids := make(chan string, n)
+	type admission struct {
+		id   string
+		sent row
+	}
+	admitted := make(chan admission, n)
 	errs := make(chan error, clients)
 	var wg sync.WaitGroup
 	begin := time.Now()
@@ -290,30 +416,31 @@ func TestTenThousandAdmissionsBecomeRows(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := c; i < n; i += clients {
-				status, body, err := call("POST", s.admit+"/v1/admit", serviceToken,
-					map[string]any{"api_key": s.key, "units": map[string]any{"requests": 1, "tokens": 100 + i%50}})
+				key, idem := keys[i%len(keys)], fmt.Sprintf("e2e-%d", i)
+				units, tool := varied(i)
+				status, out, err := call("POST", s.admit+"/v1/admit", serviceToken, body(key, idem, tool, units))
 				if err != nil || status != 200 {
-					errs <- fmt.Errorf("admission %d: %d %v %v", i, status, body, err)
+					errs <- fmt.Errorf("admission %d: %d %v %v", i, status, out, err)
 					return
 				}
-				ids <- body["event_id"].(string)
+				admitted <- admission{out["event_id"].(string), s.sent(key, "", idem, tool, units)}
 			}
 		}()
 	}
 	wg.Wait()
-	admitted := time.Since(begin)
-	close(ids)
+	took := time.Since(begin)
+	close(admitted)
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	want := map[string]bool{}
-	for id := range ids {
-		want[id] = true
+	want := map[string]row{}
+	for a := range admitted {
+		want[a.id] = a.sent
 	}
 	require.Len(t, want, n, "every admission got its own event id")
-	for _, id := range s.warmup {
-		want[id] = true
+	for id, r := range s.warmup {
+		want[id] = r
 	}
 
 	// Every event reaches its row within a bound.
@@ -326,12 +453,12 @@ func TestTenThousandAdmissionsBecomeRows(t *testing.T) {
 		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM ingest_time - event_time))
 		FROM usage_events WHERE org = $1`, s.org).Scan(&p50, &p99))
 	t.Logf("%d admissions by %d clients in %s (%.0f/s); all rows in %s (%.0f/s end to end); admit-to-row p50 %.0f ms, p99 %.0f ms",
-		n, clients, admitted.Round(time.Millisecond), n/admitted.Seconds(), landed.Round(time.Millisecond),
+		n, clients, took.Round(time.Millisecond), n/took.Seconds(), landed.Round(time.Millisecond),
 		n/landed.Seconds(), p50*1000, p99*1000)
 }
 
 // The broker stopped for 20 s while admissions go on, then started: admissions keep
-// succeeding, and every event arrives in PostgreSQL once.
+// succeeding, and every event arrives in PostgreSQL once, as its caller sent it.
 func TestBrokerOutage(t *testing.T) {
 	t.Parallel()
 	broker := testenv.StartBroker(t)
@@ -340,16 +467,17 @@ func TestBrokerOutage(t *testing.T) {
 	require.NoError(t, topic.Ensure(ctx, brokers, topic.Spec{Name: "usage", Partitions: 4, ReplicationFactor: 1}))
 	s := newStackOn(t, brokers, "usage")
 
-	want := map[string]bool{}
-	for _, id := range s.warmup {
-		want[id] = true
+	want := map[string]row{}
+	for id, r := range s.warmup {
+		want[id] = r
 	}
 	admit := func(n int) {
 		for range n {
-			status, body, err := call("POST", s.admit+"/v1/admit", serviceToken, map[string]any{"api_key": s.key})
+			units, tool := varied(len(want))
+			status, out, err := call("POST", s.admit+"/v1/admit", serviceToken, body(s.key, "", tool, units))
 			require.NoError(t, err)
-			require.Equal(t, 200, status, "admissions go on: %v", body)
-			want[body["event_id"].(string)] = true
+			require.Equal(t, 200, status, "admissions go on: %v", out)
+			want[out["event_id"].(string)] = s.sent(s.key, "", "", tool, units)
 		}
 	}
 	admit(200)
@@ -373,18 +501,12 @@ func TestRefundOf5xxThroughThePipeline(t *testing.T) {
 	s := newStack(t, 4)
 	ctx := testenv.Context(t, 3*time.Minute)
 	team, agent := s.org+"-team", s.org+"-agent"
-	for _, a := range []map[string]any{
-		{"id": team, "kind": "team", "parent": s.org, "limits": map[string]any{"requests": map[string]any{"quota": 1000}}},
-		{"id": agent, "kind": "agent", "parent": team, "limits": map[string]any{"requests": map[string]any{"quota": 100}}},
-	} {
-		status, body, err := call("POST", s.admit+"/v1/admin/accounts", adminToken, a)
-		require.NoError(t, err)
-		require.Equal(t, 201, status, "%v", body)
-	}
+	s.account(t, team, "team", s.org, "", map[string]any{"requests": map[string]any{"quota": 1000}})
+	s.account(t, agent, "agent", team, "", map[string]any{"requests": map[string]any{"quota": 100}})
 	const n, k = 20, 5
-	want := map[string]bool{}
-	for _, id := range s.warmup {
-		want[id] = true
+	want := map[string]row{}
+	for id, r := range s.warmup {
+		want[id] = r
 	}
 	var ids []string
 	for len(ids) < n {
@@ -396,7 +518,7 @@ func TestRefundOf5xxThroughThePipeline(t *testing.T) {
 		}
 		require.Equal(t, 200, status, "%v", body)
 		ids = append(ids, body["event_id"].(string))
-		want[ids[len(ids)-1]] = true
+		want[ids[len(ids)-1]] = s.sent("", agent, "", "", nil) // one request, no key
 	}
 	for _, id := range ids[:k] {
 		status, body, err := call("POST", s.admit+"/v1/outcomes", serviceToken, map[string]any{"event_id": id, "status": 503})
