@@ -515,6 +515,26 @@ func (s *stack) rowOf(r sentRequest) bookRow {
 		APIKeyID: k.id, Idem: r.Idem, Tool: r.Tool, Units: units}
 }
 
+// idRow is a row of the books under its event id.
+type idRow struct {
+	id string
+	bookRow
+}
+
+// bookRows runs query, which selects an event id and a bookRow's fields in their order.
+func (s *stack) bookRows(ctx context.Context, query string, args ...any) []idRow {
+	s.t.Helper()
+	rows, err := s.db.Query(ctx, query, args...)
+	require.NoError(s.t, err)
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (idRow, error) {
+		var x idRow
+		return x, r.Scan(&x.id, &x.Idem, &x.Org, &x.Account, &x.Kind, &x.Path, &x.APIKeyID, &x.Tool,
+			&x.Units[0], &x.Units[1], &x.Units[2], &x.Units[3])
+	})
+	require.NoError(s.t, err)
+	return all
+}
+
 // waitBooks waits (up to within) until every id admitted in the loads has its row, then
 // counts the stack's rows: each must be an id some caller was given, once. Pass every load
 // the stack ran.
@@ -551,19 +571,8 @@ func (s *stack) waitBooks(within time.Duration, loads ...*loadResult) books {
 		time.Sleep(100 * time.Millisecond)
 	}
 	var b books
-	rows, err := s.db.Query(ctx, `select event_id, coalesce(idempotency_key, ''), org, account, account_kind, path,
+	all := s.bookRows(ctx, `select event_id, coalesce(idempotency_key, ''), org, account, account_kind, path,
 	coalesce(api_key_id, ''), coalesce(tool, ''), requests, tokens, credits, cost_micros from usage_events`)
-	require.NoError(s.t, err)
-	type row struct {
-		id string
-		bookRow
-	}
-	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
-		var x row
-		return x, r.Scan(&x.id, &x.Idem, &x.Org, &x.Account, &x.Kind, &x.Path, &x.APIKeyID, &x.Tool,
-			&x.Units[0], &x.Units[1], &x.Units[2], &x.Units[3])
-	})
-	require.NoError(s.t, err)
 	seen := map[string]int{}
 	for _, r := range all {
 		seen[r.id]++

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -221,21 +220,10 @@ func TestRedisStalledCallersHangUp(t *testing.T) {
 	require.Zero(t, pending, "told ids without a row, or rows neither told nor voided")
 
 	// What is billed is exactly what callers were told, row for row.
-	rows, err := s.db.Query(ctx, `select b.event_id, coalesce(e.idempotency_key, ''), e.org, e.account, e.account_kind, e.path,
+	all := s.bookRows(ctx, `select b.event_id, coalesce(e.idempotency_key, ''), e.org, e.account, e.account_kind, e.path,
   coalesce(e.api_key_id, ''), coalesce(e.tool, ''), b.billable_requests, b.billable_tokens, b.billable_credits, b.billable_cost_micros
 from finance_billable_events b join usage_events e using (event_id, billing_period)
 where not b.refunded and not b.event_id = any($1)`, warm)
-	require.NoError(t, err)
-	type billed struct {
-		id string
-		bookRow
-	}
-	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (billed, error) {
-		var x billed
-		return x, r.Scan(&x.id, &x.Idem, &x.Org, &x.Account, &x.Kind, &x.Path, &x.APIKeyID, &x.Tool,
-			&x.Units[0], &x.Units[1], &x.Units[2], &x.Units[3])
-	})
-	require.NoError(t, err)
 	var notTold, wrong []string
 	billedIDs := map[string]bool{}
 	for _, r := range all {
