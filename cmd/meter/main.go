@@ -25,6 +25,11 @@ import (
 	"github.com/metergate/metergate/pkg/topic"
 )
 
+// failpoint is called at pkg/meter's failpoints. It is nil in the command; a test build of
+// it sets it (failpoint_test.go), for the chaos suite to kill the meter between a batch's
+// rows and its offsets.
+var failpoint func(point string)
+
 func main() {
 	var cfg config.Meter
 	config.LoadOrExit(&cfg, "meter", os.Args[1:])
@@ -67,7 +72,7 @@ func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
 		Brokers: cfg.Kafka.Brokers, Topic: cfg.Kafka.Topic, Group: cfg.Group,
 		BatchSize: cfg.BatchSize, BatchWait: cfg.BatchWait, SessionTimeout: cfg.SessionTimeout,
 		FlushTimeout: cfg.Server.ShutdownTimeout,
-		Logger:       log.With("component", "meter"), Registerer: reg,
+		Logger:       log.With("component", "meter"), Registerer: reg, Failpoint: failpoint,
 	})
 	if err != nil {
 		return err

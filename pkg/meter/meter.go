@@ -58,7 +58,22 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the meter's metrics (not registered when nil).
 	Registerer prometheus.Registerer
+	// Failpoint, when set, is called at each failpoint (BeforeWrite, AfterWrite), for crash
+	// tests: it may stop the meter there until the process is killed.
+	Failpoint func(point string)
 }
+
+// Failpoints: where Options.Failpoint is called, so that a crash test can kill the meter
+// in the middle of a batch.
+const (
+	// BeforeWrite: a batch is fetched and parsed, none of its rows written: a meter that
+	// dies there has messages in hand that the group must deliver again.
+	BeforeWrite = "before-write"
+	// AfterWrite: a batch's rows are committed in PostgreSQL and its Kafka offsets are not
+	// yet: a meter that dies there leaves rows that the group delivers again to its
+	// successor, which must skip them.
+	AfterWrite = "after-write"
+)
 
 // writeTimeout bounds one attempt at writing a batch of n messages, so that a PostgreSQL
 // that stopped answering is retried rather than waited on for ever: 30 s, more for batches
@@ -199,6 +214,7 @@ func (m *Meter) Run(ctx context.Context) error {
 		stages.Go(func() {
 			for b := range toWrite {
 				b.parse()
+				m.fail(BeforeWrite)
 				b.start = time.Now()
 				b.written, b.err = m.write(wctx, b.items)
 				close(b.done)
@@ -219,6 +235,7 @@ func (m *Meter) Run(ctx context.Context) error {
 		if writeErr != nil {
 			continue
 		}
+		m.fail(AfterWrite)
 		m.commit(wctx, reader, b)
 		if ctx.Err() != nil {
 			flushed += len(b.msgs)
@@ -230,6 +247,12 @@ func (m *Meter) Run(ctx context.Context) error {
 	}
 	m.log.Info("meter stopped", "flushed", flushed)
 	return nil
+}
+
+func (m *Meter) fail(point string) {
+	if m.opts.Failpoint != nil {
+		m.opts.Failpoint(point)
+	}
 }
 
 // batch is a batch of messages on its way through Run's stages.

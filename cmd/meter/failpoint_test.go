@@ -1,0 +1,52 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+)
+
+// Failpoints of the test build of the meter (go test -c, run as the command with
+// testenv.ReexecEnv); the command itself has none.
+//
+// FailpointEnv "<point>:<n>" (pkg/meter's BeforeWrite or AfterWrite, e.g. after-write:2)
+// stops the meter the n-th time it reaches point: it prints "failpoint <point>:<n> reached"
+// and holds there until the process is killed, so that a test can kill it with SIGKILL at
+// that very point. With FailpointArmEnv set to a path, the count starts once a file exists
+// there: the test arms the failpoint when it wants the kill, and the meter runs as usual
+// until then.
+const (
+	FailpointEnv    = "METERGATE_FAILPOINT"
+	FailpointArmEnv = "METERGATE_FAILPOINT_ARM"
+)
+
+func init() {
+	v := os.Getenv(FailpointEnv)
+	if v == "" {
+		return
+	}
+	point, nth, ok := strings.Cut(v, ":")
+	n, err := strconv.Atoi(nth)
+	if !ok || err != nil || n < 1 {
+		fmt.Fprintf(os.Stderr, "%s=%q: want <point>:<n>\n", FailpointEnv, v)
+		os.Exit(2)
+	}
+	arm := os.Getenv(FailpointArmEnv)
+	var hits atomic.Int64
+	failpoint = func(p string) {
+		if p != point {
+			return
+		}
+		if arm != "" {
+			if _, err := os.Stat(arm); err != nil {
+				return // not armed yet
+			}
+		}
+		if hits.Add(1) == int64(n) {
+			fmt.Fprintf(os.Stderr, "failpoint %s reached: holding until killed\n", v)
+			select {} // the caller (a writer or the committer of the meter) never goes on
+		}
+	}
+}
