@@ -7,6 +7,8 @@ import (
 	"io"
 	"math/rand"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -23,56 +25,101 @@ import (
 	"github.com/metergate/metergate/pkg/testenv"
 )
 
-// Scenario 3: the meter killed with SIGKILL five times (one in the short form) in the middle
-// of a batch, during a load, and started again each time. The meter collects batches of up to
-// 500 messages for up to 3 s, so during the load it always holds messages it has fetched and
-// not yet written (or written and not yet committed). A kill is injected only once the
-// running meter has joined the group and written a batch (it is consuming) and while the
-// group's committed offsets trail the topic's end (messages in hand). Nothing the killed
-// meter held may be lost (the restarted one reads again from the committed offsets) and
-// nothing may be counted twice (what the killed one had written before its offsets were
-// committed is delivered again and absorbed).
+// Scenario 3: the meter killed with SIGKILL five times (twice in the short form) in the
+// middle of a batch, during a load, and started again each time. The scenario's meter is the
+// test build of cmd/meter, with a failpoint that the test arms at each kill's point of the
+// load: the meter, consuming as usual until then, holds in its next batch, in turns after
+// the batch's rows are committed in PostgreSQL and before its offsets are (after-write), or
+// before any of the batch's rows is written (before-write); the batches behind it are in
+// hand either way. Once the meter says it holds there, the test kills it with SIGKILL, while
+// the load goes on: every kill lands in a batch, never on a meter with nothing fetched. The
+// meter is started again from the committed offsets (the plain binary after the last kill).
+// Nothing the killed meter held may be lost (the restarted one reads again from the
+// committed offsets) and nothing may be counted twice (the rows written before the kill are
+// delivered again and absorbed as duplicates).
 func TestKillMeter(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "3 kill -9 meter")
+	held := heldMeterBinary(t)
 	s := newStack(t, options{Meters: 1, MeterEnv: []string{
 		"METER_BATCH_SIZE=500", "METER_BATCH_WAIT=3s",
 		"METER_SESSION_TIMEOUT=6s", // the killed member's partitions go to its successor after 6 s
 	}})
-	key := s.account("chaos-org", "org", "", "enterprise", map[string]any{"requests": map[string]any{"rate_per_s": 1_000_000, "burst": 1_000_000}})
-
-	requests, kills := pick(2_000, 20_000), pick(1, 5)
 	meter := s.meters[0]
 	group := stackEnv(meter.env, "METER_GROUP")
 	require.NotEmpty(t, group)
+	plain := meter.env
+	armDir := t.TempDir()
+	armFile := func(i int) string { return filepath.Join(armDir, strconv.Itoa(i)) }
+	armed := func(i int) []string { // the environment of the i-th incarnation: its failpoint, unarmed
+		return append(append([]string{}, plain...), testenv.ReexecEnv+"=1",
+			"METERGATE_FAILPOINT="+meterFailpoints[i%len(meterFailpoints)], "METERGATE_FAILPOINT_ARM="+armFile(i))
+	}
+	// Before any event: the stack's meter leaves the group and the test build takes its place.
+	require.NoError(t, meter.p.Signal(syscall.SIGTERM))
+	code, err := meter.p.Wait(time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, 0, code, "the plain meter stops cleanly:\n%s", logTail(meter.Output(), 3000))
+	meter.name, meter.env = held, armed(0)
+	meter.Start()
+	key := s.account("chaos-org", "org", "", "enterprise", map[string]any{"requests": map[string]any{"rate_per_s": 1_000_000, "burst": 1_000_000}})
+
+	requests, kills := pick(2_000, 20_000), pick(2, 5)
+	interval := requests / (kills + 1)
+	// The load slows down (about 30 answers a second) while an armed kill is pending, so that
+	// it outlasts the kills; it stops only before its last requests, should the kills still
+	// not be done then (a kill there would not be under load, and the test says so).
+	const throttle = 30 * time.Millisecond
+	stopAt := int64(requests - 50)
 	var (
+		answered  atomic.Int64
+		killsDone atomic.Int64
+		killer    = make(chan struct{}) // closed when the kills are over (done or failed)
 		done      []meterKill
-		due       bool
 		injectErr error
 		// written and duplicates of each incarnation of the meter, read just before it was killed
 		incarnations []meterCounts
 	)
-	res := s.load(loadSpec{Requests: requests, Workers: 32, Keys: []string{key}, Deadline: 5 * time.Minute,
+	go func() {
+		defer close(killer)
+		for i := range kills {
+			due := int64((i + 1) * interval)
+			k, counts, err := killHeldMeter(s, meter, group, meterFailpoints[i%len(meterFailpoints)], armFile(i),
+				func() (int64, bool) { n := answered.Load(); return n, n >= due })
+			if err != nil {
+				injectErr = fmt.Errorf("kill %d: %w", i+1, err)
+				return
+			}
+			done = append(done, k)
+			incarnations = append(incarnations, counts)
+			meter.env = armed(i + 1)
+			if i == kills-1 { // the last one: the plain binary
+				meter.name, meter.env = "meter", plain
+			}
+			if err := meter.start(); err != nil {
+				injectErr = fmt.Errorf("restart after kill %d: %w", i+1, err)
+				return
+			}
+			killsDone.Add(1)
+		}
+	}()
+	res := s.load(loadSpec{Requests: requests, Workers: 32, Keys: []string{key}, Deadline: 10 * time.Minute,
 		Progress: func(n int) {
 			// Runs in a caller's goroutine, under the load's progress lock: no require here.
-			if injectErr != nil || len(done) == kills {
-				return
-			}
-			if !due && n < (len(done)+1)*requests/(kills+1) {
-				return
-			}
-			due = true // evenly through the load, at the first point where the meter is mid-batch
-			k, counts, killed, err := killMidBatch(s, meter, group)
-			if err != nil {
-				injectErr = err
-				return
-			}
-			if killed {
-				done = append(done, k)
-				incarnations = append(incarnations, counts)
-				due = false
+			answered.Store(int64(n))
+			i := killsDone.Load()
+			switch {
+			case i >= int64(kills):
+			case int64(n) >= stopAt:
+				<-killer
+			case int64(n) >= int64(i+1)*int64(interval): // kill i is armed
+				select {
+				case <-killer:
+				case <-time.After(throttle):
+				}
 			}
 		}})
+	<-killer
 	require.NoError(t, injectErr, "inject the kills")
 	require.Len(t, done, kills, "every kill happened during the load")
 	b := s.waitBooks(3*time.Minute, res)
@@ -99,9 +146,10 @@ func TestKillMeter(t *testing.T) {
 	incarnations = append(incarnations, last)
 
 	// What each kill left uncommitted: rows written after the kill (by a restarted meter,
-	// reading again from the committed offsets) and before it (written by the killed one
-	// before its commit, delivered again and skipped as duplicates).
-	var inHand, rereadAfter, dupAbsorbed []string
+	// reading again from the committed offsets) and before it (the held batch's at
+	// after-write, and any other written by the killed one before its commit, delivered
+	// again and skipped as duplicates).
+	var points, inHand, writtenBefore, rereadAfter, dupAbsorbed, atLoad []string
 	rereadTotal := 0
 	for i, k := range done {
 		var parts []int32
@@ -122,30 +170,74 @@ join unnest($1::int[], $2::bigint[], $3::bigint[]) as w(p, lo, hi)
 		next := incarnations[i+1]
 		inHand = append(inHand, fmt.Sprint(k.pending))
 		rereadAfter = append(rereadAfter, fmt.Sprintf("%d/%d", after, window))
+		writtenBefore = append(writtenBefore, fmt.Sprint(rows-after))
 		dupAbsorbed = append(dupAbsorbed, fmt.Sprint(next.duplicates))
+		atLoad = append(atLoad, fmt.Sprintf("%d/%d", k.answered, requests))
+		points = append(points, k.point)
 		rereadTotal += after
-		require.Positive(t, incarnations[i].written, "kill %d: the killed meter had written batches (it was consuming)", i+1)
 		require.Positive(t, k.pending, "kill %d: messages in hand (produced, not committed)", i+1)
+		require.Less(t, k.answered, stopAt, "kill %d: the load was still running (not stopped before its end to wait for the kill)", i+1)
 		require.LessOrEqual(t, rows, int(window), "kill %d: rows of the offsets uncommitted at the kill", i+1)
-		require.Positive(t, after, "kill %d: messages uncommitted at the kill were written after it, by a restarted meter", i+1)
+		if strings.HasPrefix(k.point, "after-write") {
+			require.Positive(t, incarnations[i].written, "kill %d: the killed meter had committed a batch before the one it held", i+1)
+			// The kill landed between a batch's rows and its offsets: rows written before the
+			// kill are of offsets it left uncommitted (delivered again to the restarted meter,
+			// which must skip them: the books are exact).
+			require.Positive(t, rows-after, "kill %d: rows written by the killed meter whose offsets it had not committed", i+1)
+		} else {
+			// The kill landed in a batch fetched and not written: its messages were written
+			// after the kill, by a restarted meter reading again from the committed offsets.
+			require.Positive(t, after, "kill %d: messages uncommitted at the kill were written after it, by a restarted meter", i+1)
+		}
 		// A restarted meter starts at the committed offsets: it sees again at most what was
 		// uncommitted at the kill (a meter that started from the beginning would skip every
 		// row written so far).
 		require.LessOrEqual(t, next.duplicates, window, "kill %d: the restarted meter read again only from the committed offsets", i+1)
 	}
-	sc.Note = fmt.Sprintf("%d kills mid-batch (batches of 500 / 3 s); uncommitted at each kill %s; of those offsets, rows written after the kill %s; "+
-		"duplicates absorbed by the restarted meter %s; group committed to the end (%d behind); final answers %v",
-		len(done), strings.Join(inHand, ","), strings.Join(rereadAfter, ","), strings.Join(dupAbsorbed, ","), behind, res.Status)
+	sc.Note = fmt.Sprintf("%d kills of a meter held in a batch (batches of 500 / 3 s) at %s, at load answers %s; "+
+		"uncommitted at each kill %s; of those offsets, rows written before the kill %s and after it %s; duplicates absorbed by the meter after each kill (until its own) %s; "+
+		"group committed to the end (%d behind); final answers %v",
+		len(done), strings.Join(points, ","), strings.Join(atLoad, ","), strings.Join(inHand, ","), strings.Join(writtenBefore, ","),
+		strings.Join(rereadAfter, ","), strings.Join(dupAbsorbed, ","), behind, res.Status)
 	require.Equal(t, requests, res.Status[200], "every request is admitted")
 	b.requireExact(t, requests)
 	require.Zero(t, behind, "the group committed every offset after the last restart")
 	require.Positive(t, rereadTotal)
 }
 
+// meterFailpoints are the failpoints of the test build of the meter (cmd/meter's
+// failpoint_test.go), one per incarnation in turn. Once armed it holds after the rows of
+// the second batch it writes and before that batch's offsets (the first is committed: the
+// meter was consuming), or before the first batch it is handed has any row written.
+var meterFailpoints = []string{"after-write:2", "before-write:1"}
+
+var heldMeter struct {
+	once sync.Once
+	err  error
+}
+
+// heldMeterBinary builds, once per run, the test build of cmd/meter (go test -c) beside
+// the suite's binaries and returns its name there. Run with testenv.ReexecEnv=1 it is the
+// meter, with a failpoint that the plain binary does not have.
+func heldMeterBinary(t *testing.T) string {
+	t.Helper()
+	const name = "meter-test-build"
+	heldMeter.once.Do(func() {
+		out, err := exec.Command("go", "test", "-c", "-o", filepath.Join(bin, name), "../cmd/meter").CombinedOutput()
+		if err != nil {
+			heldMeter.err = fmt.Errorf("go test -c ../cmd/meter: %w\n%s", err, out)
+		}
+	})
+	require.NoError(t, heldMeter.err)
+	return name
+}
+
 // meterKill is one kill of the meter.
 type meterKill struct {
-	at      time.Time
-	pending int64 // messages produced and not committed when the kill was decided
+	point    string // the failpoint the meter held at
+	at       time.Time
+	answered int64 // the load's answers when the meter was killed
+	pending  int64 // messages produced and not committed when the kill was decided
 	// from and to are, per partition, the committed and end offsets right after the kill:
 	// what a restarted meter must read again.
 	from, to map[int]int64
@@ -157,62 +249,61 @@ type meterCounts struct {
 	duplicates int64 // metergate_meter_duplicates_total{table="usage_events"}
 }
 
-// killMidBatch kills the meter if it is mid-batch: it has written a batch since it started
-// (waiting, up to 2 minutes, until it has: a restarted meter first waits for the killed
-// member's session to end) and the group's committed offsets trail the topic's end. It then
-// starts it again. It returns false when nothing was uncommitted (the caller tries again at
-// the next point of the load).
-func killMidBatch(s *stack, m *node, group string) (meterKill, meterCounts, bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+// killHeldMeter waits (up to 5 minutes) until due says the load reached the kill's point,
+// arms the meter's failpoint fp (creates the file arm), then waits (up to 2 minutes) until
+// the meter says it holds there, in a batch. It reads the meter's counters and the group's
+// positions, kills the meter with SIGKILL and returns the kill; the caller starts the meter
+// again.
+func killHeldMeter(s *stack, m *node, group, fp, arm string, due func() (int64, bool)) (meterKill, meterCounts, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
 	defer cancel()
-	var counts meterCounts
-	for {
-		c, err := readMeterCounts(ctx, m)
-		if err != nil {
-			return meterKill{}, counts, false, err
+	wait := func(within time.Duration, what string, cond func() bool) error {
+		deadline := time.Now().Add(within)
+		for !cond() {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("not within %s: %s:\n%s", within, what, logTail(m.Output(), 3000))
+			}
+			time.Sleep(10 * time.Millisecond) // polling interval, not synchronisation
 		}
-		counts = c
-		if c.written > 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return meterKill{}, counts, false, fmt.Errorf("the meter wrote no batch within 2 minutes of its start:\n%s", logTail(m.Output(), 3000))
-		case <-time.After(100 * time.Millisecond):
-		}
+		return nil
+	}
+	if err := wait(5*time.Minute, "the load reaches the kill's point", func() bool { _, ok := due(); return ok }); err != nil {
+		return meterKill{}, meterCounts{}, err
+	}
+	if err := os.WriteFile(arm, nil, 0o600); err != nil {
+		return meterKill{}, meterCounts{}, fmt.Errorf("arm the failpoint: %w", err)
+	}
+	if err := wait(2*time.Minute, "the meter holds at "+fp, func() bool {
+		return strings.Contains(m.Output(), "failpoint "+fp+" reached")
+	}); err != nil {
+		return meterKill{}, meterCounts{}, err
+	}
+	counts, err := readMeterCounts(ctx, m)
+	if err != nil {
+		return meterKill{}, counts, err
 	}
 	committed, end, err := groupPositions(ctx, s.brokers, s.topic, group)
 	if err != nil {
-		return meterKill{}, counts, false, err
+		return meterKill{}, counts, err
 	}
-	pending := int64(0)
+	k := meterKill{point: fp}
 	for p, e := range end {
-		pending += e - committed[p]
+		k.pending += e - committed[p]
 	}
-	if pending == 0 {
-		return meterKill{}, counts, false, nil
-	}
-	// The counters once more, as close to the kill as possible.
-	if c, err := readMeterCounts(ctx, m); err == nil {
-		counts = c
-	}
+	k.answered, _ = due()
 	if err := m.p.Signal(syscall.SIGKILL); err != nil {
-		return meterKill{}, counts, false, fmt.Errorf("kill the meter: %w", err)
+		return k, counts, fmt.Errorf("kill the meter: %w", err)
 	}
 	if _, err := m.p.Wait(30 * time.Second); err != nil {
-		return meterKill{}, counts, false, fmt.Errorf("the killed meter: %w", err)
+		return k, counts, fmt.Errorf("the killed meter: %w", err)
 	}
-	k := meterKill{at: time.Now(), pending: pending}
+	k.at = time.Now()
 	// Nobody consumes now: these are the offsets the next meter starts from, and the end of
 	// what the killed one could have seen.
 	if k.from, k.to, err = groupPositions(ctx, s.brokers, s.topic, group); err != nil {
-		return k, counts, false, err
+		return k, counts, err
 	}
-	m.p = testenv.Start(m.t, filepath.Join(bin, m.name), m.env, m.args...)
-	if _, err := testenv.WaitHTTP(ctx, m.URL()+"/healthz", 200); err != nil {
-		return k, counts, false, fmt.Errorf("restarted meter up: %w\n%s", err, logTail(m.Output(), 3000))
-	}
-	return k, counts, true, nil
+	return k, counts, nil
 }
 
 // readMeterCounts reads the counters of the meter's current process from its /metrics.
@@ -317,10 +408,14 @@ func groupPositions(ctx context.Context, brokers []string, topic, group string) 
 // Scenario 6: reconcile killed with SIGKILL at its failpoints, five times (twice in the short
 // form), on a state that needs corrections built through the real pipeline: admissions of a
 // user under a team and an org with monthly quotas, then outcomes reported through admit (a
-// 503 for a third of the requests, actual tokens for another third). The first kill is after
-// the corrections are inserted, the others after a Redis change or after a mark, at a
-// pseudo-random row of the run. One clean run then finishes: verify passes, a further run
-// applies nothing, every correction is applied once and the counters hold the refunded totals.
+// 503 for a third of the requests, actual tokens for another third). The kills happen under
+// load: a second user of the same team is admitted all the while (paced, so that the load
+// outlasts the kills), so the runs read a log that the meter is writing and change counters
+// that admissions are charging. The first kill is after the corrections are inserted, the
+// others after a Redis change or after a mark, at a pseudo-random row of the run. Once the
+// load is over and in the books, one clean run finishes: verify passes, a further run applies
+// nothing, every correction is applied once and the counters hold the refunded totals plus
+// the load's admissions.
 func TestKillReconcile(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "6 kill -9 reconcile")
@@ -330,7 +425,8 @@ func TestKillReconcile(t *testing.T) {
 	s := newStack(t, options{})
 	const (
 		org, team, user = "rc-org", "rc-team", "rc-user"
-		estimate        = 1000 // tokens per request
+		busy            = "rc-busy" // the user of the load that runs during the kills
+		estimate        = 1000      // tokens per request
 	)
 	s.account(org, "org", "", "enterprise", map[string]any{
 		"requests": map[string]any{"rate_per_s": 1_000_000, "burst": 1_000_000, "quota": 100_000_000},
@@ -339,13 +435,13 @@ func TestKillReconcile(t *testing.T) {
 		"requests": map[string]any{"quota": 10_000_000},
 		"tokens":   map[string]any{"quota": 10_000_000_000}})
 	key := s.account(user, "user", team, "", map[string]any{})
+	busyKey := s.account(busy, "user", team, "", map[string]any{})
 
 	requests, kills := pick(400, 3_000), pick(2, 5)
 	res := s.load(loadSpec{Requests: requests, Workers: 16, Keys: []string{key}, Deadline: 5 * time.Minute,
 		Units: map[string]int64{"requests": 1, "tokens": estimate}})
 	require.Equal(t, requests, res.Status[200], "every request is admitted: %v", res.Status)
 	b := s.waitBooks(3*time.Minute, res)
-	sc.fill(b, res)
 	b.requireExact(t, requests)
 
 	// Before any outcome, the counters hold what was admitted.
@@ -436,11 +532,54 @@ func TestKillReconcile(t *testing.T) {
 	}
 	require.Equal(t, len(ids), metered, "outcomes in usage_outcomes")
 
+	// The load that runs while reconcile is killed: one request and estimate tokens each for
+	// busy, paced at about 100 a second until the kills are over (then as fast as it goes),
+	// and held before its last requests if the kills take longer than it.
+	busyRequests := pick(3_000, 10_000)
+	var (
+		busyAnswered atomic.Int64
+		killsOver    = make(chan struct{})
+		endKills     = sync.OnceFunc(func() { close(killsOver) })
+		busyRes      *loadResult
+		busyDone     = make(chan struct{})
+	)
+	t.Cleanup(func() { // should the test stop early: the load ends while the stack still runs
+		endKills()
+		select {
+		case <-busyDone:
+		case <-time.After(time.Minute):
+		}
+	})
+	go func() {
+		defer close(busyDone)
+		busyRes = s.load(loadSpec{Requests: busyRequests, Workers: 4, Keys: []string{busyKey}, Deadline: 10 * time.Minute,
+			Units: map[string]int64{"requests": 1, "tokens": estimate},
+			Progress: func(n int) {
+				busyAnswered.Store(int64(n))
+				if n < busyRequests-100 {
+					select {
+					case <-killsOver:
+					case <-time.After(10 * time.Millisecond):
+					}
+					return
+				}
+				select {
+				case <-killsOver:
+				case <-time.After(5 * time.Minute):
+				}
+			}})
+	}()
+	started := time.Now() // the load is under way before the first run
+	for busyAnswered.Load() == 0 {
+		require.Less(t, time.Since(started), time.Minute, "the load got no answer within a minute")
+		time.Sleep(10 * time.Millisecond)
+	}
+
 	// The kills: first after the corrections are inserted, then alternately after a Redis
 	// change and after a mark, at a pseudo-random row among the first half of what is left.
 	points := []string{"after-redis", "after-mark"}
 	turn := rng.Intn(2)
-	var killedAt []string
+	var killedAt, underLoad []string
 	left := -1 // rows the next run has to apply, as the kills left them (unknown before the first)
 	for i := range kills {
 		dry := reconcileJSON(t, s, nil, "-dry-run")
@@ -454,9 +593,15 @@ func TestKillReconcile(t *testing.T) {
 			fp = fmt.Sprintf("%s:%d", points[turn%2], k)
 			turn++
 		}
+		before := busyAnswered.Load()
 		code, out := s.reconcile([]string{"METERGATE_FAILPOINT=" + fp})
+		after := busyAnswered.Load()
 		require.Equal(t, -1, code, "reconcile with %s exits by SIGKILL:\n%s", fp, logTail(out, 3000))
 		killedAt = append(killedAt, fmt.Sprintf("%s (of %d pending)", fp, dry.AdjustmentsPlanned))
+		underLoad = append(underLoad, fmt.Sprintf("%d→%d", before, after))
+		// The load was answered while this run lived and died, and had not reached its end.
+		require.Greater(t, after, before, "kill %d: the load went on while reconcile ran", i+1)
+		require.Less(t, after, int64(busyRequests-100), "kill %d: the load was not over, nor held before its end", i+1)
 		// Rows are applied one by one, oldest first: killed after the k-th Redis change, k-1
 		// rows are marked (the k-th is applied again, as a replay of its marker); after the
 		// k-th mark, k; after the insert, none.
@@ -469,7 +614,14 @@ func TestKillReconcile(t *testing.T) {
 			left = dry.AdjustmentsPlanned
 		}
 	}
-	t.Logf("killed at %s", strings.Join(killedAt, ", "))
+	t.Logf("killed at %s; the load's answers during each killed run %s", strings.Join(killedAt, ", "), strings.Join(underLoad, ", "))
+	endKills()
+	<-busyDone
+	require.NotNil(t, busyRes, "the load finished")
+	require.Equal(t, busyRequests, busyRes.Status[200], "every request of the load is admitted: %v", busyRes.Status)
+	b = s.waitBooks(3*time.Minute, res, busyRes)
+	sc.fill(b, res, busyRes)
+	b.requireExact(t, requests+busyRequests)
 
 	clean := reconcileJSON(t, s, nil)
 	require.Equal(t, left, clean.AdjustmentsApplied, "the clean run applies what the killed ones left")
@@ -515,10 +667,13 @@ func TestKillReconcile(t *testing.T) {
 	for _, acc := range []string{org, team} {
 		final[acc] = usageOf(t, ctx, s, acc)
 	}
-	sc.Note = fmt.Sprintf("seed %d; killed at %s; then a clean run applied %d (recovered %d), verify exit 0, the next run applied %d; "+
+	busyTokens := int64(busyRequests) * estimate
+	sc.Note = fmt.Sprintf("seed %d; killed at %s, under a load of %d admissions to the same team (answers during each killed run %s); "+
+		"then a clean run applied %d (recovered %d), verify exit 0, the next run applied %d; "+
 		"%d outcomes (%d × 503, %d with actual tokens); adjustments %v, %d unapplied, %d repeated; org counters requests %d tokens %d (want %d, %d)",
-		seed, strings.Join(killedAt, ", "), clean.AdjustmentsApplied, clean.Recovered, again.AdjustmentsApplied,
-		len(outcomes), n503, nSettle, byKind, unapplied, repeated, final[org]["requests"], final[org]["tokens"], wantRequests, wantTokens)
+		seed, strings.Join(killedAt, ", "), busyRequests, strings.Join(underLoad, ", "), clean.AdjustmentsApplied, clean.Recovered, again.AdjustmentsApplied,
+		len(outcomes), n503, nSettle, byKind, unapplied, repeated, final[org]["requests"], final[org]["tokens"],
+		wantRequests+int64(busyRequests), wantTokens+busyTokens)
 
 	require.Zero(t, unapplied, "rows left unapplied")
 	require.Zero(t, repeated, "corrections recorded more than once")
@@ -528,8 +683,8 @@ func TestKillReconcile(t *testing.T) {
 	for _, acc := range []string{org, team} {
 		require.Equal(t, int64(-n503), sums[acc+" requests"], "%s: requests given back", acc)
 		require.Equal(t, wantTokens-int64(requests*estimate), sums[acc+" tokens"], "%s: tokens given back and settled", acc)
-		require.Equal(t, wantRequests, final[acc]["requests"], "%s requests counter", acc)
-		require.Equal(t, wantTokens, final[acc]["tokens"], "%s tokens counter", acc)
+		require.Equal(t, wantRequests+int64(busyRequests), final[acc]["requests"], "%s requests counter", acc)
+		require.Equal(t, wantTokens+busyTokens, final[acc]["tokens"], "%s tokens counter", acc)
 	}
 }
 
