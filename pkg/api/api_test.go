@@ -420,8 +420,10 @@ func TestIdempotentRetryAndUsage(t *testing.T) {
 	})
 }
 
-// A policy change through the admin API is enforced within one second, with no reload call.
-func TestPolicyChangeEnforcedWithinOneSecond(t *testing.T) {
+// A PUT returns once its own node enforces the change: the next admission there is decided
+// with it. (Every other node within 1 s of the commit: cmd/admit
+// TestPolicyChangeReachesEveryNodeWithinOneSecond.)
+func TestPolicyChangeEnforcedWhenThePutReturns(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
 	org := b.id("upgrade")
@@ -432,14 +434,7 @@ func TestPolicyChangeEnforcedWithinOneSecond(t *testing.T) {
 
 	r := b.call(t, "PUT", "/v1/admin/accounts/"+org, adminToken, map[string]any{"plan": "pro", "limits": map[string]any{"requests": map[string]any{"quota": 100}}})
 	require.Equal(t, 200, r.Status, r.Raw)
-	changed := time.Now()
-	for {
-		if b.admit(t, map[string]any{"account": org}).Status == 200 {
-			break
-		}
-		require.Less(t, time.Since(changed), time.Second, "the upgrade was not enforced within 1 s")
-		time.Sleep(5 * time.Millisecond)
-	}
+	require.Equal(t, 200, b.admit(t, map[string]any{"account": org}).Status, "the upgrade is enforced when the PUT returns")
 	require.Equal(t, "pro", effective(t, r)["plan"], "the PUT reply shows the new effective policy")
 	g := b.call(t, "GET", "/v1/admin/accounts/"+org, adminToken, nil)
 	require.Equal(t, 200, g.Status)
