@@ -206,6 +206,10 @@ func TestBadInput(t *testing.T) {
 		malformed, len(kinds), dead, admissions, kafkaTook.Round(time.Millisecond), time.Since(start).Round(time.Second))
 	require.Zero(t, b.Lost, "lost")
 	require.Zero(t, b.Duplicated, "duplicated (or a malformed message that became a row)")
+	// The loads' rows hold what their callers sent (the fuzzer's own admissions, with bodies
+	// it made up, are checked by id only).
+	require.Zero(t, b.Wrong, "rows unlike the request their caller sent (sent → row):\n%s", strings.Join(b.WrongRows, "\n"))
+	require.Positive(t, b.Checked)
 	require.Equal(t, len(fz.res.ids())+len(afterFuzz.ids())+len(interleaved.ids())+len(last.ids()), b.Rows)
 	t.Logf("dead letters, e.g.: %s", strings.Join(sample, "; "))
 }

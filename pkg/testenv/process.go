@@ -167,15 +167,34 @@ func (p *Process) Wait(d time.Duration) (int, error) {
 	return 0, nil
 }
 
-// FreeAddr returns a loopback address with a port that was free a moment ago.
+// given holds the addresses FreeAddr handed out in this process: the kernel may offer a
+// port again as soon as it is closed, and two servers of one test (a broker's listener and
+// its controller) must not get the same one.
+var given = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
+// FreeAddr returns a loopback address with a port that was free a moment ago, and that no
+// earlier call of this process returned.
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("listen: %v", err)
+	given.Lock()
+	defer given.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatalf("listen: %v", err)
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		if !given.addrs[addr] {
+			given.addrs[addr] = true
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	tb.Fatal("no free port that was not handed out already")
+	return ""
 }
 
 // WaitHTTP polls url until it answers with status want or ctx ends, and returns the body.
