@@ -105,7 +105,12 @@ func (b *scoreboard) print(w io.Writer) int {
 	if len(b.rows) == 0 {
 		return 0
 	}
-	sort.SliceStable(b.rows, func(i, j int) bool { return b.rows[i].Scenario < b.rows[j].Scenario })
+	// By number ("10 …" after "9 …"), then name.
+	number := func(s string) int { n, _ := strconv.Atoi(strings.Fields(s + " x")[0]); return n }
+	sort.SliceStable(b.rows, func(i, j int) bool {
+		ni, nj := number(b.rows[i].Scenario), number(b.rows[j].Scenario)
+		return ni < nj || ni == nj && b.rows[i].Scenario < b.rows[j].Scenario
+	})
 	form := "short"
 	if full {
 		form = "full"

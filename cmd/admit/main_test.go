@@ -156,16 +156,7 @@ func adminToken() string   { return strings.SplitN(testenv.AdmitTokens()[1], "="
 var transport = &http.Transport{MaxIdleConnsPerHost: 64}
 
 func postStatus(client *http.Client, url, token string, body any) (int, []byte) {
-	raw, _ := json.Marshal(body)
-	req, _ := http.NewRequest("POST", url, bytes.NewReader(raw))
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return nodeCall(client, "POST", url, token, body)
 }
 
 func post(t *testing.T, client *http.Client, url, token string, body any, want int) map[string]any {
