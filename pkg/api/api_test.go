@@ -53,6 +53,8 @@ type options struct {
 	deadKafka bool                  // wire a recorder whose broker does not answer
 	// callTimeout bounds the admission script's calls (admission.Options.CallTimeout).
 	callTimeout time.Duration
+	// wrapRecorder, with recorder, wraps the Kafka recorder.
+	wrapRecorder func(api.Recorder) api.Recorder
 }
 
 func setup(t *testing.T, o options) *testBundle {
@@ -89,6 +91,9 @@ func setup(t *testing.T, o options) *testBundle {
 		w := outbox.NewWriter(testenv.KafkaBrokers(t), b.topic)
 		t.Cleanup(func() { _ = w.Close() })
 		cfg.Recorder = w
+		if o.wrapRecorder != nil {
+			cfg.Recorder = o.wrapRecorder(w)
+		}
 	}
 	if o.deadKafka {
 		w := outbox.NewWriter([]string{testenv.FreeAddr(t)}, "nowhere")
@@ -487,7 +492,8 @@ func TestRedisDown(t *testing.T) {
 
 // deadRedis is a client of a Redis that is not there.
 func deadRedis(t *testing.T) *redis.Client {
-	dead := redis.NewClient(&redis.Options{Addr: testenv.FreeAddr(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	dead := redis.NewClient(&redis.Options{Addr: testenv.FreeAddr(t), DialTimeout: 200 * time.Millisecond, MaxRetries: -1,
+		DialerRetries: 1})
 	t.Cleanup(func() { _ = dead.Close() })
 	return dead
 }

@@ -32,10 +32,11 @@ const (
 
 // voids runs the voids that Redis did not take at the first try.
 type voids struct {
-	pending  atomic.Int64
-	wg       sync.WaitGroup
-	stop     chan struct{}
-	stopOnce sync.Once
+	pending atomic.Int64
+	wg      sync.WaitGroup
+	mu      sync.Mutex // orders wg.Add with Close
+	closed  bool
+	stop    chan struct{}
 }
 
 // callerGone handles a request whose caller hung up while it was decided: it is counted as
@@ -66,13 +67,18 @@ func (s *Server) void(req admission.Request, reason string) {
 		s.metrics.voids.WithLabelValues(reason, "redis").Inc()
 		return
 	}
-	if s.voids.pending.Add(1) > maxPendingVoids {
-		s.voids.pending.Add(-1)
+	s.voids.mu.Lock()
+	if s.voids.closed || s.voids.pending.Add(1) > maxPendingVoids {
+		if !s.voids.closed {
+			s.voids.pending.Add(-1)
+		}
+		s.voids.mu.Unlock()
 		s.voidInKafka(req, reason)
 		return
 	}
-	s.metrics.pending.Inc()
 	s.voids.wg.Add(1)
+	s.voids.mu.Unlock()
+	s.metrics.pending.Inc()
 	go func() {
 		defer s.voids.wg.Done()
 		defer s.voids.pending.Add(-1)
@@ -133,10 +139,16 @@ func (s *Server) voidInKafka(req admission.Request, reason string) {
 	log.Warn("void written straight to kafka: redis did not take it")
 }
 
-// Close ends the voids still retried against Redis: each goes straight to Kafka. Call it
-// once the HTTP server has stopped; it returns when they are written or ctx ends.
+// Close ends the voids still retried against Redis: each goes straight to Kafka, as does
+// any void after it. Call it once the HTTP server has stopped; it returns when they are
+// written or ctx ends.
 func (s *Server) Close(ctx context.Context) error {
-	s.voids.stopOnce.Do(func() { close(s.voids.stop) })
+	s.voids.mu.Lock()
+	if !s.voids.closed {
+		s.voids.closed = true
+		close(s.voids.stop)
+	}
+	s.voids.mu.Unlock()
 	done := make(chan struct{})
 	go func() { s.voids.wg.Wait(); close(done) }()
 	select {

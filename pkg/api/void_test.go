@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/lua"
+	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/testenv"
 )
@@ -267,4 +269,48 @@ func TestPendingVoidGoesToKafkaOnClose(t *testing.T) {
 	require.NoError(t, json.Unmarshal(ev.Data, &v))
 	require.Equal(t, event.Voided{EventID: v.Attempt, Attempt: v.Attempt, Reason: event.VoidUnavailable}, v)
 	require.Equal(t, v.EventID+event.VoidSuffix, ev.ID)
+}
+
+// lateRecorder records an event only once the caller has hung up: a fail-open write that
+// completes as the caller goes.
+type lateRecorder struct{ api.Recorder }
+
+func (l lateRecorder) Record(ctx context.Context, key string, ev event.CloudEvent) error {
+	<-ctx.Done()
+	return l.Recorder.Record(context.WithoutCancel(ctx), key, ev)
+}
+
+// A fail-open admission whose caller hung up while its event was written to Kafka is
+// voided: its event is in Kafka though Redis never saw the request.
+func TestFailOpenCallerGoneIsVoided(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{rdb: deadRedis(t), recorder: true,
+		wrapRecorder: func(r api.Recorder) api.Recorder { return lateRecorder{r} }})
+	org := b.id("rates")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "enterprise"}) // rate-only: fails open
+	b.waitResolvable(t, org)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+"/v1/admit", jsonBody(t, map[string]any{"account": org}))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+serviceToken)
+	_, err = http.DefaultClient.Do(req)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	b.waitMetric(t, "metergate_admit_voids_pending", nil, 1)
+	require.EqualValues(t, 1, b.metric(t, "metergate_admit_abandoned_total", nil))
+	require.Zero(t, b.metric(t, "metergate_admit_fail_open_total", nil), "nobody was told")
+	require.NoError(t, b.srv.Close(testenv.Context(t, 10*time.Second)))
+
+	admitted := b.recorded(t, org)
+	require.Equal(t, event.TypeAdmitted, admitted.Type)
+	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: b.topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = rd.Close() })
+	rd.SetOffset(1)
+	msg, err := rd.ReadMessage(testenv.Context(t, time.Minute))
+	require.NoError(t, err)
+	var void event.CloudEvent
+	require.NoError(t, json.Unmarshal(msg.Value, &void))
+	require.Equal(t, admitted.ID+event.VoidSuffix, void.ID, "the fail-open event is voided")
 }
