@@ -21,9 +21,9 @@ import (
 const (
 	module = "github.com/metergate/metergate"
 	root   = "../.."
-	// readme holds the table of every environment variable: one row per variable,
+	// configDoc holds the table of every environment variable: one row per variable,
 	// "| `NAME` | binaries | default | meaning |".
-	readme = root + "/README.md"
+	configDoc = "docs/config.md"
 )
 
 // binaries are the configurations of the three commands, by command name.
@@ -31,7 +31,7 @@ func binaries() map[string]Registrar {
 	return map[string]Registrar{"admit": &Admit{}, "meter": &Meter{}, "reconcile": &Reconcile{}}
 }
 
-// docRow is one row of the README's table of environment variables.
+// docRow is one row of docs/config.md's table of environment variables.
 type docRow struct {
 	usedBy []string
 	def    string
@@ -43,29 +43,29 @@ var (
 	oneValue = regexp.MustCompile("^`([^`]*)`$")
 )
 
-// documented reads the README's table of environment variables: the table whose header is
+// documented reads docs/config.md's table of environment variables: the table whose header is
 // "| variable | used by | default | meaning |".
 func documented(t *testing.T) map[string]docRow {
 	t.Helper()
-	raw, err := os.ReadFile(readme)
+	raw, err := os.ReadFile(filepath.Join(root, configDoc))
 	require.NoError(t, err)
 	rows := map[string]docRow{}
 	in := false
 	for i, line := range strings.Split(string(raw), "\n") {
 		switch {
 		case strings.HasPrefix(line, "| variable | used by | default | meaning |"):
-			require.False(t, in || len(rows) > 0, "README.md:%d: a second table of variables", i+1)
+			require.False(t, in || len(rows) > 0, "%s:%d: a second table of variables", configDoc, i+1)
 			in = true
 		case in && !strings.HasPrefix(line, "|"):
 			in = false
 		case in:
 			m := envRow.FindStringSubmatch(line)
 			if m == nil {
-				require.True(t, strings.HasPrefix(line, "|---"), "README.md:%d: not a row of the variables table: %s", i+1, line)
+				require.True(t, strings.HasPrefix(line, "|---"), "%s:%d: not a row of the variables table: %s", configDoc, i+1, line)
 				continue
 			}
 			_, dup := rows[m[1]]
-			require.False(t, dup, "README.md:%d: %s documented twice", i+1, m[1])
+			require.False(t, dup, "%s:%d: %s documented twice", configDoc, i+1, m[1])
 			var used []string
 			for _, b := range strings.Split(m[2], ",") {
 				used = append(used, strings.TrimSpace(b))
@@ -74,11 +74,11 @@ func documented(t *testing.T) map[string]docRow {
 			rows[m[1]] = docRow{usedBy: used, def: strings.TrimSpace(m[3]), line: i + 1}
 		}
 	}
-	require.NotEmpty(t, rows, "README.md has no table headed \"| variable | used by | default | meaning |\"")
+	require.NotEmpty(t, rows, "%s has no table headed \"| variable | used by | default | meaning |\"", configDoc)
 	return rows
 }
 
-// Every environment variable a binary reads is a row of the README's table, naming exactly
+// Every environment variable a binary reads is a row of docs/config.md's table, naming exactly
 // the binaries that read it and the default each registers; and every row is a variable
 // some binary reads. The variables are those the configuration registers plus any
 // os.Getenv / os.LookupEnv of a constant name in the code each binary is built from.
@@ -106,19 +106,19 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 	for env, bins := range readers {
 		slices.Sort(bins)
 		row, ok := docs[env]
-		if !assertf(t, ok, "%s (read by %s) is missing from the table of variables in README.md", env, strings.Join(bins, ", ")) {
+		if !assertf(t, ok, "%s (read by %s) is missing from the table of variables in %s", env, strings.Join(bins, ", "), configDoc) {
 			continue
 		}
-		assertf(t, slices.Equal(row.usedBy, bins), "README.md:%d: %s is read by %s, the table says %s",
-			row.line, env, strings.Join(bins, ", "), strings.Join(row.usedBy, ", "))
+		assertf(t, slices.Equal(row.usedBy, bins), "%s:%d: %s is read by %s, the table says %s",
+			configDoc, row.line, env, strings.Join(bins, ", "), strings.Join(row.usedBy, ", "))
 		if check, ok := defaults[env]; ok {
 			if err := check(row.def); err != nil {
-				t.Errorf("README.md:%d: %s: %v", row.line, env, err)
+				t.Errorf("%s:%d: %s: %v", configDoc, row.line, env, err)
 			}
 		}
 	}
 	for env, row := range docs {
-		assertf(t, readers[env] != nil, "README.md:%d: %s is documented but no binary reads it", row.line, env)
+		assertf(t, readers[env] != nil, "%s:%d: %s is documented but no binary reads it", configDoc, row.line, env)
 	}
 }
 
@@ -130,7 +130,7 @@ func assertf(t *testing.T, ok bool, format string, args ...any) bool {
 	return ok
 }
 
-// defaultChecker compares the default written in the README (a backticked value, "—" for
+// defaultChecker compares the default written in docs/config.md (a backticked value, "—" for
 // none, "the host name" for ADMIT_NODE) with the one registered.
 func defaultChecker(env, registered string, v any) func(doc string) error {
 	return func(doc string) error {
