@@ -7,54 +7,73 @@
 -- KEYS[1]   the shard's outbox stream
 -- KEYS[2..] the keys of each decision, in the order its arguments name them (below)
 --
--- ARGV[1]   number of decisions
--- ARGV[2..4]   month bounds, ms since the epoch: start of the current month, start of the
---              next month, end of the next month
--- ARGV[5..6]   labels of the current and the next month ("YYYY-MM")
--- ARGV[7..8]   expiry (ms since the epoch) of quota counters of the current / next month
--- ARGV[9..11]  day bounds (as for months)
--- ARGV[12..13] expiry of quota counters of the current / next day
--- ARGV[14]     the shard's key start ("<prefix>{N}:"), for the void marks of void.lua
+-- ARGV[1..14], the call header (names as read below):
+--   decisions                     number of decisions
+--   m_start, m_next, m_end        month bounds, ms since the epoch: start of the current
+--                                 month, start of the next month, end of the next month
+--   m_label, m_next_label         labels of the current and the next month ("YYYY-MM")
+--   m_expiry, m_next_expiry       expiry (ms since the epoch) of quota counters of the
+--                                 current / next month
+--   d_start, d_next, d_end        day bounds (as for months)
+--   d_expiry, d_next_expiry       expiry of quota counters of the current / next day
+--   tag                           the shard's key start ("<prefix>{N}:"), for the void
+--                                 marks of void.lua
 --
 -- Then per decision (a cursor walks ARGV and KEYS):
---   event_id, org, has_idem (0/1), units fingerprint, idempotency TTL ms,
---   n_rate, n_quota, n_conc, lease TTL ms, event JSON head, event JSON middle,
---   event JSON tail
+--   event_id, org, has_idem (0/1), fingerprint (of the units), idem_ttl (ms),
+--   n_rate, n_quota, n_conc, lease_ttl (ms), head, middle, tail (of the event JSON)
 --   keys: idempotency record (if has_idem), lease record (if n_conc > 0)
 --   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
 --   ids of the requests that were answered with this decision (the first and each replay)
 --   and not voided since (void.lua). A record without "\n" (older) has one attempt, its own.
---   per rate limit:  algorithm ('b' bucket, 'w' sliding window), amount,
---                    rate per ms (b) or window ms (w), burst (b) or limit (w), idle TTL ms (b)
+--   per rate limit:  algo ('b' bucket, 'w' sliding window), amount,
+--                    param: rate per ms (b) or window ms (w), cap: burst (b) or limit (w),
+--                    ttl: idle TTL ms (b)
 --                    key: bucket state string (b) or window sorted set (w)
---   per quota:       amount, quota (-1 counts without capping), period kind ('m' or 'd')
+--   per quota:       amount, quota (-1 counts without capping), kind: period ('m' or 'd')
 --                    keys: counter of the current period, counter of the next period
 --   per concurrency: cap; key: lease sorted set
 --
--- Reply: {0, sec, usec} when TIME is outside the bounds given (the caller's clock is off:
--- it recomputes the bounds from sec and calls again); otherwise {1, sec, usec, d_1, ...}
--- with per decision {code, a, b, replayed, state...}:
---   code 1 allowed:      a = event id, b = period label charged
---   code 2 rate-limited: a = index of the blocking limit (rate limits first, then
---                        concurrency), b = retry after, ms (-1: never at this size)
---   code 3 over quota:   a = index of the blocking quota, b = its period label
---   code 4 idempotency key reused with other units
+-- Reply: {CLOCK_OFF, sec, usec} when TIME is outside the bounds given (the caller's clock
+-- is off: it recomputes the bounds from sec and calls again); otherwise
+-- {DECIDED, sec, usec, d_1, ...} with per decision {code, a, b, replayed, state...}:
+--   ALLOWED:            a = event id, b = period label charged
+--   RATE_LIMITED:       a = index of the blocking limit (rate limits first, then
+--                       concurrency), b = retry after, ms (-1: never at this size)
+--   OVER_QUOTA:         a = index of the blocking quota, b = its period label
+--   IDEMPOTENCY_REUSED: the idempotency key was used before with other units
 -- state: per rate limit {remaining, ms until whole}, per quota {used}; after the charge
 -- when allowed, as found when denied.
+--
+-- The contract with Go (pkg/admission/admitter.go): each block of arguments is read once,
+-- by one `local <names> = unpack(ARGV, ...)` marked "-- layout: <block>", and the reply
+-- codes are the capitalised locals marked "-- layout: reply". Go declares the same names
+-- in the same order, and TestScriptLayout (pkg/admission) parses this file to compare.
+
+-- layout: reply
+local CLOCK_OFF, DECIDED = 0, 1
+local ALLOWED, RATE_LIMITED, OVER_QUOTA, IDEMPOTENCY_REUSED = 1, 2, 3, 4
+
+local UNDECIDED = 0 -- a decision's code while its checks run; never replied
 
 local time = redis.call('TIME')
 local sec, usec = tonumber(time[1]), tonumber(time[2])
 local now = sec * 1000 + usec / 1000
 
-local m_start, m_next, m_end = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local d_start, d_next, d_end = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+-- layout: call
+local decisions, m_start, m_next, m_end, m_label, m_next_label, m_expiry, m_next_expiry,
+  d_start, d_next, d_end, d_expiry, d_next_expiry, tag = unpack(ARGV, 1, 14)
+local a, k = 15, 2 -- cursors into ARGV and KEYS: the first decision's
+m_start, m_next, m_end = tonumber(m_start), tonumber(m_next), tonumber(m_end)
+d_start, d_next, d_end = tonumber(d_start), tonumber(d_next), tonumber(d_end)
 if now < m_start or now >= m_end or now < d_start or now >= d_end then
-  return {0, sec, usec}
+  return {CLOCK_OFF, sec, usec}
 end
 local m_i = now >= m_next and 2 or 1
 local d_i = now >= d_next and 2 or 1
-local period = ARGV[4 + m_i]
-local expiry = {m = tonumber(ARGV[6 + m_i]), d = tonumber(ARGV[11 + d_i])}
+local period = m_i == 2 and m_next_label or m_label
+local expiry = {m = tonumber(m_i == 2 and m_next_expiry or m_expiry),
+  d = tonumber(d_i == 2 and d_next_expiry or d_expiry)}
 
 local stamp = rfc3339(sec, usec) -- from clock.lua, prepended
 
@@ -119,17 +138,15 @@ local function window(key, width)
   return sum, entries
 end
 
-local tag = ARGV[14]
-local out = {1, sec, usec}
-local a, k = 15, 2 -- cursors into ARGV and KEYS
+local out = {DECIDED, sec, usec}
 
-for _ = 1, tonumber(ARGV[1]) do
-  local event_id, org, has_idem, fingerprint = ARGV[a], ARGV[a + 1], ARGV[a + 2] == '1', ARGV[a + 3]
-  local idem_ttl = tonumber(ARGV[a + 4])
-  local n_rate, n_quota, n_conc = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
-  local lease_ttl = tonumber(ARGV[a + 8])
-  local head, middle, tail = ARGV[a + 9], ARGV[a + 10], ARGV[a + 11]
+for _ = 1, tonumber(decisions) do
+  -- layout: decision
+  local event_id, org, has_idem, fingerprint, idem_ttl, n_rate, n_quota, n_conc, lease_ttl,
+    head, middle, tail = unpack(ARGV, a, a + 11)
   a = a + 12
+  has_idem, idem_ttl, lease_ttl = has_idem == '1', tonumber(idem_ttl), tonumber(lease_ttl)
+  n_rate, n_quota, n_conc = tonumber(n_rate), tonumber(n_quota), tonumber(n_conc)
   local idem_key, lease_key
   if has_idem then idem_key = KEYS[k]; k = k + 1 end
   if n_conc > 0 then lease_key = KEYS[k]; k = k + 1 end
@@ -138,51 +155,59 @@ for _ = 1, tonumber(ARGV[1]) do
   local rates, quotas, concs, reads = {}, {}, {}, {}
   if idem_key then reads[1] = idem_key end
   for i = 1, n_rate do
-    local r = {algo = ARGV[a], amount = tonumber(ARGV[a + 1]), param = tonumber(ARGV[a + 2]),
-      cap = tonumber(ARGV[a + 3]), ttl = tonumber(ARGV[a + 4]), key = KEYS[k]}
+    -- layout: rate
+    local algo, amount, param, cap, ttl = unpack(ARGV, a, a + 4)
+    a = a + 5
+    local r = {algo = algo, amount = tonumber(amount), param = tonumber(param),
+      cap = tonumber(cap), ttl = tonumber(ttl), key = KEYS[k]}
     rates[i] = r
-    if r.algo == 'b' then reads[#reads + 1] = r.key end
-    a, k = a + 5, k + 1
+    if algo == 'b' then reads[#reads + 1] = r.key end
+    k = k + 1
   end
   for i = 1, n_quota do
-    local kind = ARGV[a + 2]
+    -- layout: quota
+    local amount, quota, kind = unpack(ARGV, a, a + 2)
+    a = a + 3
     local idx = kind == 'd' and d_i or m_i
-    local q = {amount = tonumber(ARGV[a]), quota = tonumber(ARGV[a + 1]), kind = kind,
+    local q = {amount = tonumber(amount), quota = tonumber(quota), kind = kind,
       key = KEYS[k + idx - 1], label = kind == 'd' and '' or period}
     quotas[i] = q
     reads[#reads + 1] = q.key
-    a, k = a + 3, k + 2
+    k = k + 2
   end
   for i = 1, n_conc do
-    concs[i] = {cap = tonumber(ARGV[a]), key = KEYS[k]}
-    a, k = a + 1, k + 1
+    -- layout: conc
+    local cap = unpack(ARGV, a, a + 0)
+    a = a + 1
+    concs[i] = {cap = tonumber(cap), key = KEYS[k]}
+    k = k + 1
   end
   preload(reads)
 
   -- Idempotency: a key seen before returns the first decision and charges nothing, and
   -- this request becomes one more attempt of it. A decision voided since (every attempt
   -- unanswered: void.lua) is forgotten: the request is decided afresh.
-  local code, ra, rb, replayed = 0, '', '', 0
+  local code, ra, rb, replayed = UNDECIDED, '', '', 0
   if idem_key and loaded[idem_key] then
     local head, attempts = string.match(loaded[idem_key], '^([^\n]*)\n?(.*)$')
     local id, p, fp = string.match(head, '^(%S+) (%S+) (.*)$')
     if redis.call('EXISTS', tag .. 'v:' .. id) == 1 then
       loaded[idem_key] = false
     elseif fp == fingerprint then
-      code, ra, rb, replayed = 1, id, p, 1
+      code, ra, rb, replayed = ALLOWED, id, p, 1
       if attempts == '' then attempts = id end
       local record = head .. '\n' .. attempts .. ' ' .. event_id
       redis.call('SET', idem_key, record, 'KEEPTTL')
       loaded[idem_key] = record
     else
-      code = 4
+      code = IDEMPOTENCY_REUSED
     end
   end
 
   -- Check every limit before consuming anything: rate limits and concurrency (429, the
   -- longest wait wins), then quotas (402, the highest level wins).
   local sums = {}
-  if code == 0 then
+  if code == UNDECIDED then
     local worst, worst_retry = 0, 0
     for i, r in ipairs(rates) do
       local retry = nil
@@ -223,12 +248,12 @@ for _ = 1, tonumber(ARGV[1]) do
       end
     end
     if worst > 0 then
-      code, ra, rb = 2, worst, worst_retry
+      code, ra, rb = RATE_LIMITED, worst, worst_retry
     else
       for i, q in ipairs(quotas) do
         local c = counter(q.key, q.kind)
         if q.quota >= 0 and c.used + q.amount > q.quota then
-          code, ra, rb = 3, i, q.label
+          code, ra, rb = OVER_QUOTA, i, q.label
           break
         end
       end
@@ -237,8 +262,8 @@ for _ = 1, tonumber(ARGV[1]) do
 
   -- All passed: consume everything, take the leases, remember the idempotency key and
   -- write the usage event to the outbox, all in this script.
-  if code == 0 then
-    code, ra, rb = 1, event_id, period
+  if code == UNDECIDED then
+    code, ra, rb = ALLOWED, event_id, period
     for i, r in ipairs(rates) do
       if r.algo == 'b' then
         local b = buckets[r.key]
@@ -273,7 +298,7 @@ for _ = 1, tonumber(ARGV[1]) do
   end
 
   local d = {code, ra, rb, replayed}
-  if code ~= 4 then
+  if code ~= IDEMPOTENCY_REUSED then
     for i, r in ipairs(rates) do
       if r.algo == 'b' then
         local b = bucket(r.key, r.param, r.cap)

@@ -227,15 +227,15 @@ func (a *Admitter) run(shard int, batch []*call) {
 		if err == nil && !ok {
 			err = fmt.Errorf("redis time %s outside the period bounds given twice", redisNow)
 		}
-		if err == nil && len(raw) != 3+len(batch) {
-			err = fmt.Errorf("admission script: %d replies for %d decisions", len(raw)-3, len(batch))
+		if err == nil && len(raw) != replyHeaderLen+len(batch) {
+			err = fmt.Errorf("admission script: %d replies for %d decisions", len(raw)-replyHeaderLen, len(batch))
 		}
 		for i, c := range batch {
 			if err != nil {
 				deliver(c, Decision{}, err)
 				continue
 			}
-			d, derr := enc.plans[i].decision(raw[3+i], redisNow)
+			d, derr := enc.plans[i].decision(raw[replyHeaderLen+i], redisNow)
 			deliver(c, d, derr)
 		}
 		return
@@ -250,14 +250,36 @@ func notSent(err error) bool {
 		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
 }
 
+// The admission script's reply (lua/admit.lua, "-- layout: reply"): {status, sec, usec},
+// then when decided one {code, a, b, replayed, state...} per decision.
+const (
+	statusClockOff = 0 // CLOCK_OFF: Redis TIME is outside the bounds given
+	statusDecided  = 1 // DECIDED
+
+	codeAllowed           = 1 // ALLOWED: a = event id, b = period charged
+	codeRateLimited       = 2 // RATE_LIMITED: a = blocking limit, b = retry after (ms)
+	codeOverQuota         = 3 // OVER_QUOTA: a = blocking quota, b = its period
+	codeIdempotencyReused = 4 // IDEMPOTENCY_REUSED
+
+	replyHeaderLen    = 3 // status, sec, usec
+	decisionHeaderLen = 4 // code, a, b, replayed; the limits' state follows
+)
+
+// replyCodes names the reply codes as the script does (TestScriptLayout).
+var replyCodes = map[string]int64{
+	"CLOCK_OFF": statusClockOff, "DECIDED": statusDecided,
+	"ALLOWED": codeAllowed, "RATE_LIMITED": codeRateLimited, "OVER_QUOTA": codeOverQuota,
+	"IDEMPOTENCY_REUSED": codeIdempotencyReused,
+}
+
 func replyHeader(raw []any) (ok bool, now time.Time, err error) {
-	if len(raw) < 3 {
+	if len(raw) < replyHeaderLen {
 		return false, time.Time{}, fmt.Errorf("admission script: short reply %v", raw)
 	}
 	status, _ := raw[0].(int64)
 	sec, _ := raw[1].(int64)
 	usec, _ := raw[2].(int64)
-	return status == 1, time.Unix(sec, usec*1000).UTC(), nil
+	return status == statusDecided, time.Unix(sec, usec*1000).UTC(), nil
 }
 
 // Request validation: what the HTTP layer already refuses, refused again here so that no
@@ -303,6 +325,87 @@ type check struct {
 
 func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 
+// The admission script's arguments (lua/admit.lua): a call header, then per decision a
+// header and one record per rate limit, quota and concurrency limit. Each block's
+// constants are its fields' positions; the names beside them are the script's locals for
+// the fields, and TestScriptLayout requires the script to read the same names in the same
+// order ("-- layout: call", "decision", "rate", "quota", "conc").
+const (
+	argDecisions = iota
+	argMonthStart
+	argMonthNext
+	argMonthEnd
+	argMonthLabel
+	argMonthNextLabel
+	argMonthExpiry
+	argMonthNextExpiry
+	argDayStart
+	argDayNext
+	argDayEnd
+	argDayExpiry
+	argDayNextExpiry
+	argTag
+	callLen
+)
+
+const (
+	decEventID = iota
+	decOrg
+	decHasIdem
+	decFingerprint
+	decIdemTTL
+	decRates
+	decQuotas
+	decConcs
+	decLeaseTTL
+	decHead
+	decMiddle
+	decTail
+	decisionLen
+)
+
+const (
+	rateAlgo = iota
+	rateAmount
+	rateParam // rate per ms (bucket) or window ms (window)
+	rateCap   // burst (bucket) or limit (window)
+	rateTTL   // idle TTL ms (bucket)
+	rateLen
+)
+
+const (
+	quotaAmount = iota
+	quotaCap
+	quotaKind
+	quotaLen
+)
+
+const (
+	concCap = iota
+	concLen
+)
+
+// argNames are the script's names of each block's fields, by position.
+var argNames = map[string][]string{
+	"call": (&[callLen]string{
+		argDecisions: "decisions", argMonthStart: "m_start", argMonthNext: "m_next", argMonthEnd: "m_end",
+		argMonthLabel: "m_label", argMonthNextLabel: "m_next_label",
+		argMonthExpiry: "m_expiry", argMonthNextExpiry: "m_next_expiry",
+		argDayStart: "d_start", argDayNext: "d_next", argDayEnd: "d_end",
+		argDayExpiry: "d_expiry", argDayNextExpiry: "d_next_expiry", argTag: "tag",
+	})[:],
+	"decision": (&[decisionLen]string{
+		decEventID: "event_id", decOrg: "org", decHasIdem: "has_idem", decFingerprint: "fingerprint",
+		decIdemTTL: "idem_ttl", decRates: "n_rate", decQuotas: "n_quota", decConcs: "n_conc",
+		decLeaseTTL: "lease_ttl", decHead: "head", decMiddle: "middle", decTail: "tail",
+	})[:],
+	"rate": (&[rateLen]string{
+		rateAlgo: "algo", rateAmount: "amount", rateParam: "param", rateCap: "cap", rateTTL: "ttl",
+	})[:],
+	"quota": (&[quotaLen]string{quotaAmount: "amount", quotaCap: "quota", quotaKind: "kind"})[:],
+	"conc":  (&[concLen]string{concCap: "cap"})[:],
+}
+
 func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	ref := now.Add(-skew)
 	mCur := monthStart(ref)
@@ -316,15 +419,18 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	}
 	// Room for two units' rate limits and quotas per level, so appends rarely grow.
 	keys := make([]string, 0, 1+3*len(batch)+6*levels)
-	args := make([]any, 0, 14+12*len(batch)+16*levels)
+	args := make([]any, 0, callLen+decisionLen*len(batch)+16*levels)
+	var h [callLen]any
+	h[argDecisions] = strconv.Itoa(len(batch))
+	h[argMonthStart], h[argMonthNext], h[argMonthEnd] = ms(mCur), ms(mNext), ms(mEnd)
+	h[argMonthLabel], h[argMonthNextLabel] = MonthLabel(mCur), MonthLabel(mNext)
+	h[argMonthExpiry], h[argMonthNextExpiry] = ms(mNext.Add(keep)), ms(mEnd.Add(keep))
+	h[argDayStart], h[argDayNext], h[argDayEnd] = ms(dCur), ms(dNext), ms(dEnd)
+	h[argDayExpiry], h[argDayNextExpiry] = ms(dNext.Add(keep)), ms(dEnd.Add(keep))
+	h[argTag] = a.keys.tag(shard)
 	e := encoded{
-		keys: append(keys, a.keys.Outbox(shard)),
-		args: append(args,
-			strconv.Itoa(len(batch)),
-			ms(mCur), ms(mNext), ms(mEnd), MonthLabel(mCur), MonthLabel(mNext), ms(mNext.Add(keep)), ms(mEnd.Add(keep)),
-			ms(dCur), ms(dNext), ms(dEnd), ms(dNext.Add(keep)), ms(dEnd.Add(keep)),
-			a.keys.tag(shard),
-		),
+		keys:  append(keys, a.keys.Outbox(shard)),
+		args:  append(args, h[:]...),
 		plans: make([]*plan, len(batch)),
 	}
 	labels := map[policy.QuotaPeriod][2]string{
@@ -365,21 +471,33 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy
 	if len(p.concs) > 0 {
 		e.keys = append(e.keys, a.keys.leaseRecord(shard, r.EventID))
 	}
-	e.args = append(e.args, r.EventID, pol.Org, hasIdem, fingerprint(r.Units, r.Tool), a.idemTTL,
-		strconv.Itoa(len(p.rates)), strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs)),
-		a.leaseTTL, head, middle, tail)
+	var d [decisionLen]any
+	d[decEventID], d[decOrg], d[decHasIdem] = r.EventID, pol.Org, hasIdem
+	d[decFingerprint], d[decIdemTTL] = fingerprint(r.Units, r.Tool), a.idemTTL
+	d[decRates], d[decQuotas], d[decConcs] = strconv.Itoa(len(p.rates)), strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs))
+	d[decLeaseTTL], d[decHead], d[decMiddle], d[decTail] = a.leaseTTL, head, middle, tail
+	e.args = append(e.args, d[:]...)
 	for _, c := range p.rates {
 		e.keys = append(e.keys, c.rateKey)
-		e.args = append(e.args, c.rateArgs[0], strconv.FormatInt(c.amount, 10), c.rateArgs[1], c.rateArgs[2], c.rateArgs[3])
+		var rec [rateLen]any
+		for j, v := range c.rateArgs {
+			rec[j] = v
+		}
+		rec[rateAmount] = strconv.FormatInt(c.amount, 10)
+		e.args = append(e.args, rec[:]...)
 	}
 	for _, c := range p.quotas {
 		l := labels[c.limit.QuotaPeriod]
 		e.keys = append(e.keys, c.quotaKey+l[0], c.quotaKey+l[1])
-		e.args = append(e.args, strconv.FormatInt(c.amount, 10), c.quota, c.quotaKind)
+		var rec [quotaLen]any
+		rec[quotaAmount], rec[quotaCap], rec[quotaKind] = strconv.FormatInt(c.amount, 10), c.quota, c.quotaKind
+		e.args = append(e.args, rec[:]...)
 	}
 	for i, lv := range p.concs {
 		e.keys = append(e.keys, lim.concKeys[i])
-		e.args = append(e.args, strconv.Itoa(lv.Concurrency))
+		var rec [concLen]any
+		rec[concCap] = strconv.Itoa(lv.Concurrency)
+		e.args = append(e.args, rec[:]...)
 	}
 	return p
 }
@@ -400,10 +518,10 @@ type limitArgs struct {
 	level policy.Level
 	unit  policy.Unit
 	limit policy.Limit
-	// rateKey is the bucket or window key; rateArgs the algorithm and, after the amount,
-	// the script's three parameters (see lua/admit.lua). Empty: no rate limit.
+	// rateKey is the bucket or window key; rateArgs the script's rate record but for its
+	// amount (see lua/admit.lua). Empty: no rate limit.
 	rateKey  string
-	rateArgs [4]string
+	rateArgs [rateLen]string
 	// quotaKey starts the counters' keys (the period's label ends them); quota and
 	// quotaKind are the script's arguments. Empty: no quota.
 	quotaKey, quota, quotaKind string
@@ -427,12 +545,13 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 			switch {
 			case lim.HasRate() && lim.Algorithm == policy.SlidingWindow:
 				c.rateKey = a.keys.window(shard, lv.Account, u)
-				c.rateArgs = [4]string{"w", strconv.FormatInt(lim.WindowS*1000, 10), strconv.FormatInt(lim.Limit, 10), "0"}
+				c.rateArgs = [rateLen]string{rateAlgo: "w", rateParam: strconv.FormatInt(lim.WindowS*1000, 10),
+					rateCap: strconv.FormatInt(lim.Limit, 10), rateTTL: "0"}
 			case lim.HasRate():
 				fill := float64(lim.Burst) / lim.RatePerS * 1000 // ms for an empty bucket to fill
 				c.rateKey = a.keys.bucket(shard, lv.Account, u)
-				c.rateArgs = [4]string{"b", strconv.FormatFloat(lim.RatePerS/1000, 'g', -1, 64),
-					strconv.FormatInt(lim.Burst, 10), strconv.FormatInt(int64(math.Min(math.Ceil(fill), 1e12))+1000, 10)}
+				c.rateArgs = [rateLen]string{rateAlgo: "b", rateParam: strconv.FormatFloat(lim.RatePerS/1000, 'g', -1, 64),
+					rateCap: strconv.FormatInt(lim.Burst, 10), rateTTL: strconv.FormatInt(int64(math.Min(math.Ceil(fill), 1e12))+1000, 10)}
 			}
 			if lim.Quota != nil {
 				c.quotaKey = a.keys.quota(shard, lv.Account, u, "")
@@ -468,19 +587,19 @@ func fingerprint(units map[policy.Unit]int64, tool string) string {
 // decision reads one decision's reply.
 func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 	d, ok := raw.([]any)
-	if !ok || len(d) < 4 {
+	if !ok || len(d) < decisionHeaderLen {
 		return Decision{}, fmt.Errorf("admission script: bad decision reply %v", raw)
 	}
 	code, _ := d[0].(int64)
 	out := Decision{Time: now}
 	switch code {
-	case 1:
+	case codeAllowed:
 		out.Result = Allow
 		out.EventID, _ = d[1].(string)
 		out.Period, _ = d[2].(string)
 		replayed, _ := d[3].(int64)
 		out.Replayed = replayed == 1
-	case 2:
+	case codeRateLimited:
 		idx, _ := d[1].(int64)
 		retry, _ := d[2].(int64)
 		out.Result, out.Period = RateLimited, MonthLabel(now)
@@ -495,7 +614,7 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		default:
 			return Decision{}, fmt.Errorf("admission script: blocking limit %d of %d", idx, len(p.rates)+len(p.concs))
 		}
-	case 3:
+	case codeOverQuota:
 		idx, _ := d[1].(int64)
 		i := int(idx) - 1
 		if i < 0 || i >= len(p.quotas) {
@@ -505,13 +624,13 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		out.Result = QuotaExceeded
 		out.Period = periodLabel(c.limit.QuotaPeriod, now)
 		out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
-	case 4:
+	case codeIdempotencyReused:
 		return Decision{}, ErrIdempotencyKeyReused
 	default:
 		return Decision{}, fmt.Errorf("admission script: unknown decision code %v", d[0])
 	}
 
-	state := d[4:]
+	state := d[decisionHeaderLen:]
 	if len(state) != 2*len(p.rates)+len(p.quotas) {
 		return Decision{}, fmt.Errorf("admission script: %d state values for %d rate limits and %d quotas", len(state), len(p.rates), len(p.quotas))
 	}

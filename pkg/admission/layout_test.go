@@ -1,0 +1,80 @@
+package admission
+
+import (
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestScriptLayout keeps the admission script's argument layout and reply codes in step
+// with Go's: lua/admit.lua reads each block of arguments with one unpack marked
+// "-- layout: <block>" and names its reply codes under "-- layout: reply"; argNames and
+// replyCodes (admitter.go) must say the same. The behaviour tests catch a wrong order
+// too, but this one names the field.
+func TestScriptLayout(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile("../../lua/admit.lua")
+	require.NoError(t, err)
+	blocks, codes := parseScriptLayout(t, string(src))
+	require.Equal(t, argNames, blocks, "argument layout: lua/admit.lua (actual) against admitter.go (expected)")
+	require.Equal(t, replyCodes, codes, "reply codes: lua/admit.lua (actual) against admitter.go (expected)")
+}
+
+var (
+	layoutMarker = regexp.MustCompile(`(?m)^\s*-- layout: (\w+)\n`)
+	// local <names> = unpack(ARGV, <first>, <last>), then the cursor's move past the block:
+	// "a = a + n" (a decision's blocks) or "local a, k = n, ..." (the call header).
+	layoutUnpack = regexp.MustCompile(`^\s*local ([\w,\s]+?) = unpack\(ARGV, (a|1), (?:a \+ )?(\d+)\)\n` +
+		`\s*(?:a = a \+ (\d+)|local a, k = (\d+), \d+)\b`)
+	layoutCodes = regexp.MustCompile(`^local ([A-Z_]+(?:, [A-Z_]+)*) = (\d+(?:, \d+)*)$`)
+)
+
+// parseScriptLayout returns the fields of each argument block of an admission script, in
+// order, and its reply codes.
+func parseScriptLayout(t *testing.T, src string) (blocks map[string][]string, codes map[string]int64) {
+	t.Helper()
+	blocks, codes = map[string][]string{}, map[string]int64{}
+	for _, m := range layoutMarker.FindAllStringSubmatchIndex(src, -1) {
+		name, rest := src[m[2]:m[3]], src[m[1]:]
+		if name == "reply" {
+			for _, line := range strings.Split(rest, "\n") {
+				c := layoutCodes.FindStringSubmatch(line)
+				if c == nil {
+					break
+				}
+				names, values := strings.Split(c[1], ", "), strings.Split(c[2], ", ")
+				require.Len(t, values, len(names), "reply codes %q", line)
+				for i, n := range names {
+					v, err := strconv.ParseInt(values[i], 10, 64)
+					require.NoError(t, err)
+					codes[n] = v
+				}
+			}
+			require.NotEmpty(t, codes, "no reply codes after -- layout: reply")
+			continue
+		}
+		u := layoutUnpack.FindStringSubmatch(rest)
+		require.NotNil(t, u, "-- layout: %s is not followed by local <names> = unpack(ARGV, ...) and the cursor's move", name)
+		var fields []string
+		for _, f := range strings.Split(u[1], ",") {
+			fields = append(fields, strings.TrimSpace(f))
+		}
+		last, _ := strconv.Atoi(u[3])
+		next, _ := strconv.Atoi(u[4] + u[5])
+		if u[2] == "1" { // the call header, ARGV[1..last]; the first decision starts after it
+			require.Equal(t, len(fields), last, "layout %s: %d names for ARGV[1..%d]", name, len(fields), last)
+			require.Equal(t, last+1, next, "layout %s: the cursor starts at %d, after ARGV[%d]", name, next, last)
+		} else { // ARGV[a..a+last], then a moves past it
+			require.Equal(t, len(fields), last+1, "layout %s: %d names for ARGV[a..a+%d]", name, len(fields), last)
+			require.Equal(t, len(fields), next, "layout %s: the cursor moves %d for %d fields", name, next, len(fields))
+		}
+		_, dup := blocks[name]
+		require.False(t, dup, "layout %s declared twice", name)
+		blocks[name] = fields
+	}
+	return blocks, codes
+}
