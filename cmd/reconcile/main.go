@@ -43,6 +43,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/config"
 	"github.com/metergate/metergate/pkg/invoice"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
 )
@@ -225,30 +226,30 @@ func failpointFromEnv() (func(string) error, error) {
 
 // runInvoice closes a period (close) or prints an issued invoice (invoice).
 func runInvoice(ctx context.Context, cfg config.Reconcile, log *slog.Logger, sub string, pool *pgxpool.Pool, out io.Writer) error {
-	var period time.Time
+	var month time.Time
 	if cfg.Period == "" && sub == "close" {
 		// The last month whose end plus the grace has passed: what a monthly CronJob closes.
-		period = invoice.PeriodOf(time.Now().Add(-cfg.Grace)).AddDate(0, -1, 0)
+		month = period.MonthStart(time.Now().Add(-cfg.Grace)).AddDate(0, -1, 0)
 	} else {
-		p, err := time.Parse("2006-01", cfg.Period)
+		p, err := period.ParseMonth(cfg.Period)
 		if err != nil {
-			return fmt.Errorf("-period %q: want YYYY-MM", cfg.Period)
+			return fmt.Errorf("-period: %w", err)
 		}
-		period = p
+		month = p
 	}
 	if sub == "invoice" {
 		if cfg.Org == "" {
 			return errors.New("-org: the org whose invoice to print is required")
 		}
-		return invoice.Export(ctx, pool, period, cfg.Org, cfg.Format, out)
+		return invoice.Export(ctx, pool, month, cfg.Org, cfg.Format, out)
 	}
-	res, err := invoice.Close(ctx, pool, period, invoice.Options{Force: cfg.Force, Grace: cfg.Grace, By: "reconcile close"})
+	res, err := invoice.Close(ctx, pool, month, invoice.Options{Force: cfg.Force, Grace: cfg.Grace, By: "reconcile close"})
 	if err != nil {
 		return err
 	}
 	if err := json.NewEncoder(out).Encode(res); err != nil {
 		return fmt.Errorf("print the close: %w", err)
 	}
-	log.Info("period closed", "period", period.Format("2006-01"), "created", res.Created)
+	log.Info("period closed", "period", period.MonthLabel(month), "created", res.Created)
 	return nil
 }

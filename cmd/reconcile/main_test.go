@@ -15,6 +15,7 @@ import (
 
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
 	"github.com/metergate/metergate/pkg/testenv"
@@ -146,7 +147,7 @@ func setupAcme(t *testing.T) (*pgxpool.Pool, *redis.Client, string, []string) {
 	keys := admission.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 16}
 	now := time.Now().UTC()
 	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
-	counter := keys.Quota("acme", "acme", policy.Requests, admission.MonthLabel(now))
+	counter := keys.Quota("acme", "acme", policy.Requests, period.MonthLabel(now))
 	t.Cleanup(func() {
 		ks, _ := rdb.Keys(context.Background(), keys.Prefix+"*").Result()
 		if len(ks) > 0 {

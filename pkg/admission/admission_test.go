@@ -16,6 +16,7 @@ import (
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/testenv"
 )
@@ -57,8 +58,8 @@ func bucket(rate float64, burst int64) policy.Limit {
 	return policy.Limit{RatePerS: rate, Burst: burst}.Normalize()
 }
 
-func withQuota(l policy.Limit, quota int64, period policy.QuotaPeriod) policy.Limit {
-	l.Quota, l.QuotaPeriod = ptr(quota), period
+func withQuota(l policy.Limit, quota int64, kind policy.QuotaPeriod) policy.Limit {
+	l.Quota, l.QuotaPeriod = ptr(quota), kind
 	return l.Normalize()
 }
 
@@ -105,7 +106,7 @@ func (b *testBundle) snapshot(t *testing.T, accounts ...string) map[string]strin
 	for _, acc := range accounts {
 		for _, u := range policy.Units {
 			for _, k := range append(b.bucketKeys(acc),
-				b.keys.Quota(b.org, acc, u, admission.MonthLabel(time.Now()))) {
+				b.keys.Quota(b.org, acc, u, period.MonthLabel(time.Now()))) {
 				v, err := b.rdb.Get(ctx, k).Result()
 				if errors.Is(err, redis.Nil) {
 					v = "<none>"
@@ -254,7 +255,7 @@ func TestQuota(t *testing.T) {
 		d := b.mustDecide(t, pol, units)
 		require.Equal(t, admission.QuotaExceeded, d.Result)
 		require.Equal(t, &admission.Blocker{Account: team, Level: policy.Team, Unit: "tokens"}, d.Blocked)
-		require.Equal(t, admission.DayLabel(d.Time), d.Period, "a daily quota names its day")
+		require.Equal(t, period.DayLabel(d.Time), d.Period, "a daily quota names its day")
 
 		// A smaller request still fits the day's 200 tokens left.
 		require.Equal(t, admission.Allow, b.mustDecide(t, pol, map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 200}).Result)
@@ -263,7 +264,7 @@ func TestQuota(t *testing.T) {
 		require.Equal(t, admission.UnitUsage{Used: 1000, Quota: 1000, Remaining: 0, Period: d.Period}, usage[policy.Tokens])
 		usage, err = b.adm.Usage(testenv.Context(t, 10*time.Second), policy.Resolved{Org: b.org, Path: pol.Path[:1]})
 		require.NoError(t, err)
-		require.Equal(t, admission.UnitUsage{Used: 3, Quota: 100, Remaining: 97, Period: admission.MonthLabel(d.Time)}, usage[policy.Requests])
+		require.Equal(t, admission.UnitUsage{Used: 3, Quota: 100, Remaining: 97, Period: period.MonthLabel(d.Time)}, usage[policy.Requests])
 
 		// Rate limits win over quotas: with both spent the answer is 429.
 		tight := tree(policy.Level{Account: b.org + "-tight", Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{
@@ -281,7 +282,7 @@ func TestQuota(t *testing.T) {
 		require.Equal(t, admission.Allow, b.mustDecide(t, zero, map[policy.Unit]int64{policy.Requests: 0, policy.Tokens: 5}).Result)
 		usage, err = b.adm.Usage(testenv.Context(t, 10*time.Second), zero)
 		require.NoError(t, err)
-		require.Equal(t, admission.UnitUsage{Used: 5, Quota: -1, Remaining: -1, Period: admission.MonthLabel(d.Time)}, usage[policy.Tokens])
+		require.Equal(t, admission.UnitUsage{Used: 5, Quota: -1, Remaining: -1, Period: period.MonthLabel(d.Time)}, usage[policy.Tokens])
 	})
 }
 
@@ -308,14 +309,14 @@ func TestQuotaPeriodByRedisTime(t *testing.T) {
 				require.Equal(t, admission.Allow, d.Result)
 				redisNow, err := b.rdb.Time(testenv.Context(t, 10*time.Second)).Result()
 				require.NoError(t, err)
-				month := admission.MonthLabel(redisNow)
+				month := period.MonthLabel(redisNow)
 				require.Equal(t, month, d.Period)
 
 				ctx := testenv.Context(t, 10*time.Second)
 				used, err := b.rdb.Get(ctx, b.keys.Quota(b.org, b.org, policy.Requests, month)).Int64()
 				require.NoError(t, err)
 				require.Equal(t, int64(1), used, "charged to the month Redis is in")
-				nodeMonth := admission.MonthLabel(clock())
+				nodeMonth := period.MonthLabel(clock())
 				if nodeMonth != month {
 					require.ErrorIs(t, b.rdb.Get(ctx, b.keys.Quota(b.org, b.org, policy.Requests, nodeMonth)).Err(), redis.Nil,
 						"nothing charged to the node's month")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -115,7 +116,7 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 	log := s.cfg.Log.With("org", pol.Org, "account", pol.Account(), "err", cause)
 	if policyFor == FailOpen && s.cfg.Recorder != nil {
 		now := s.cfg.Clock().UTC()
-		data := req.Admitted(admission.MonthLabel(now))
+		data := req.Admitted(period.MonthLabel(now))
 		data.FailOpen = true
 		ev, err := event.New(req.EventID, s.cfg.Source, event.TypeAdmitted, event.Subject(data.Path), now, data)
 		if err == nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -64,10 +65,10 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	reply := usageReply{Account: id, Org: pol.Org, Units: make(map[policy.Unit]usageOfUnit, len(used))}
 	for u, v := range used {
 		reply.Units[u] = usageOfUnit{Used: v.Used, Quota: v.Quota, Remaining: v.Remaining, Period: v.Period}
-		reply.Period = v.Period[:len("2006-01")] // the billing month, also of daily quotas
+		reply.Period = v.Period[:len(period.MonthLayout)] // the billing month, also of daily quotas
 	}
 	if reply.Period == "" {
-		reply.Period = admission.MonthLabel(s.cfg.Clock())
+		reply.Period = period.MonthLabel(s.cfg.Clock())
 	}
 	writeJSON(w, http.StatusOK, reply)
 }

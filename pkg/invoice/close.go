@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/pkg/period"
 )
 
 // DefaultGrace is how long after a period's end Close waits, unless told otherwise: long
@@ -55,21 +57,16 @@ type Result struct {
 	Invoices []Invoice
 }
 
-// PeriodOf returns the billing period (first day of the UTC month) of t.
-func PeriodOf(t time.Time) time.Time {
-	t = t.UTC()
-	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
-}
-
-const periodLayout = "2006-01-02"
+// dateLayout is how a period's first day is keyed (as PostgreSQL's date).
+const dateLayout = period.DayLayout
 
 // Close freezes a billing period and issues one invoice per org, in one transaction: the
 // orgs with usage in the period, with unbilled late events of earlier closed periods, or
 // on a plan with a base fee. Closing a closed period again writes nothing and returns its
 // invoices. Concurrent closes are serialized by an advisory lock.
-func Close(ctx context.Context, pool *pgxpool.Pool, period time.Time, opts Options) (Result, error) {
-	period = PeriodOf(period)
-	end := period.AddDate(0, 1, 0)
+func Close(ctx context.Context, pool *pgxpool.Pool, month time.Time, opts Options) (Result, error) {
+	month = period.MonthStart(month)
+	end := month.AddDate(0, 1, 0)
 	now, grace, by := opts.Now, opts.Grace, opts.By
 	if now.IsZero() {
 		now = time.Now()
@@ -81,9 +78,9 @@ func Close(ctx context.Context, pool *pgxpool.Pool, period time.Time, opts Optio
 		by = "invoice.Close"
 	}
 	if !opts.Force && now.Before(end.Add(grace)) {
-		return Result{}, fmt.Errorf("close %s before %s: %w", period.Format("2006-01"), end.Add(grace).Format(time.RFC3339), ErrTooEarly)
+		return Result{}, fmt.Errorf("close %s before %s: %w", period.MonthLabel(month), end.Add(grace).Format(time.RFC3339), ErrTooEarly)
 	}
-	res := Result{Period: period}
+	res := Result{Period: month}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('metergate.invoice.close'))`); err != nil {
 			return fmt.Errorf("lock close: %w", err)
@@ -91,17 +88,17 @@ func Close(ctx context.Context, pool *pgxpool.Pool, period time.Time, opts Optio
 		var closedAt *time.Time
 		var later bool
 		if err := tx.QueryRow(ctx, `select (select closed_at from periods where period = $1),
-		        exists (select 1 from periods where period > $1)`, period).Scan(&closedAt, &later); err != nil {
+		        exists (select 1 from periods where period > $1)`, month).Scan(&closedAt, &later); err != nil {
 			return fmt.Errorf("read periods: %w", err)
 		}
 		if closedAt != nil {
 			res.ClosedAt = *closedAt
-			invs, err := loadInvoices(ctx, tx, period, "")
+			invs, err := loadInvoices(ctx, tx, month, "")
 			res.Invoices = invs
 			return err
 		}
 		if later {
-			return fmt.Errorf("close %s: %w", period.Format("2006-01"), ErrLaterPeriodClosed)
+			return fmt.Errorf("close %s: %w", period.MonthLabel(month), ErrLaterPeriodClosed)
 		}
 		// Wait for the meter's transactions writing this month, and keep new ones out until
 		// the close commits: what the invoice reads is then exactly what was ingested by
@@ -111,7 +108,7 @@ func Close(ctx context.Context, pool *pgxpool.Pool, period time.Time, opts Optio
 			select array[n.nspname::text, c.relname::text]
 			from pg_inherits i join pg_class c on c.oid = i.inhrelid join pg_namespace n on n.oid = c.relnamespace
 			where i.inhparent = 'usage_events'::regclass and c.relname = 'usage_events_' || to_char($1::date, 'YYYY_MM')`,
-			period).Scan(&part)
+			month).Scan(&part)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows): // no partition: no usage, nothing to wait for
 		case err != nil:
@@ -122,19 +119,19 @@ func Close(ctx context.Context, pool *pgxpool.Pool, period time.Time, opts Optio
 			}
 		}
 		if err := tx.QueryRow(ctx, `insert into periods (period, closed_at, closed_by) values ($1, clock_timestamp(), $2) returning closed_at`,
-			period, by).Scan(&res.ClosedAt); err != nil {
+			month, by).Scan(&res.ClosedAt); err != nil {
 			return fmt.Errorf("insert period: %w", err)
 		}
 		res.Created = true
-		if err := issue(ctx, tx, period, end, res.ClosedAt); err != nil {
+		if err := issue(ctx, tx, month, end, res.ClosedAt); err != nil {
 			return err
 		}
-		invs, err := loadInvoices(ctx, tx, period, "")
+		invs, err := loadInvoices(ctx, tx, month, "")
 		res.Invoices = invs
 		return err
 	})
 	if err != nil {
-		return Result{}, fmt.Errorf("close period %s: %w", period.Format("2006-01"), err)
+		return Result{}, fmt.Errorf("close period %s: %w", period.MonthLabel(month), err)
 	}
 	return res, nil
 }
@@ -279,7 +276,7 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 			if l != nil {
 				lines = append(lines, *l)
 			}
-			billed[[2]string{c.period.Format(periodLayout), c.unit}] = c.billable
+			billed[[2]string{c.period.Format(dateLayout), c.unit}] = c.billable
 		}
 		lateLines, err := priceLate(ctx, tx, plans, plan, org, mine, billed)
 		if err != nil {
@@ -406,7 +403,7 @@ func priceLate(ctx context.Context, tx pgx.Tx, plans map[string]Plan, current Pl
 	// billed: (period, unit) → units billed so far, when a correction set it already.
 	var lines []Line
 	for _, k := range keys {
-		pk := [2]string{k.period.Format(periodLayout), k.unit}
+		pk := [2]string{k.period.Format(dateLayout), k.unit}
 		plan := current
 		var planID *string
 		if err := tx.QueryRow(ctx, `select plan from invoices where org = $1 and period = $2`, org, k.period).Scan(&planID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
@@ -501,10 +498,10 @@ func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correc
 func priceCorrection(plans map[string]Plan, current Plan, c correction) (*Line, error) {
 	plan, ok := plans[c.plan]
 	if !ok {
-		return nil, fmt.Errorf("plan %s of the %s invoice has no price", c.plan, c.period.Format("2006-01"))
+		return nil, fmt.Errorf("plan %s of the %s invoice has no price", c.plan, period.MonthLabel(c.period))
 	}
 	if plan.Currency != current.Currency {
-		return nil, fmt.Errorf("units of %s were priced in %s, the invoice is in %s", c.period.Format("2006-01"), plan.Currency, current.Currency)
+		return nil, fmt.Errorf("units of %s were priced in %s, the invoice is in %s", period.MonthLabel(c.period), plan.Currency, current.Currency)
 	}
 	for _, up := range plan.Units {
 		if up.Unit != c.unit {
@@ -519,7 +516,7 @@ func priceCorrection(plans map[string]Plan, current Plan, c correction) (*Line, 
 			return nil, err
 		}
 		return &Line{Kind: KindAdjustment, AccountPath: c.org, Unit: c.unit, Quantity: c.billable - c.billed,
-			PerUnits: 1, AmountMinor: after - before, ForPeriod: c.period.Format(periodLayout)}, nil
+			PerUnits: 1, AmountMinor: after - before, ForPeriod: c.period.Format(dateLayout)}, nil
 	}
 	return nil, nil
 }

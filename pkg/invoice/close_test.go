@@ -17,6 +17,7 @@ import (
 
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/invoice"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/testenv"
 )
 
@@ -68,8 +69,8 @@ type event struct {
 // event inserts one admitted request (and its outcome when status is set); returns its id.
 func (b *testBundle) event(t *testing.T, e event) string {
 	t.Helper()
-	period := invoice.PeriodOf(e.at)
-	_, err := b.pool.Exec(b.ctx, `select usage_events_partition($1)`, period)
+	month := period.MonthStart(e.at)
+	_, err := b.pool.Exec(b.ctx, `select usage_events_partition($1)`, month)
 	require.NoError(t, err)
 	path := strings.Split(e.path, "/")
 	kinds := []string{"org", "team", "user", "agent"}
@@ -78,7 +79,7 @@ func (b *testBundle) event(t *testing.T, e event) string {
 		insert into usage_events (event_id, billing_period, event_time, charged_period, org, account, account_kind,
 		                          path, source, requests, tokens, late, kafka_partition, kafka_offset)
 		values ($1, $2, $3, $2, $4, $5, $6, $7, 'test', $8, $9, $10, 0, $11)`,
-		id, period, e.at, path[0], path[len(path)-1], kinds[len(path)-1], path, e.requests, e.tokens, e.late, eventSeq.Load())
+		id, month, e.at, path[0], path[len(path)-1], kinds[len(path)-1], path, e.requests, e.tokens, e.late, eventSeq.Load())
 	require.NoError(t, err)
 	if e.status != 0 {
 		_, err = b.pool.Exec(b.ctx, `insert into usage_outcomes (event_id, status, outcome_time, source, kafka_partition, kafka_offset)

@@ -10,20 +10,22 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/pkg/period"
 )
 
 // Export writes the org's invoice of a period as "csv" (a header, then one row per line,
 // the invoice's fields repeated on each) or "json" (the Invoice with its lines).
-func Export(ctx context.Context, pool *pgxpool.Pool, period time.Time, org, format string, w io.Writer) error {
+func Export(ctx context.Context, pool *pgxpool.Pool, month time.Time, org, format string, w io.Writer) error {
 	if format != "csv" && format != "json" {
 		return fmt.Errorf("export format %q: want csv or json", format)
 	}
-	invs, err := loadInvoices(ctx, pool, PeriodOf(period), org)
+	invs, err := loadInvoices(ctx, pool, period.MonthStart(month), org)
 	if err != nil {
 		return err
 	}
 	if len(invs) == 0 {
-		return fmt.Errorf("invoice of org %s for %s: %w", org, PeriodOf(period).Format("2006-01"), ErrNotFound)
+		return fmt.Errorf("invoice of org %s for %s: %w", org, period.MonthLabel(month), ErrNotFound)
 	}
 	inv := invs[0]
 	if format == "json" {

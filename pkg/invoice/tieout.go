@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/pkg/period"
 )
 
 // TieOutDifference is one failed check of the finance_invoice_tieout view: an issued
@@ -27,7 +29,7 @@ func (d TieOutDifference) String() string {
 		unit = " " + *d.Unit
 	}
 	return fmt.Sprintf("invoice %d (%s %s)%s: %s: expected %s, actual %s",
-		d.InvoiceID, d.Org, d.Period.Format("2006-01"), unit, d.Check, d.Expected, d.Actual)
+		d.InvoiceID, d.Org, period.MonthLabel(d.Period), unit, d.Check, d.Expected, d.Actual)
 }
 
 // TieOut returns every difference the finance_invoice_tieout view lists: none when every

@@ -20,6 +20,7 @@ import (
 
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/testenv"
 )
 
@@ -640,7 +641,7 @@ func TestEventsOfAClosedPeriodAreLate(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	// Months no other test of the package writes or closes.
-	closed := monthOf(time.Now().UTC().AddDate(-2, -8, 0))
+	closed := period.MonthStart(time.Now().AddDate(-2, -8, 0))
 	open := closed.AddDate(0, -1, 0)
 	_, err := b.pool.Exec(b.ctx, `insert into periods (period, closed_at, closed_by) values ($1, now(), 'test')`, closed)
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -213,10 +214,6 @@ func checkEnvelope(ce event.CloudEvent) error {
 // computed here is the one PostgreSQL would compute from the stored time.
 func eventTime(ce event.CloudEvent) time.Time { return ce.Time.UTC().Truncate(time.Microsecond) }
 
-func monthOf(t time.Time) time.Time {
-	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
-}
-
 func parseAdmitted(ce event.CloudEvent, d *event.Admitted) (*usageRow, error) {
 	if len(d.Path) == 0 {
 		return nil, errors.New("data.path: missing")
@@ -259,13 +256,13 @@ func parseAdmitted(ce event.CloudEvent, d *event.Admitted) (*usageRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	charged, err := time.Parse("2006-01", d.Period)
-	if err != nil || len(d.Period) != len("2006-01") || charged.Year() < minYear || charged.Year() > maxYear {
+	charged, err := period.ParseMonth(d.Period)
+	if err != nil || charged.Year() < minYear || charged.Year() > maxYear {
 		return nil, fmt.Errorf("data.period %q: want YYYY-MM", d.Period)
 	}
 	at := eventTime(ce)
 	return &usageRow{
-		EventID: ce.ID, BillingPeriod: monthOf(at), EventTime: at, ChargedPeriod: charged,
+		EventID: ce.ID, BillingPeriod: period.MonthStart(at), EventTime: at, ChargedPeriod: charged,
 		Org: d.Org, Account: d.Account, AccountKind: last.Kind, Path: path,
 		APIKeyID: d.APIKeyID, IdempotencyKey: d.IdempotencyKey, Plan: d.Plan, Tool: d.Tool,
 		Source: ce.Source, FailOpen: d.FailOpen, Units: u,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/period"
 )
 
 // goodAdmitted is a valid admission as JSON objects, for cases to change.
@@ -207,7 +208,7 @@ func FuzzParse(f *testing.F) {
 			require.Nil(t, p.void)
 		case p.usage != nil:
 			r := p.usage
-			require.Equal(t, monthOf(r.EventTime), r.BillingPeriod)
+			require.Equal(t, period.MonthStart(r.EventTime), r.BillingPeriod)
 			require.Equal(t, 1, r.ChargedPeriod.Day())
 			require.Equal(t, r.Org, r.Path[0])
 			require.Equal(t, r.Account, r.Path[len(r.Path)-1])

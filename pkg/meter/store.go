@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/pkg/period"
 )
 
 // item is one Kafka message and what it became: a usage row, an outcome row, or (err set)
@@ -71,7 +73,7 @@ func (s *store) ensurePartitions(ctx context.Context, months []time.Time) error 
 			continue
 		}
 		if _, err := s.pool.Exec(ctx, `SELECT usage_events_partition($1)`, m); err != nil {
-			return fmt.Errorf("create usage_events partition %s: %w", m.Format("2006-01"), err)
+			return fmt.Errorf("create usage_events partition %s: %w", period.MonthLabel(m), err)
 		}
 		s.mu.Lock()
 		s.known[m] = true
@@ -90,7 +92,7 @@ func (s *store) forgetPartitions() {
 
 // aheadMonths are the current month (by now) and the next two.
 func aheadMonths(now time.Time) []time.Time {
-	m := monthOf(now.UTC())
+	m := period.MonthStart(now)
 	return []time.Time{m, m.AddDate(0, 1, 0), m.AddDate(0, 2, 0)}
 }
 

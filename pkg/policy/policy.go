@@ -41,6 +41,9 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
+
+	"github.com/metergate/metergate/pkg/period"
 )
 
 // Unit is what a limit counts.
@@ -87,6 +90,38 @@ const (
 	Month QuotaPeriod = "month"
 	Day   QuotaPeriod = "day"
 )
+
+// Label is the label of the period of kind q containing t ("YYYY-MM" or "YYYY-MM-DD").
+func (q QuotaPeriod) Label(t time.Time) string {
+	if q == Day {
+		return period.DayLabel(t)
+	}
+	return period.MonthLabel(t)
+}
+
+// Start is the first instant of the period of kind q containing t.
+func (q QuotaPeriod) Start(t time.Time) time.Time {
+	if q == Day {
+		return period.DayStart(t)
+	}
+	return period.MonthStart(t)
+}
+
+// End is the first instant after the period of kind q containing t.
+func (q QuotaPeriod) End(t time.Time) time.Time {
+	if q == Day {
+		return period.DayStart(t).AddDate(0, 0, 1)
+	}
+	return period.MonthStart(t).AddDate(0, 1, 0)
+}
+
+// KindOf is the kind of period a label names.
+func KindOf(label string) QuotaPeriod {
+	if period.IsDay(label) {
+		return Day
+	}
+	return Month
+}
 
 // Uncapped is the quota that never runs out.
 const Uncapped int64 = -1

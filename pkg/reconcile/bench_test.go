@@ -13,6 +13,7 @@ import (
 
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
 	"github.com/metergate/metergate/pkg/testenv"
@@ -177,7 +178,7 @@ from (select i, ($2::date - make_interval(months => 2 + i % 6))::date as p from 
 	}
 
 	// The counters admission charged: 1 request and 1,000 tokens per account.
-	label := admission.MonthLabel(cur)
+	label := period.MonthLabel(cur)
 	pipe := env.rdb.Pipeline()
 	for i := 1; i <= c.accounts; i++ {
 		acc := fmt.Sprintf("a%d", i)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -203,7 +204,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	runID := uuid.New()
 	from := since(o.Now)
-	s := Summary{RunID: runID.String(), DryRun: o.DryRun, Since: admission.MonthLabel(from), ByKind: map[Kind]int{},
+	s := Summary{RunID: runID.String(), DryRun: o.DryRun, Since: period.MonthLabel(from), ByKind: map[Kind]int{},
 		InvariantFailures: []string{}}
 
 	if o.DryRun {
@@ -403,10 +404,10 @@ func Verify(ctx context.Context, o Options) ([]Difference, error) {
 func strayCounters(ctx context.Context, o Options, from time.Time, checked map[string]bool) ([]Difference, error) {
 	var labels []string
 	for m := from; !m.After(o.Now); m = m.AddDate(0, 1, 0) {
-		labels = append(labels, periodLabel(m))
+		labels = append(labels, period.MonthLabel(m))
 	}
 	for d := sinceDay(o.Now); !d.After(o.Now); d = d.AddDate(0, 0, 1) {
-		labels = append(labels, admission.DayLabel(d))
+		labels = append(labels, period.DayLabel(d))
 	}
 	var out []Difference
 	scan := func(ctx context.Context, c redis.UniversalClient) error {
@@ -429,7 +430,7 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 				if err != nil {
 					return fmt.Errorf("read counter %s: %w", key, err)
 				}
-				d := Difference{Account: parts[0], Unit: policy.Unit(parts[1]), QuotaPeriod: windowOf(parts[2]), Period: parts[2], Redis: v}
+				d := Difference{Account: parts[0], Unit: policy.Unit(parts[1]), QuotaPeriod: policy.KindOf(parts[2]), Period: parts[2], Redis: v}
 				if pol, err := o.Policies.Resolve(parts[0]); err == nil {
 					d.Org, d.Level = pol.Org, pol.Path[len(pol.Path)-1].Kind
 				}
@@ -453,40 +454,6 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 	return out, scan(ctx, o.Redis)
 }
 
-func periodLabel(t time.Time) string { return t.UTC().Format("2006-01") }
-
-// label is the counter label of the period of kind q containing t.
-func label(q policy.QuotaPeriod, t time.Time) string {
-	if q == policy.Day {
-		return admission.DayLabel(t)
-	}
-	return periodLabel(t)
-}
-
-// windowOf is the kind of period a counter label names.
-func windowOf(label string) policy.QuotaPeriod {
-	if len(label) == len("2006-01-02") {
-		return policy.Day
-	}
-	return policy.Month
-}
-
-// periodStart parses a counter label: the first instant of its month or day.
-func periodStart(label string) (time.Time, error) {
-	if windowOf(label) == policy.Day {
-		return time.Parse("2006-01-02", label)
-	}
-	return time.Parse("2006-01", label)
-}
-
-// periodEnd is the first instant after the period a counter label names.
-func periodEnd(label string) (time.Time, error) {
-	t, err := periodStart(label)
-	if windowOf(label) == policy.Day {
-		return t.AddDate(0, 0, 1), err
-	}
-	return t.AddDate(0, 1, 0), err
-}
 func counterKey(k admission.Keys, org, account string, u policy.Unit, period string) string {
 	return k.Quota(org, account, u, period)
 }
@@ -578,11 +545,11 @@ order by e.event_time, e.event_id`, from)
 			skipped++
 			continue
 		}
-		cp, bp := periodLabel(charged), periodLabel(billing)
+		cp, bp := period.MonthLabel(charged), period.MonthLabel(billing)
 		add := func(k Kind, lv policy.Level, u policy.Unit, period string, amount int64, reason string) {
 			if amount != 0 {
 				out = append(out, Adjustment{Kind: k, Org: org, Account: lv.Account, Level: lv.Kind, Unit: u,
-					QuotaPeriod: windowOf(period), Period: period, Amount: amount, Reason: reason, SourceEvent: id})
+					QuotaPeriod: policy.KindOf(period), Period: period, Amount: amount, Reason: reason, SourceEvent: id})
 			}
 		}
 		// settle refunds or settles the counter of period.
@@ -613,7 +580,7 @@ order by e.event_time, e.event_id`, from)
 			}
 			if !at.Before(fromDay) {
 				for _, u := range quotas(lv, policy.Day) {
-					settle(lv, u, admission.DayLabel(at))
+					settle(lv, u, period.DayLabel(at))
 				}
 			}
 		}
@@ -749,7 +716,7 @@ order by 1, 2, 3, 4`, from, asCorrected, sinceDay(o.Now), failOpenBefore)
 		}
 		lv := pol.Path[len(pol.Path)-1]
 		for _, u := range quotas(lv, window) {
-			p := label(window, period)
+			p := window.Label(period)
 			counters = append(counters, counter{
 				Difference: Difference{Org: org, Account: account, Level: lv.Kind, Unit: u, QuotaPeriod: window, Period: p, Billable: totals[unitIndex(u)]},
 				key:        counterKey(o.Keys, org, account, u, p),
@@ -774,7 +741,7 @@ func insert(ctx context.Context, o Options, runID uuid.UUID, adj []Adjustment) e
 		const chunk = 5000
 		for start := 0; start < len(adj); start += chunk {
 			part := adj[start:min(start+chunk, len(adj))]
-			var kind, org, account, level, unit, window, period, reason, source []string
+			var kind, org, account, level, unit, window, periods, reason, source []string
 			var amount []int64
 			for _, a := range part {
 				kind = append(kind, string(a.Kind))
@@ -782,12 +749,12 @@ func insert(ctx context.Context, o Options, runID uuid.UUID, adj []Adjustment) e
 				account = append(account, a.Account)
 				level = append(level, string(a.Level))
 				unit = append(unit, string(a.Unit))
-				start, err := periodStart(a.Period)
+				start, err := period.Parse(a.Period)
 				if err != nil {
-					return fmt.Errorf("adjustment of %s: period %q: %w", a.Account, a.Period, err)
+					return fmt.Errorf("adjustment of %s: %w", a.Account, err)
 				}
-				window = append(window, string(windowOf(a.Period)))
-				period = append(period, start.Format("2006-01-02"))
+				window = append(window, string(policy.KindOf(a.Period)))
+				periods = append(periods, start.Format(period.DayLayout))
 				amount = append(amount, a.Amount)
 				reason = append(reason, a.Reason)
 				source = append(source, a.SourceEvent)
@@ -798,7 +765,7 @@ select $1, k, o, a, l, u, w, p::date, n, r, nullif(s, '')
 from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], $10::text[], $11::text[])
   with ordinality as t(k, o, a, l, u, w, p, n, r, s, i)
 order by i
-on conflict do nothing`, runID, kind, org, account, level, unit, window, period, amount, reason, source)
+on conflict do nothing`, runID, kind, org, account, level, unit, window, periods, amount, reason, source)
 			if err != nil {
 				return err
 			}
@@ -852,9 +819,9 @@ func apply(ctx context.Context, o Options, s *Summary) (int, error) {
 		}
 		// A counter created by the correction (e.g. after Redis lost its keys) expires like
 		// admission's; an existing one keeps its expiry (NX).
-		end, err := periodEnd(a.Period)
+		end, err := period.End(a.Period)
 		if err != nil {
-			return n, fmt.Errorf("adjustment %d: period %q: %w", a.ID, a.Period, err)
+			return n, fmt.Errorf("adjustment %d: %w", a.ID, err)
 		}
 		expire := end.Add(o.CounterRetention)
 		if err := o.Redis.Do(ctx, "PEXPIREAT", key, expire.UnixMilli(), "NX").Err(); err != nil {

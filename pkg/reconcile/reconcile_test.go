@@ -18,6 +18,7 @@ import (
 
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
 	"github.com/metergate/metergate/pkg/testenv"
@@ -115,9 +116,9 @@ func (b *testBundle) opts() reconcile.Options {
 	return reconcile.Options{Pool: b.pool, Redis: b.rdb, Keys: b.keys, Policies: b.cache, Now: b.now}
 }
 
-func (b *testBundle) counter(t *testing.T, account string, u policy.Unit, period time.Time) int64 {
+func (b *testBundle) counter(t *testing.T, account string, u policy.Unit, month time.Time) int64 {
 	t.Helper()
-	v, err := b.rdb.Get(context.Background(), b.keys.Quota(org, account, u, admission.MonthLabel(period))).Int64()
+	v, err := b.rdb.Get(context.Background(), b.keys.Quota(org, account, u, period.MonthLabel(month))).Int64()
 	if errors.Is(err, redis.Nil) {
 		return 0
 	}
@@ -140,7 +141,7 @@ func (b *testBundle) event(t *testing.T, id string, at, charged time.Time, reque
 values ($1, $2, $3, $4, $5, $6, 'user', $7, 'test', $8, $9, 0, $10)`,
 		id, billing, at, chargedMonth, org, user, []string{org, team, user}, requests, tokens, b.offset)
 	require.NoError(t, err)
-	label := admission.MonthLabel(charged)
+	label := period.MonthLabel(charged)
 	for _, acc := range []string{org, team} {
 		require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, acc, policy.Tokens, label), tokens).Err())
 	}
@@ -151,7 +152,7 @@ values ($1, $2, $3, $4, $5, $6, 'user', $7, 'test', $8, $9, 0, $10)`,
 // dayCounter is bob's daily counter of unit on day's day.
 func (b *testBundle) dayCounter(t *testing.T, u policy.Unit, day time.Time) int64 {
 	t.Helper()
-	v, err := b.rdb.Get(context.Background(), b.keys.Quota(org, bob, u, admission.DayLabel(day))).Int64()
+	v, err := b.rdb.Get(context.Background(), b.keys.Quota(org, bob, u, period.DayLabel(day))).Int64()
 	if errors.Is(err, redis.Nil) {
 		return 0
 	}
@@ -175,11 +176,11 @@ values ($1, $2, $3, $2, $4, $5, 'user', $6, 'test', $7, $8, 0, $9)`,
 		id, month, at, org, bob, []string{org, team, bob}, requests, tokens, b.offset)
 	require.NoError(t, err)
 	for _, acc := range []string{org, team} {
-		require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, acc, policy.Requests, admission.MonthLabel(at)), requests).Err())
-		require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, acc, policy.Tokens, admission.MonthLabel(at)), tokens).Err())
+		require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, acc, policy.Requests, period.MonthLabel(at)), requests).Err())
+		require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, acc, policy.Tokens, period.MonthLabel(at)), tokens).Err())
 	}
-	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, bob, policy.Requests, admission.DayLabel(at)), requests).Err())
-	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, bob, policy.Tokens, admission.DayLabel(at)), tokens).Err())
+	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, bob, policy.Requests, period.DayLabel(at)), requests).Err())
+	require.NoError(t, b.rdb.IncrBy(ctx, b.keys.Quota(org, bob, policy.Tokens, period.DayLabel(at)), tokens).Err())
 }
 
 func (b *testBundle) outcome(t *testing.T, id string, status int, tokens *int64) {
@@ -249,14 +250,14 @@ func TestRefund5xx(t *testing.T) {
 	require.Zero(t, again.AdjustmentsPlanned)
 	require.Equal(t, int64(7), b.counter(t, team, policy.Requests, at))
 
-	require.NoError(t, b.rdb.IncrBy(context.Background(), b.keys.Quota(org, team, policy.Requests, admission.MonthLabel(at)), 5).Err())
+	require.NoError(t, b.rdb.IncrBy(context.Background(), b.keys.Quota(org, team, policy.Requests, period.MonthLabel(at)), 5).Err())
 	diffs := verify(t, b)
 	require.Len(t, diffs, 1)
 	require.Equal(t, reconcile.Difference{Org: org, Account: team, Level: policy.Team, Unit: policy.Requests, QuotaPeriod: policy.Month,
-		Period: admission.MonthLabel(at), Redis: 12, Billable: 7}, diffs[0])
+		Period: period.MonthLabel(at), Redis: 12, Billable: 7}, diffs[0])
 
 	// A counter that no event in the log explains (its events never reached PostgreSQL).
-	prev := admission.MonthLabel(b.cur.AddDate(0, -1, 0))
+	prev := period.MonthLabel(b.cur.AddDate(0, -1, 0))
 	require.NoError(t, b.rdb.Set(context.Background(), b.keys.Quota(org, team, policy.Tokens, prev), 4, 0).Err())
 	diffs = verify(t, b)
 	require.Len(t, diffs, 2)
@@ -367,7 +368,7 @@ from unnest($1::text[], $2::timestamptz[]) with ordinality as e(id, at, ord)`, i
 		require.Equal(t, int64(n), b.counter(t, acc, policy.Requests, b.now), acc)
 		require.Equal(t, int64(10*n), b.counter(t, acc, policy.Tokens, b.now), acc)
 	}
-	require.Greater(t, b.rdb.PTTL(ctx, b.keys.Quota(org, team, policy.Requests, admission.MonthLabel(b.now))).Val(), time.Duration(0),
+	require.Greater(t, b.rdb.PTTL(ctx, b.keys.Quota(org, team, policy.Requests, period.MonthLabel(b.now))).Val(), time.Duration(0),
 		"a restored counter expires like admission's")
 	require.Empty(t, verify(t, b))
 
@@ -416,7 +417,7 @@ func scenario(t *testing.T) *testBundle {
 	b.bobEvent(t, "ev-bob-1", b.now.Add(-time.Minute), 1, 100)
 	b.outcome(t, "ev-bob-1", 200, ptr(70))
 	// Redis lost eng's tokens counter.
-	require.NoError(t, b.rdb.Del(context.Background(), b.keys.Quota(org, team, policy.Tokens, admission.MonthLabel(at))).Err())
+	require.NoError(t, b.rdb.Del(context.Background(), b.keys.Quota(org, team, policy.Tokens, period.MonthLabel(at))).Err())
 	return b
 }
 
@@ -431,13 +432,13 @@ func (b *testBundle) state(t *testing.T) state {
 	for _, p := range []time.Time{b.cur, b.cur.AddDate(0, -1, 0)} {
 		for _, acc := range []string{org, team} {
 			for _, u := range []policy.Unit{policy.Requests, policy.Tokens} {
-				st.Counters[acc+":"+string(u)+":"+admission.MonthLabel(p)] = b.counter(t, acc, u, p)
+				st.Counters[acc+":"+string(u)+":"+period.MonthLabel(p)] = b.counter(t, acc, u, p)
 			}
 		}
 	}
 	for _, d := range []time.Time{b.now, b.now.AddDate(0, 0, -1)} {
 		for _, u := range []policy.Unit{policy.Requests, policy.Tokens} {
-			st.Counters[bob+":"+string(u)+":"+admission.DayLabel(d)] = b.dayCounter(t, u, d)
+			st.Counters[bob+":"+string(u)+":"+period.DayLabel(d)] = b.dayCounter(t, u, d)
 		}
 	}
 	rows, err := b.pool.Query(context.Background(), `select format('%s %s %s %s %s %s %s %s %s→%s %s', kind, account, level, unit, quota_period, period, amount,
@@ -740,7 +741,7 @@ from unnest($1::text[], $2::timestamptz[]) with ordinality as e(id, at, ord)`, i
 			require.Equal(t, int64(bobRequestsPerDay-5), b.counter(t, team, policy.Requests, b.now))
 			var dayRows int
 			require.NoError(t, b.pool.QueryRow(ctx, `select count(*) from adjustments
-where quota_period = 'day' and account = $1 and period = $2::date and applied_at is not null`, bob, admission.DayLabel(b.now)).Scan(&dayRows))
+where quota_period = 'day' and account = $1 and period = $2::date and applied_at is not null`, bob, period.DayLabel(b.now)).Scan(&dayRows))
 			require.Equal(t, 5*2+3, dayRows)
 			require.Empty(t, verify(t, b))
 			require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
@@ -756,7 +757,7 @@ where quota_period = 'day' and account = $1 and period = $2::date and applied_at
 			s = run(t, b.opts())
 			require.Equal(t, map[reconcile.Kind]int{reconcile.DriftRestore: 6}, s.ByKind)
 			require.Equal(t, int64(bobRequestsPerDay), b.dayCounter(t, policy.Requests, b.now))
-			require.Greater(t, b.rdb.PTTL(ctx, b.keys.Quota(org, bob, policy.Requests, admission.DayLabel(b.now))).Val(), 24*time.Hour,
+			require.Greater(t, b.rdb.PTTL(ctx, b.keys.Quota(org, bob, policy.Requests, period.DayLabel(b.now))).Val(), 24*time.Hour,
 				"a restored daily counter expires like admission's: its day plus the retention")
 			require.Empty(t, verify(t, b))
 			d := decide()
@@ -777,14 +778,14 @@ func TestInvariantCheck(t *testing.T) {
 	o := b.opts()
 	o.Failpoint = func(point string) error {
 		if point == reconcile.BeforeCheck {
-			require.NoError(t, b.rdb.Del(context.Background(), b.keys.Quota(org, team, policy.Tokens, admission.MonthLabel(at))).Err())
+			require.NoError(t, b.rdb.Del(context.Background(), b.keys.Quota(org, team, policy.Tokens, period.MonthLabel(at))).Err())
 		}
 		return nil
 	}
 	s, err := reconcile.Run(testenv.Context(t, time.Minute), o)
 	require.ErrorIs(t, err, reconcile.ErrInvariant)
 	require.Len(t, s.InvariantFailures, 1, "%v", s.InvariantFailures)
-	require.Contains(t, s.InvariantFailures[0], "acme eng tokens "+admission.MonthLabel(at)+": redis 0, billable 100")
+	require.Contains(t, s.InvariantFailures[0], "acme eng tokens "+period.MonthLabel(at)+": redis 0, billable 100")
 
 	s = run(t, b.opts())
 	require.Equal(t, map[reconcile.Kind]int{reconcile.DriftRestore: 1}, s.ByKind)
