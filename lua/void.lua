@@ -7,43 +7,44 @@
 -- when decided afresh, an earlier one when replayed by its idempotency key). A decision is
 -- void only when every attempt answered with it was voided: one replay told 200 bills it.
 --
--- KEYS[1]  the shard's outbox stream
--- KEYS[2]  the idempotency record of the request (absent: the request had no key)
--- ARGV[1]  the attempt's event id
--- ARGV[2]  the shard's key start ("<prefix>{N}:"): void marks and lease records
+-- KEYS[1]  outbox: the shard's outbox stream
+-- KEYS[2]  idem_key: the idempotency record of the request (absent: the request had no key)
+-- ARGV[1]  attempt: the attempt's event id
+-- ARGV[2]  tag: the shard's key start ("<prefix>{N}:"): void marks and lease records
 -- ARGV[3]  org (the Kafka key)
--- ARGV[4]  how long a void mark lives, ms (the idempotency TTL)
--- ARGV[5]  event JSON from the id's end to the time; ARGV[6] from the time to the voided
---          event's id; ARGV[7] the rest
+-- ARGV[4]  mark_ttl: how long a void mark lives, ms (the idempotency TTL)
+-- ARGV[5]  after_id: event JSON from the id's end to the time; ARGV[6] after_time: from
+--          the time to the voided event's id; ARGV[7] rest: the rest
 --
 -- Returns 1 when a decision was voided (its event appended), 0 when another attempt of it
 -- may have been answered. Running it twice for one attempt voids nothing more: the event
 -- appended again has the same id, which the meter deduplicates.
+local outbox, idem_key = KEYS[1], KEYS[2]
+local attempt, tag, org, mark_ttl, after_id, after_time, rest = unpack(ARGV, 1, 7)
 local time = redis.call('TIME')
-local attempt, tag = ARGV[1], ARGV[2]
 local voided = attempt
-if KEYS[2] then
-  local record = redis.call('GET', KEYS[2])
+if idem_key then
+  local record = redis.call('GET', idem_key)
   if record then
     local head, attempts = string.match(record, '^([^\n]*)\n?(.*)$')
     local id = string.match(head, '^(%S+)')
     if attempts == '' then attempts = id end
-    local rest, found = {}, false
+    local others, found = {}, false
     for a in string.gmatch(attempts, '%S+') do
-      if a == attempt and not found then found = true else rest[#rest + 1] = a end
+      if a == attempt and not found then found = true else others[#others + 1] = a end
     end
-    if found and #rest > 0 then
-      redis.call('SET', KEYS[2], head .. '\n' .. table.concat(rest, ' '), 'KEEPTTL')
+    if found and #others > 0 then
+      redis.call('SET', idem_key, head .. '\n' .. table.concat(others, ' '), 'KEEPTTL')
       return 0
     end
     if found then
       voided = id
-      redis.call('DEL', KEYS[2])
+      redis.call('DEL', idem_key)
     end
   end
   -- A decision of this request taken after this call (it was still queued) is voided too:
   -- a replay of it decides afresh (admit.lua).
-  redis.call('SET', tag .. 'v:' .. voided, '1', 'PX', tonumber(ARGV[4]))
+  redis.call('SET', tag .. 'v:' .. voided, '1', 'PX', tonumber(mark_ttl))
 end
 local leases = tag .. 'l:' .. voided
 local held = redis.call('GET', leases)
@@ -51,6 +52,6 @@ if held then
   for set in string.gmatch(held, '%S+') do redis.call('ZREM', set, voided) end
   redis.call('DEL', leases)
 end
-redis.call('XADD', KEYS[1], '*', 'k', ARGV[3], 'v', '{"specversion":"1.0","id":"' .. voided .. '/void' ..
-  ARGV[5] .. rfc3339(tonumber(time[1]), tonumber(time[2])) .. ARGV[6] .. voided .. ARGV[7])
+redis.call('XADD', outbox, '*', 'k', org, 'v', '{"specversion":"1.0","id":"' .. voided .. '/void' ..
+  after_id .. rfc3339(tonumber(time[1]), tonumber(time[2])) .. after_time .. voided .. rest)
 return 1
