@@ -61,6 +61,33 @@ func (k Keys) quota(shard int, account string, unit policy.Unit, label string) s
 	return k.tag(shard) + "q:" + account + ":" + string(unit) + ":" + label
 }
 
+// QuotaPattern matches (SCAN MATCH) every quota counter of the period labelled label, of
+// every shard.
+func (k Keys) QuotaPattern(label string) string { return k.Prefix + "{*}:q:*:" + label }
+
+// ParseQuota returns the account, unit and period label of a quota counter's key made by
+// Quota; ok is false for any other key.
+func (k Keys) ParseQuota(key string) (account string, unit policy.Unit, label string, ok bool) {
+	rest, found := strings.CutPrefix(key, k.Prefix+"{")
+	if !found {
+		return "", "", "", false
+	}
+	if _, rest, found = strings.Cut(rest, "}:q:"); !found {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ":")
+	if len(parts) != 3 || !policy.Unit(parts[1]).Valid() || !policy.ValidID(parts[0]) {
+		return "", "", "", false
+	}
+	return parts[0], policy.Unit(parts[1]), parts[2], true
+}
+
+// Marker is the key that marks correction id applied (lua/adjust.lua), in the hash tag of
+// org's counters so that the correction's script touches one Redis Cluster slot.
+func (k Keys) Marker(org string, id int64) string {
+	return k.tag(k.Shard(org)) + "adj:" + strconv.FormatInt(id, 10)
+}
+
 func (k Keys) bucket(shard int, account string, unit policy.Unit) string {
 	return k.tag(shard) + "b:" + account + ":" + string(unit)
 }

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -226,7 +225,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		pipe := o.Redis.Pipeline()
 		applied := make([]*redis.IntCmd, len(pending))
 		for i, a := range pending {
-			applied[i] = pipe.Exists(ctx, markerKey(o.Keys, a.Org, a.ID))
+			applied[i] = pipe.Exists(ctx, o.Keys.Marker(a.Org, a.ID))
 		}
 		if len(pending) > 0 {
 			if _, err := pipe.Exec(ctx); err != nil {
@@ -235,7 +234,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		}
 		for i, a := range pending {
 			if applied[i].Val() == 0 {
-				planned[counterKey(o.Keys, a.Org, a.Account, a.Unit, a.Period)] += a.Amount
+				planned[o.Keys.Quota(a.Org, a.Account, a.Unit, a.Period)] += a.Amount
 			}
 		}
 		drift, _, err := driftCorrections(ctx, o, from, planned, true, nil)
@@ -412,15 +411,14 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 	var out []Difference
 	scan := func(ctx context.Context, c redis.UniversalClient) error {
 		for _, label := range labels {
-			iter := c.Scan(ctx, 0, o.Keys.Prefix+"{*}:q:*:"+label, 1000).Iterator()
+			iter := c.Scan(ctx, 0, o.Keys.QuotaPattern(label), 1000).Iterator()
 			for iter.Next(ctx) {
 				key := iter.Val()
 				if checked[key] {
 					continue
 				}
-				_, rest, ok := strings.Cut(strings.TrimPrefix(key, o.Keys.Prefix), "}:q:")
-				parts := strings.Split(rest, ":")
-				if !ok || len(parts) != 3 || !policy.Unit(parts[1]).Valid() {
+				account, unit, keyLabel, ok := o.Keys.ParseQuota(key)
+				if !ok {
 					continue // not a quota counter of this prefix
 				}
 				v, err := c.Get(ctx, key).Int64()
@@ -430,8 +428,8 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 				if err != nil {
 					return fmt.Errorf("read counter %s: %w", key, err)
 				}
-				d := Difference{Account: parts[0], Unit: policy.Unit(parts[1]), QuotaPeriod: policy.KindOf(parts[2]), Period: parts[2], Redis: v}
-				if pol, err := o.Policies.Resolve(parts[0]); err == nil {
+				d := Difference{Account: account, Unit: unit, QuotaPeriod: policy.KindOf(keyLabel), Period: keyLabel, Redis: v}
+				if pol, err := o.Policies.Resolve(account); err == nil {
 					d.Org, d.Level = pol.Org, pol.Path[len(pol.Path)-1].Kind
 				}
 				out = append(out, d)
@@ -452,17 +450,6 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 		return out, err
 	}
 	return out, scan(ctx, o.Redis)
-}
-
-func counterKey(k admission.Keys, org, account string, u policy.Unit, period string) string {
-	return k.Quota(org, account, u, period)
-}
-
-// markerKey is the marker of a correction, in the hash tag of the org's counters so the
-// script touches one Redis Cluster slot.
-func markerKey(k admission.Keys, org string, id int64) string {
-	tag := strings.TrimSuffix(k.Outbox(k.Shard(org)), "outbox")
-	return tag + "adj:" + strconv.FormatInt(id, 10)
 }
 
 // quotas lists the units that a level counts with a quota counter of window q (capped or
@@ -719,7 +706,7 @@ order by 1, 2, 3, 4`, from, asCorrected, sinceDay(o.Now), failOpenBefore)
 			p := window.Label(period)
 			counters = append(counters, counter{
 				Difference: Difference{Org: org, Account: account, Level: lv.Kind, Unit: u, QuotaPeriod: window, Period: p, Billable: totals[unitIndex(u)]},
-				key:        counterKey(o.Keys, org, account, u, p),
+				key:        o.Keys.Quota(org, account, u, p),
 			})
 		}
 	}
@@ -808,8 +795,8 @@ func apply(ctx context.Context, o Options, s *Summary) (int, error) {
 	}
 	n := 0
 	for _, a := range pending {
-		key := counterKey(o.Keys, a.Org, a.Account, a.Unit, a.Period)
-		got, err := lua.Adjust.Run(ctx, o.Redis, []string{markerKey(o.Keys, a.Org, a.ID), key},
+		key := o.Keys.Quota(a.Org, a.Account, a.Unit, a.Period)
+		got, err := lua.Adjust.Run(ctx, o.Redis, []string{o.Keys.Marker(a.Org, a.ID), key},
 			a.Amount, o.MarkerTTL.Milliseconds(), "").Int64Slice()
 		if err != nil {
 			return n, fmt.Errorf("apply adjustment %d: %w", a.ID, err)
