@@ -52,6 +52,17 @@ bench: up build ## measure against baselines of the same run: prints a table, wr
 test-short: ## unit tests only: integration tests skip when the services are not set
 	$(GO) test -race -count=1 ./...
 
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(CURDIR)/.cache/bin/golangci-lint-$(GOLANGCI_LINT_VERSION)
+
+$(GOLANGCI_LINT):
+	GOBIN=$(CURDIR)/.cache/bin/tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(CURDIR)/.cache/bin/tmp/golangci-lint $@
+
+lint: $(GOLANGCI_LINT) ## golangci-lint v2 (.golangci.yml) on the module and bench/redisrate; installs the pinned version into .cache/bin
+	$(GOLANGCI_LINT) run ./...
+	cd bench/redisrate && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
+
 FUZZTIME ?= 15s
 FUZZCACHE ?= $(CURDIR)/.cache/fuzz
 fuzz: ## run every fuzz target for FUZZTIME each (default 15s); corpus kept in .cache/fuzz, crashers saved to testdata/fuzz (docs/fuzz.md)

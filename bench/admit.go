@@ -113,7 +113,7 @@ type peer struct {
 	addr string
 }
 
-func (s *stack) startPeer(ctx context.Context) (*peer, error) {
+func (s *stack) startPeer() (*peer, error) {
 	cmd := exec.Command(filepath.Join(s.cfg.BinDir, "redisrate"), "-addr", "127.0.0.1:0",
 		"-redis-url", s.cfg.RedisURL, "-rate", "100000000", "-key", s.cfg.KeyPrefix+":redisrate")
 	out, err := cmd.StdoutPipe()
@@ -279,7 +279,7 @@ func (s *stack) admitThroughput(ctx context.Context, res *Results) error {
 	body := `{"api_key":"` + key + `",` + decisionBody + `}`
 	clients := strconv.Itoa(s.cfg.Clients)
 
-	p, err := s.startPeer(ctx)
+	p, err := s.startPeer()
 	if err != nil {
 		return err
 	}
@@ -486,7 +486,7 @@ func (s *stack) admitIdle(ctx context.Context, res *Results) error {
 	if err != nil {
 		return err
 	}
-	p, err := s.startPeer(ctx)
+	p, err := s.startPeer()
 	if err != nil {
 		return err
 	}

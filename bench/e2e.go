@@ -181,7 +181,7 @@ func (s *stack) pipeline(ctx context.Context, res *Results) error {
 	wg.Wait()
 	took := time.Since(start)
 	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("%d decisions failed: %v", n, firstErr)
+		return fmt.Errorf("%d decisions failed: %w", n, firstErr)
 	}
 	lat, err := s.rowLatency(ctx, since, allowed.Load())
 	if err != nil {

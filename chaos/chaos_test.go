@@ -18,7 +18,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // bin holds the admit, meter and reconcile binaries built for this run.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // Scenarios 2, 4 and 5: a service of the pipeline (Kafka, PostgreSQL, Redis) stopped and

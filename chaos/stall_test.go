@@ -23,7 +23,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // hangUp sends an admission and hangs up right after sending it: it closes its side of the

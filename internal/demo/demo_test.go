@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // bin holds the admit, meter and reconcile binaries built for this run.

@@ -163,7 +163,7 @@ func (t *traffic) run(ctx context.Context, d time.Duration) {
 	}
 	goFn(func(rng *rand.Rand) { t.marketing(ctx, rng) })
 	goFn(func(rng *rand.Rand) { t.tinyco(ctx, rng) })
-	goFn(func(rng *rand.Rand) {
+	goFn(func(*rand.Rand) {
 		t.sleep(ctx, d*2/5)
 		if t.running(ctx) {
 			t.spike(ctx)
@@ -435,4 +435,4 @@ func levelRank(l string) int {
 	return 4
 }
 
-var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+var discard = slog.New(slog.DiscardHandler)

@@ -79,10 +79,10 @@ func (p *Proc) Exited() bool {
 func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	last := "no answer"
+	var last string
 	for {
 		if p.Exited() {
-			return fmt.Errorf("%s exited before it was ready (%v); last lines of %s:\n%s", p.name, p.err, p.logPath, p.Tail(15))
+			return fmt.Errorf("%s exited before it was ready (%w); last lines of %s:\n%s", p.name, exitErr(p.err), p.logPath, p.Tail(15))
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.URL()+"/readyz", nil)
 		resp, err := http.DefaultClient.Do(req)
@@ -123,7 +123,7 @@ func (p *Proc) Stop(timeout time.Duration) error {
 
 func (p *Proc) exitError() error {
 	if p.err != nil {
-		return fmt.Errorf("%s exited: %v; last lines of %s:\n%s", p.name, p.err, p.logPath, p.Tail(15))
+		return fmt.Errorf("%s exited: %w; last lines of %s:\n%s", p.name, exitErr(p.err), p.logPath, p.Tail(15))
 	}
 	return nil
 }
@@ -183,4 +183,12 @@ func FreeAddr() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// exitErr is a process' exit as an error: cmd.Wait's, or one for an exit status 0.
+func exitErr(err error) error {
+	if err == nil {
+		return errors.New("exit status 0")
+	}
+	return err
 }

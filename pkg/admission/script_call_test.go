@@ -16,7 +16,7 @@ import (
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // The usage event is written by the same script call as the counters it charges. Redis

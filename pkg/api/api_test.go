@@ -26,7 +26,7 @@ import (
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/outbox"
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -61,7 +61,7 @@ func setup(t *testing.T, o options) *testBundle {
 	t.Helper()
 	ctx := testenv.Context(t, 2*time.Minute)
 	pool := testenv.Postgres(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(slog.DiscardHandler)
 	cache := policy.NewCache(pool, log, time.Minute)
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

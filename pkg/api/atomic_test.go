@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // All-or-nothing through the HTTP API: a request refused at any level of org → team →

@@ -18,7 +18,7 @@ import (
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/event"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // metric is the sum of the API's counters name with the labels given (0 when absent).
@@ -307,7 +307,7 @@ func TestFailOpenCallerGoneIsVoided(t *testing.T) {
 	require.Equal(t, event.TypeAdmitted, admitted.Type)
 	rd := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: b.topic, Partition: 0, MaxWait: 100 * time.Millisecond})
 	t.Cleanup(func() { _ = rd.Close() })
-	rd.SetOffset(1)
+	require.NoError(t, rd.SetOffset(1))
 	msg, err := rd.ReadMessage(testenv.Context(t, time.Minute))
 	require.NoError(t, err)
 	var void event.CloudEvent

@@ -11,7 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // benchBundle is setup for a benchmark: the package's schema, a topic of 12 partitions (the

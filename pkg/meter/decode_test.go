@@ -47,9 +47,9 @@ func requireDecodedAsJSON(t testing.TB, value []byte) bool {
 func TestDecodeFast(t *testing.T) {
 	t.Parallel()
 	admitted, outcome := asAdmit(t, encode(t, goodAdmitted())), asAdmit(t, encode(t, goodOutcome()))
-	change := func(value []byte, old, new string) []byte {
-		require.Contains(t, string(value), old)
-		return []byte(strings.Replace(string(value), old, new, 1))
+	change := func(value []byte, from, to string) []byte {
+		require.Contains(t, string(value), from)
+		return []byte(strings.Replace(string(value), from, to, 1))
 	}
 	indented := func(value []byte) []byte {
 		var ce event.CloudEvent

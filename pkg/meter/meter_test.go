@@ -21,7 +21,7 @@ import (
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/period"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }

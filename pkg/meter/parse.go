@@ -70,19 +70,6 @@ type units struct {
 	Requests, Tokens, Credits, CostMicros *int64
 }
 
-func (u units) get(unit policy.Unit) *int64 {
-	switch unit {
-	case policy.Requests:
-		return u.Requests
-	case policy.Tokens:
-		return u.Tokens
-	case policy.Credits:
-		return u.Credits
-	default:
-		return u.CostMicros
-	}
-}
-
 // parseUnits checks that every unit is known and at least 0.
 func parseUnits(field string, m map[string]int64) (units, error) {
 	var u units
@@ -302,16 +289,16 @@ func parseVoid(ce event.CloudEvent, d *event.Voided) (*voidRow, error) {
 	return &voidRow{EventID: d.EventID, Attempt: d.Attempt, Reason: d.Reason, VoidTime: eventTime(ce), Source: ce.Source}, nil
 }
 
-// printable checks an identifier: printable ASCII without spaces, at most max bytes.
-func printable(field, s string, max int, optional bool) error {
+// printable checks an identifier: printable ASCII without spaces, at most maxLen bytes.
+func printable(field, s string, maxLen int, optional bool) error {
 	if s == "" {
 		if optional {
 			return nil
 		}
 		return fmt.Errorf("%s: missing", field)
 	}
-	if len(s) > max {
-		return fmt.Errorf("%s: longer than %d bytes", field, max)
+	if len(s) > maxLen {
+		return fmt.Errorf("%s: longer than %d bytes", field, maxLen)
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] <= ' ' || s[i] > '~' {
@@ -322,16 +309,16 @@ func printable(field, s string, max int, optional bool) error {
 }
 
 // text checks free text: valid UTF-8 without control characters (PostgreSQL text cannot
-// hold NUL), at most max bytes.
-func text(field, s string, max int, optional bool) error {
+// hold NUL), at most maxLen bytes.
+func text(field, s string, maxLen int, optional bool) error {
 	if s == "" {
 		if optional {
 			return nil
 		}
 		return fmt.Errorf("%s: missing", field)
 	}
-	if len(s) > max {
-		return fmt.Errorf("%s: longer than %d bytes", field, max)
+	if len(s) > maxLen {
+		return fmt.Errorf("%s: longer than %d bytes", field, maxLen)
 	}
 	if !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }) {
 		return fmt.Errorf("%s %q: want UTF-8 text without control characters", field, s)

@@ -13,7 +13,7 @@ import (
 	"github.com/metergate/metergate/pkg/ops"
 )
 
-func get(t *testing.T, h http.Handler, path string) (int, string) {
+func get(_ *testing.T, h http.Handler, path string) (int, string) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 	return rec.Code, rec.Body.String()

@@ -24,7 +24,7 @@ import (
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/outbox"
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/topic"
 )
 

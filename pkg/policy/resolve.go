@@ -148,12 +148,12 @@ func appendLevelKey(key []byte, plan string, limits []unitLimit) []byte {
 		key = append(key, 0)
 		key = append(key, l.Algorithm...)
 		key = binary.LittleEndian.AppendUint64(key, math.Float64bits(l.RatePerS))
-		key = binary.LittleEndian.AppendUint64(key, uint64(l.Burst))
-		key = binary.LittleEndian.AppendUint64(key, uint64(l.Limit))
-		key = binary.LittleEndian.AppendUint64(key, uint64(l.WindowS))
+		key = binary.LittleEndian.AppendUint64(key, uint64(l.Burst))   //nolint:gosec // the bits, as a cache key, not a number
+		key = binary.LittleEndian.AppendUint64(key, uint64(l.Limit))   //nolint:gosec // the bits, as a cache key, not a number
+		key = binary.LittleEndian.AppendUint64(key, uint64(l.WindowS)) //nolint:gosec // the bits, as a cache key, not a number
 		if l.Quota != nil {
 			key = append(key, 1)
-			key = binary.LittleEndian.AppendUint64(key, uint64(*l.Quota))
+			key = binary.LittleEndian.AppendUint64(key, uint64(*l.Quota)) //nolint:gosec // the bits, as a cache key, not a number
 			key = append(key, l.QuotaPeriod...)
 		} else {
 			key = append(key, 0)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 var policyTables = []string{"plans", "plan_limits", "accounts", "account_limits", "api_keys"}

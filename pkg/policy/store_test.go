@@ -3,7 +3,6 @@ package policy_test
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -15,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -40,7 +39,7 @@ func setup(t *testing.T) *testBundle {
 	}
 }
 
-func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // id makes an account id unique to the test.
 func (b *testBundle) id(name string) string { return b.name + "-" + name }

@@ -21,7 +21,7 @@ import (
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -378,21 +378,6 @@ from unnest($1::text[], $2::timestamptz[]) with ordinality as e(id, at, ord)`, i
 	require.Equal(t, admission.QuotaExceeded, d.Result, "the quota still bites after the wipe")
 	require.Equal(t, &admission.Blocker{Account: team, Level: policy.Team, Unit: string(policy.Requests)}, d.Blocked)
 	require.Zero(t, run(t, b.opts()).AdjustmentsApplied)
-}
-
-// eventRow records an admitted request without touching Redis (admission already did).
-func (b *testBundle) eventRow(t *testing.T, id string, at, charged time.Time, requests, tokens int64) {
-	t.Helper()
-	ctx := testenv.Context(t, 30*time.Second)
-	billing := time.Date(at.UTC().Year(), at.UTC().Month(), 1, 0, 0, 0, 0, time.UTC)
-	_, err := b.pool.Exec(ctx, `select usage_events_partition($1)`, billing)
-	require.NoError(t, err)
-	b.offset++
-	_, err = b.pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
-  account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
-values ($1, $2, $3, $4, $5, $6, 'user', $7, 'test', $8, $9, 0, $10)`,
-		id, billing, at, charged, org, user, []string{org, team, user}, requests, tokens, b.offset)
-	require.NoError(t, err)
 }
 
 // scenario gives a bundle every kind of correction: refunds, a settlement, a move, and a

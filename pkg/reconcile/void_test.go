@@ -10,7 +10,7 @@ import (
 
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 func (b *testBundle) void(t *testing.T, id, reason string) {

@@ -8,7 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/topic"
 )
 

@@ -42,7 +42,7 @@ func StallRedis(ctx context.Context, opts *redis.Options, d time.Duration) (errc
 		}
 		select {
 		case err := <-done:
-			return nil, fmt.Errorf("stall redis: over before it was seen: %v", err)
+			return nil, fmt.Errorf("stall redis: over before it was seen: %w", exitOf(err))
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
@@ -51,4 +51,12 @@ func StallRedis(ctx context.Context, opts *redis.Options, d time.Duration) (errc
 func isTimeout(err error) bool {
 	var t interface{ Timeout() bool }
 	return errors.As(err, &t) && t.Timeout()
+}
+
+// exitOf is the busy script's end as an error (nil when it ended well).
+func exitOf(err error) error {
+	if err == nil {
+		return errors.New("the script returned")
+	}
+	return err
 }

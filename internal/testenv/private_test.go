@@ -2,13 +2,14 @@ package testenv_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/metergate/metergate/pkg/testenv"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 func TestPrivateRedis(t *testing.T) {
@@ -32,7 +33,7 @@ func TestPrivateRedis(t *testing.T) {
 	}
 	r.Start()
 	got, err := c.Get(ctx, "k").Result()
-	if err != redis.Nil {
+	if !errors.Is(err, redis.Nil) {
 		t.Fatalf("after a restart: GET k = %q, %v; want an empty server (redis.Nil)", got, err)
 	}
 	if err := c.Set(ctx, "k", "w", 0).Err(); err != nil {
