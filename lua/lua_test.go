@@ -7,8 +7,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/lua"
 )
 
 // The suite runs on a single Redis and on the 3-master Redis Cluster: every call's keys

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/migrations"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }

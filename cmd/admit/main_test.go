@@ -16,8 +16,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/api/apitest"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/api/apitest"
 	"github.com/metergate/metergate/pkg/topic"
 )
 

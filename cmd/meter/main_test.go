@@ -15,8 +15,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/event"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.MainOrTests(m, main)) }

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/metergate/metergate/lua"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -408,9 +409,9 @@ var argNames = map[string][]string{
 
 func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	ref := now.Add(-skew)
-	mCur := monthStart(ref)
+	mCur := period.MonthStart(ref)
 	mNext, mEnd := mCur.AddDate(0, 1, 0), mCur.AddDate(0, 2, 0)
-	dCur := dayStart(ref)
+	dCur := period.DayStart(ref)
 	dNext, dEnd := dCur.AddDate(0, 0, 1), dCur.AddDate(0, 0, 2)
 	keep := a.opts.QuotaRetention
 	levels := 0
@@ -423,7 +424,7 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	var h [callLen]any
 	h[argDecisions] = strconv.Itoa(len(batch))
 	h[argMonthStart], h[argMonthNext], h[argMonthEnd] = ms(mCur), ms(mNext), ms(mEnd)
-	h[argMonthLabel], h[argMonthNextLabel] = MonthLabel(mCur), MonthLabel(mNext)
+	h[argMonthLabel], h[argMonthNextLabel] = period.MonthLabel(mCur), period.MonthLabel(mNext)
 	h[argMonthExpiry], h[argMonthNextExpiry] = ms(mNext.Add(keep)), ms(mEnd.Add(keep))
 	h[argDayStart], h[argDayNext], h[argDayEnd] = ms(dCur), ms(dNext), ms(dEnd)
 	h[argDayExpiry], h[argDayNextExpiry] = ms(dNext.Add(keep)), ms(dEnd.Add(keep))
@@ -434,8 +435,8 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 		plans: make([]*plan, len(batch)),
 	}
 	labels := map[policy.QuotaPeriod][2]string{
-		policy.Month: {MonthLabel(mCur), MonthLabel(mNext)},
-		policy.Day:   {DayLabel(dCur), DayLabel(dNext)},
+		policy.Month: {period.MonthLabel(mCur), period.MonthLabel(mNext)},
+		policy.Day:   {period.DayLabel(dCur), period.DayLabel(dNext)},
 	}
 	for i, c := range batch {
 		e.plans[i] = a.encodeOne(&e, shard, c.req, labels)
@@ -602,7 +603,7 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 	case codeRateLimited:
 		idx, _ := d[1].(int64)
 		retry, _ := d[2].(int64)
-		out.Result, out.Period = RateLimited, MonthLabel(now)
+		out.Result, out.Period = RateLimited, period.MonthLabel(now)
 		out.RetryAfter = time.Duration(retry) * time.Millisecond
 		switch i := int(idx) - 1; {
 		case i >= 0 && i < len(p.rates):
@@ -622,7 +623,7 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		}
 		c := p.quotas[i]
 		out.Result = QuotaExceeded
-		out.Period = periodLabel(c.limit.QuotaPeriod, now)
+		out.Period = c.limit.QuotaPeriod.Label(now)
 		out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
 	case codeIdempotencyReused:
 		return Decision{}, ErrIdempotencyKeyReused
@@ -651,11 +652,7 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 	for i, c := range p.quotas {
 		used, _ := state[2*len(p.rates)+i].(int64)
 		quota := *c.limit.Quota
-		end := periodEnd(c.limit.QuotaPeriod, now)
-		start := monthStart(now)
-		if c.limit.QuotaPeriod == policy.Day {
-			start = dayStart(now)
-		}
+		start, end := c.limit.QuotaPeriod.Start(now), c.limit.QuotaPeriod.End(now)
 		remaining := int64(-1)
 		if quota >= 0 {
 			remaining = max(0, quota-used)

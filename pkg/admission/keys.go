@@ -5,7 +5,6 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -131,38 +130,4 @@ func (k Keys) ParseEventID(id string) (shard int, org string, err error) {
 		return 0, "", fmt.Errorf("event id %q: %w", id, ErrUnknownEvent)
 	}
 	return shard, org, nil
-}
-
-// Period bounds of a calendar month or day, UTC.
-
-// MonthLabel is the billing period of t, "YYYY-MM".
-func MonthLabel(t time.Time) string { return t.UTC().Format("2006-01") }
-
-// DayLabel is the daily quota period of t, "YYYY-MM-DD".
-func DayLabel(t time.Time) string { return t.UTC().Format("2006-01-02") }
-
-func monthStart(t time.Time) time.Time {
-	t = t.UTC()
-	return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
-}
-
-func dayStart(t time.Time) time.Time {
-	t = t.UTC()
-	return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
-}
-
-// periodLabel is the label of the period of kind containing t.
-func periodLabel(p policy.QuotaPeriod, t time.Time) string {
-	if p == policy.Day {
-		return DayLabel(t)
-	}
-	return MonthLabel(t)
-}
-
-// periodEnd is the end of the period of kind containing t.
-func periodEnd(p policy.QuotaPeriod, t time.Time) time.Time {
-	if p == policy.Day {
-		return dayStart(t).AddDate(0, 0, 1)
-	}
-	return monthStart(t).AddDate(0, 1, 0)
 }

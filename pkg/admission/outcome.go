@@ -85,7 +85,7 @@ func (a *Admitter) Usage(ctx context.Context, p policy.Resolved) (map[policy.Uni
 		if !ok || l.Quota == nil {
 			continue
 		}
-		label := periodLabel(l.QuotaPeriod, now)
+		label := l.QuotaPeriod.Label(now)
 		keys = append(keys, a.keys.Quota(p.Org, lv.Account, u, label))
 		units = append(units, u)
 		out[u] = UnitUsage{Quota: *l.Quota, Period: label}

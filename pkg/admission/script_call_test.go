@@ -14,9 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/internal/testenv"
 )
 
 // The usage event is written by the same script call as the counters it charges. Redis

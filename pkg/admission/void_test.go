@@ -7,10 +7,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/internal/testenv"
 )
 
 // voids returns the usage.voided events of the org's outbox.

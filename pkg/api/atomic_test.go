@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/policy"
 )
 
 // All-or-nothing through the HTTP API: a request refused at any level of org → team →

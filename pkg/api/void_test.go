@@ -15,10 +15,10 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/event"
-	"github.com/metergate/metergate/internal/testenv"
 )
 
 // metric is the sum of the API's counters name with the labels given (0 when absent).

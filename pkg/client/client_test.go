@@ -18,8 +18,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/client"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/client"
 )
 
 const serviceToken = "svc-token-0123456789abcdef"

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/policy"
 )
 
 // Shape of the large tree: 1,000 orgs × 9 teams × 10 users = 100,000 accounts, an override

@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/internal/testenv"
 )
 
 var policyTables = []string{"plans", "plan_limits", "accounts", "account_limits", "api_keys"}

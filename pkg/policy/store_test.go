@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/policy"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }

@@ -11,12 +11,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
-	"github.com/metergate/metergate/internal/testenv"
 )
 
 // benchCase is the data one sub-benchmark of BenchmarkReconcile reconciles.

@@ -8,9 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
-	"github.com/metergate/metergate/internal/testenv"
 )
 
 func (b *testBundle) void(t *testing.T, id, reason string) {
