@@ -21,8 +21,21 @@ import (
 	"github.com/metergate/metergate/pkg/policy"
 )
 
-// DefaultKeyPrefix starts every Redis key of a deployment.
-const DefaultKeyPrefix = "mg"
+// A deployment's defaults, shared by admit's and reconcile's configuration: they must
+// agree on the keys.
+const (
+	// DefaultKeyPrefix starts every Redis key of a deployment.
+	DefaultKeyPrefix = "mg"
+	// DefaultShards is the number of hash-tag shards.
+	DefaultShards = 16
+	// DefaultIdempotencyTTL is how long an idempotency key is remembered.
+	DefaultIdempotencyTTL = 24 * time.Hour
+	// DefaultLeaseTTL is how long a concurrency slot is held when no outcome releases it.
+	DefaultLeaseTTL = time.Minute
+	// DefaultQuotaRetention is how long a quota counter outlives its period, so that
+	// reconcile can still correct it before the period is closed.
+	DefaultQuotaRetention = 35 * 24 * time.Hour
+)
 
 // Options configure an Admitter. Zero values take the defaults named.
 type Options struct {
@@ -91,16 +104,16 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 		o.KeyPrefix = DefaultKeyPrefix
 	}
 	if o.Shards <= 0 {
-		o.Shards = 16
+		o.Shards = DefaultShards
 	}
 	if o.IdempotencyTTL <= 0 {
-		o.IdempotencyTTL = 24 * time.Hour
+		o.IdempotencyTTL = DefaultIdempotencyTTL
 	}
 	if o.LeaseTTL <= 0 {
-		o.LeaseTTL = time.Minute
+		o.LeaseTTL = DefaultLeaseTTL
 	}
 	if o.QuotaRetention <= 0 {
-		o.QuotaRetention = 35 * 24 * time.Hour
+		o.QuotaRetention = DefaultQuotaRetention
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 16

@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/invoice"
 )
 
 // Admit is the configuration of cmd/admit.
@@ -67,10 +70,10 @@ func (c *Admission) Register(l *Loader) {
 	l.String(&c.ServiceToken, "ADMIT_SERVICE_TOKEN", "", "bearer token of calling services (at least 16 characters)")
 	l.String(&c.AdminToken, "ADMIT_ADMIN_TOKEN", "", "bearer token of the admin API (at least 16 characters, not the service token)")
 	l.String(&c.Node, "ADMIT_NODE", host, "this node's name: the CloudEvents source of its events")
-	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", "mg", "start of every Redis key (several deployments, or tests, on one Redis)")
-	l.Int(&c.Shards, "ADMIT_SHARDS", 16, "Redis hash-tag shards; fixed for the life of a deployment")
-	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", 24*time.Hour, "how long an idempotency key is remembered (at least 24h)")
-	l.Duration(&c.LeaseTTL, "ADMIT_LEASE_TTL", time.Minute, "how long a concurrency slot is held when no outcome releases it")
+	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", admission.DefaultKeyPrefix, "start of every Redis key (several deployments, or tests, on one Redis)")
+	l.Int(&c.Shards, "ADMIT_SHARDS", admission.DefaultShards, "Redis hash-tag shards; fixed for the life of a deployment")
+	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", admission.DefaultIdempotencyTTL, "how long an idempotency key is remembered (at least 24h)")
+	l.Duration(&c.LeaseTTL, "ADMIT_LEASE_TTL", admission.DefaultLeaseTTL, "how long a concurrency slot is held when no outcome releases it")
 	l.Duration(&c.PolicyReload, "ADMIT_POLICY_RELOAD", 30*time.Second, "full policy reload period (changes arrive sooner through LISTEN/NOTIFY)")
 	l.String(&c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_RATE_ONLY", "open", "while Redis is down, accounts without quotas: open (admit, record straight to Kafka) or closed (503)")
 	l.String(&c.RedisDownQuota, "ADMIT_REDIS_DOWN_QUOTA", "closed", "while Redis is down, accounts with quotas: closed (503) or open")
@@ -229,14 +232,14 @@ func (c *Reconcile) Register(l *Loader) {
 	c.Log.Register(l)
 	c.Redis.Register(l)
 	c.Postgres.Register(l)
-	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", "mg", "start of every Redis key: admit's value")
-	l.Int(&c.Shards, "ADMIT_SHARDS", 16, "Redis hash-tag shards: admit's value")
+	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", admission.DefaultKeyPrefix, "start of every Redis key: admit's value")
+	l.Int(&c.Shards, "ADMIT_SHARDS", admission.DefaultShards, "Redis hash-tag shards: admit's value")
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 	l.fs.BoolVar(&c.DryRun, "dry-run", false, "print the corrections a run would make and change nothing")
 	l.fs.BoolVar(&c.JSON, "json", false, "print the run's summary (or verify's differences) as one JSON object")
 	l.fs.StringVar(&c.Period, "period", "", "close, invoice: the billing period, YYYY-MM (close: default the last month whose end plus the grace has passed)")
 	l.fs.BoolVar(&c.Force, "force", false, "close: close before the period's end plus the grace")
-	l.fs.DurationVar(&c.Grace, "grace", 72*time.Hour, "close: how long after the period's end late events are still awaited")
+	l.fs.DurationVar(&c.Grace, "grace", invoice.DefaultGrace, "close: how long after the period's end late events are still awaited")
 	l.fs.StringVar(&c.Org, "org", "", "invoice: the org whose invoice to export")
 	l.fs.StringVar(&c.Format, "format", "json", "invoice: csv or json")
 }
