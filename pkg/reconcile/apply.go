@@ -1,0 +1,130 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/lua"
+	"github.com/metergate/metergate/pkg/period"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// insert records corrections in one transaction, so an event's corrections are all there
+// or none; a correction computed before (a run that died) is the row already there.
+func insert(ctx context.Context, o Options, runID uuid.UUID, adj []Adjustment) error {
+	if len(adj) == 0 {
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, o.Pool, func(tx pgx.Tx) error {
+		const chunk = 5000
+		for start := 0; start < len(adj); start += chunk {
+			part := adj[start:min(start+chunk, len(adj))]
+			var kind, org, account, level, unit, window, periods, reason, source []string
+			var amount []int64
+			for _, a := range part {
+				kind = append(kind, string(a.Kind))
+				org = append(org, a.Org)
+				account = append(account, a.Account)
+				level = append(level, string(a.Level))
+				unit = append(unit, string(a.Unit))
+				start, err := period.Parse(a.Period)
+				if err != nil {
+					return fmt.Errorf("adjustment of %s: %w", a.Account, err)
+				}
+				window = append(window, string(policy.KindOf(a.Period)))
+				periods = append(periods, start.Format(period.DayLayout))
+				amount = append(amount, a.Amount)
+				reason = append(reason, a.Reason)
+				source = append(source, a.SourceEvent)
+			}
+			_, err := tx.Exec(ctx, `
+insert into adjustments (run_id, kind, org, account, level, unit, quota_period, period, amount, reason, source_event)
+select $1, k, o, a, l, u, w, p::date, n, r, nullif(s, '')
+from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], $10::text[], $11::text[])
+  with ordinality as t(k, o, a, l, u, w, p, n, r, s, i)
+order by i
+on conflict do nothing`, runID, kind, org, account, level, unit, window, periods, amount, reason, source)
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("insert adjustments: %w", err)
+	}
+	return o.fail(AfterInsert)
+}
+
+func pendingRows(ctx context.Context, pool *pgxpool.Pool) ([]Adjustment, error) {
+	rows, err := pool.Query(ctx, `
+select id, kind, org, account, level, unit, quota_period,
+       to_char(period, case quota_period when 'day' then 'YYYY-MM-DD' else 'YYYY-MM' end), amount, reason, coalesce(source_event, '')
+from adjustments where applied_at is null order by id`)
+	if err != nil {
+		return nil, fmt.Errorf("read pending adjustments: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Adjustment, error) {
+		var a Adjustment
+		err := r.Scan(&a.ID, &a.Kind, &a.Org, &a.Account, &a.Level, &a.Unit, &a.QuotaPeriod, &a.Period, &a.Amount, &a.Reason, &a.SourceEvent)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read pending adjustments: %w", err)
+	}
+	return out, nil
+}
+
+// apply applies every pending correction, oldest first, and returns how many it marked
+// applied. The script's marker makes the Redis change happen once even when a run died
+// after it and before the row was marked: the replay returns the values of the first
+// application, which are recorded.
+func apply(ctx context.Context, o Options, s *Summary) (int, error) {
+	pending, err := pendingRows(ctx, o.Pool)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, a := range pending {
+		key := o.Keys.Quota(a.Org, a.Account, a.Unit, a.Period)
+		got, err := lua.Adjust.Run(ctx, o.Redis, []string{o.Keys.Marker(a.Org, a.ID), key},
+			a.Amount, o.MarkerTTL.Milliseconds(), "").Int64Slice()
+		if err != nil {
+			return n, fmt.Errorf("apply adjustment %d: %w", a.ID, err)
+		}
+		if len(got) != 3 {
+			return n, fmt.Errorf("apply adjustment %d: unexpected reply %v", a.ID, got)
+		}
+		// A counter created by the correction (e.g. after Redis lost its keys) expires like
+		// admission's; an existing one keeps its expiry (NX).
+		end, err := period.End(a.Period)
+		if err != nil {
+			return n, fmt.Errorf("adjustment %d: %w", a.ID, err)
+		}
+		expire := end.Add(o.CounterRetention)
+		if err := o.Redis.Do(ctx, "PEXPIREAT", key, expire.UnixMilli(), "NX").Err(); err != nil {
+			return n, fmt.Errorf("expire counter %s: %w", key, err)
+		}
+		if err := o.fail(AfterRedis); err != nil {
+			return n, err
+		}
+		tag, err := o.Pool.Exec(ctx, `update adjustments set redis_before = $2, redis_after = $3, applied_at = now()
+where id = $1 and applied_at is null`, a.ID, got[1], got[2])
+		if err != nil {
+			return n, fmt.Errorf("mark adjustment %d applied: %w", a.ID, err)
+		}
+		if tag.RowsAffected() == 1 {
+			n++
+			s.AdjustmentsApplied++
+			s.ByKind[a.Kind]++
+		}
+		if err := o.fail(AfterMark); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}

@@ -1,0 +1,114 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/metergate/metergate/pkg/period"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// eventCorrections computes the period moves, refunds and settlements of the events of the
+// open periods that have not had them yet. Events admitted fail-open charged no counter
+// and get none (drift_restore brings their usage into the counters).
+//
+// Admission charges a daily counter of the day of the event time (both come from Redis
+// TIME), so daily counters need no moves; they are refunded and settled while their day is
+// open. An event's corrections are computed together, once.
+//
+// The cost follows the events of the open periods, not the log's whole history: each looks
+// up its outcome by key (usage_outcomes is not partitioned: joined as a table, PostgreSQL
+// hashes every outcome ever written; the LIMIT, a no-op on the key, keeps it a lookup) and
+// its corrections in adjustments_event_key.
+func eventCorrections(ctx context.Context, o Options, from time.Time) ([]Adjustment, int, error) {
+	fromDay := sinceDay(o.Now)
+	rows, err := o.Pool.Query(ctx, `
+select e.event_id, e.org, e.account, e.charged_period, e.billing_period, e.event_time,
+       array[e.requests, e.tokens, e.credits, e.cost_micros],
+       o.status, array[o.requests, o.tokens, o.credits, o.cost_micros],
+       exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id),
+       exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'refund_void', 'settle_tokens') and a.source_event = e.event_id),
+       v.reason
+from usage_events e
+left join lateral (select * from usage_outcomes o where o.event_id = e.event_id limit 1) o on true
+left join usage_voids v on v.event_id = e.event_id
+where e.billing_period >= $1 and not e.fail_open
+  and ((e.charged_period <> e.billing_period
+        and not exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id))
+    or ((o.status >= 500 or num_nonnulls(o.requests, o.tokens, o.credits, o.cost_micros) > 0 or v.event_id is not null)
+        and not exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'refund_void', 'settle_tokens') and a.source_event = e.event_id)))
+order by e.event_time, e.event_id`, from)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read events to correct: %w", err)
+	}
+	defer rows.Close()
+	var (
+		out     []Adjustment
+		skipped int
+	)
+	for rows.Next() {
+		var (
+			id, org, account string
+			charged, billing time.Time
+			at               time.Time
+			est              []int64
+			status           *int
+			actual           []*int64
+			moved, settled   bool
+			voided           *string // the void's reason
+		)
+		if err := rows.Scan(&id, &org, &account, &charged, &billing, &at, &est, &status, &actual, &moved, &settled, &voided); err != nil {
+			return nil, 0, fmt.Errorf("read events to correct: %w", err)
+		}
+		pol, err := o.Policies.Resolve(account)
+		if err != nil {
+			o.Log.Warn("event skipped: account does not resolve", "event_id", id, "account", account, "err", err)
+			skipped++
+			continue
+		}
+		cp, bp := period.MonthLabel(charged), period.MonthLabel(billing)
+		add := func(k Kind, lv policy.Level, u policy.Unit, period string, amount int64, reason string) {
+			if amount != 0 {
+				out = append(out, Adjustment{Kind: k, Org: org, Account: lv.Account, Level: lv.Kind, Unit: u,
+					QuotaPeriod: policy.KindOf(period), Period: period, Amount: amount, Reason: reason, SourceEvent: id})
+			}
+		}
+		// settle refunds or settles the counter of period.
+		settle := func(lv policy.Level, u policy.Unit, period string) {
+			n := est[unitIndex(u)]
+			switch {
+			case settled:
+			case voided != nil: // whatever its outcome says: nobody was told 200
+				add(RefundVoid, lv, u, period, -n, "voided: "+*voided)
+			case status == nil:
+			case *status >= 500:
+				add(Refund5xx, lv, u, period, -n, fmt.Sprintf("outcome status %d", *status))
+			case actual[unitIndex(u)] != nil:
+				a := *actual[unitIndex(u)]
+				add(SettleTokens, lv, u, period, a-n, fmt.Sprintf("estimated %d, actual %d", n, a))
+			}
+		}
+		for _, lv := range pol.Path {
+			for _, u := range quotas(lv, policy.Month) {
+				n := est[unitIndex(u)]
+				// Moves first: refunds and settlements then apply to the event time's month.
+				if !moved && cp != bp && !charged.Before(from) {
+					reason := fmt.Sprintf("event time in %s, charged to %s", bp, cp)
+					add(PeriodMove, lv, u, cp, -n, reason)
+					add(PeriodMove, lv, u, bp, n, reason)
+				}
+				settle(lv, u, bp)
+			}
+			if !at.Before(fromDay) {
+				for _, u := range quotas(lv, policy.Day) {
+					settle(lv, u, period.DayLabel(at))
+				}
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read events to correct: %w", err)
+	}
+	return out, skipped, nil
+}
