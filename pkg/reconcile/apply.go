@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -11,6 +12,16 @@ import (
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
+)
+
+// The statements that record, list and mark corrections.
+var (
+	//go:embed sql/insert_adjustments.sql
+	insertAdjustmentsSQL string
+	//go:embed sql/pending_adjustments.sql
+	pendingAdjustmentsSQL string
+	//go:embed sql/mark_applied.sql
+	markAppliedSQL string
 )
 
 // insert records corrections in one transaction, so an event's corrections are all there
@@ -41,13 +52,10 @@ func insert(ctx context.Context, o Options, runID uuid.UUID, adj []Adjustment) e
 				reason = append(reason, a.Reason)
 				source = append(source, a.SourceEvent)
 			}
-			_, err := tx.Exec(ctx, `
-insert into adjustments (run_id, kind, org, account, level, unit, quota_period, period, amount, reason, source_event)
-select $1, k, o, a, l, u, w, p::date, n, r, nullif(s, '')
-from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], $10::text[], $11::text[])
-  with ordinality as t(k, o, a, l, u, w, p, n, r, s, i)
-order by i
-on conflict do nothing`, runID, kind, org, account, level, unit, window, periods, amount, reason, source)
+			_, err := tx.Exec(ctx, insertAdjustmentsSQL, pgx.StrictNamedArgs{
+				"run_id": runID, "kinds": kind, "orgs": org, "accounts": account, "levels": level, "units": unit,
+				"quota_periods": window, "periods": periods, "amounts": amount, "reasons": reason, "source_events": source,
+			})
 			if err != nil {
 				return err
 			}
@@ -60,11 +68,9 @@ on conflict do nothing`, runID, kind, org, account, level, unit, window, periods
 	return o.fail(AfterInsert)
 }
 
+// pendingRows lists the corrections not applied yet, oldest first.
 func pendingRows(ctx context.Context, pool *pgxpool.Pool) ([]Adjustment, error) {
-	rows, err := pool.Query(ctx, `
-select id, kind, org, account, level, unit, quota_period,
-       to_char(period, case quota_period when 'day' then 'YYYY-MM-DD' else 'YYYY-MM' end), amount, reason, coalesce(source_event, '')
-from adjustments where applied_at is null order by id`)
+	rows, err := pool.Query(ctx, pendingAdjustmentsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read pending adjustments: %w", err)
 	}
@@ -112,8 +118,8 @@ func apply(ctx context.Context, o Options, s *Summary) (int, error) {
 		if err := o.fail(AfterRedis); err != nil {
 			return n, err
 		}
-		tag, err := o.Pool.Exec(ctx, `update adjustments set redis_before = $2, redis_after = $3, applied_at = now()
-where id = $1 and applied_at is null`, a.ID, got[1], got[2])
+		tag, err := o.Pool.Exec(ctx, markAppliedSQL,
+			pgx.StrictNamedArgs{"id": a.ID, "redis_before": got[1], "redis_after": got[2]})
 		if err != nil {
 			return n, fmt.Errorf("mark adjustment %d applied: %w", a.ID, err)
 		}

@@ -2,11 +2,14 @@ package reconcile
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/metergate/metergate/pkg/period"
@@ -63,6 +66,15 @@ func driftCorrections(ctx context.Context, o Options, from time.Time, planned ma
 	return restores, diffs, nil
 }
 
+// The billable totals of the quota counters: as billed (verify) and as the corrections
+// recorded so far leave them (drift).
+var (
+	//go:embed sql/billable_as_billed.sql
+	billableAsBilledSQL string
+	//go:embed sql/billable_as_corrected.sql
+	billableAsCorrectedSQL string
+)
+
 // counter is a quota counter with its billable total (Billable) and, once read, its value.
 type counter struct {
 	Difference
@@ -75,48 +87,21 @@ type counter struct {
 // With asCorrected, the total is what the counter must hold given the corrections recorded
 // so far: drift is then only what Redis lost. An outcome or a boundary event metered after
 // this run computed its event corrections is left to the next run's refund, settlement or
-// move, and is not restored as drift first (which would count it twice).
+// move, and is not restored as drift first (which would count it twice); failOpenBefore,
+// when set, leaves out fail-open events ingested after it. Without asCorrected, the total is
+// the one billed (sql/billable_as_billed.sql) and failOpenBefore does not apply.
 func billableCounters(ctx context.Context, o Options, from time.Time, asCorrected bool, failOpenBefore *time.Time) ([]counter, error) {
-	// asCorrected: an event of a counter that can lose nothing (not fail-open) counts as the
-	// corrections recorded so far have left it (moved or not, refunded or not, settled or
-	// not); otherwise as billed (event time's month, 5xx nothing, actual units).
-	// As in eventCorrections, each event looks its outcome up by key. OFFSET 0 keeps z a
-	// subquery evaluated once per event: flattened, its lookups in adjustments are repeated in
-	// each of the four sums, or replaced by a hash of every correction of a kind ever recorded.
-	rows, err := o.Pool.Query(ctx, `
-with x as (
-  select e.org, e.path, z.period, date_trunc('day', e.event_time at time zone 'UTC') as day,
-         case when z.zero then 0 when z.actual then coalesce(o.requests, e.requests) else e.requests end as requests,
-         case when z.zero then 0 when z.actual then coalesce(o.tokens, e.tokens) else e.tokens end as tokens,
-         case when z.zero then 0 when z.actual then coalesce(o.credits, e.credits) else e.credits end as credits,
-         case when z.zero then 0 when z.actual then coalesce(o.cost_micros, e.cost_micros) else e.cost_micros end as cost_micros
-  from usage_events e
-  left join lateral (select * from usage_outcomes o where o.event_id = e.event_id limit 1) o on true
-  left join usage_voids v on v.event_id = e.event_id
-  cross join lateral (select $2::boolean and not e.fail_open as corrected) c
-  cross join lateral (select
-      case when not c.corrected then coalesce(o.status >= 500, false) or v.event_id is not null
-           else exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'refund_void') and a.source_event = e.event_id) end as zero,
-      case when not c.corrected then true
-           else exists (select 1 from adjustments a where a.kind = 'settle_tokens' and a.source_event = e.event_id) end as actual,
-      case when not c.corrected or e.charged_period = e.billing_period
-             or exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id)
-           then e.billing_period else e.charged_period end as period
-      offset 0) z
-  where e.billing_period >= $1 and (not e.fail_open or $4::timestamptz is null or e.ingest_time < $4)
-)
-select x.org, lvl.account, 'month', x.period::timestamp,
-       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
-from x cross join lateral unnest(x.path) as lvl(account)
-where x.period >= $1
-group by 1, 2, 3, 4
-union all
-select x.org, lvl.account, 'day', x.day,
-       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
-from x cross join lateral unnest(x.path) as lvl(account)
-where x.day >= $3
-group by 1, 2, 3, 4
-order by 1, 2, 3, 4`, from, asCorrected, sinceDay(o.Now), failOpenBefore)
+	// The two totals are two queries, chosen here: no switch in SQL.
+	query, args := billableAsBilledSQL, pgx.StrictNamedArgs{"since": from, "since_day": sinceDay(o.Now)}
+	if asCorrected {
+		// Without a cutoff no fail-open event is left out: every ingest time is before infinity.
+		before := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
+		if failOpenBefore != nil {
+			before = pgtype.Timestamptz{Time: *failOpenBefore, Valid: true}
+		}
+		query, args["fail_open_before"] = billableAsCorrectedSQL, before
+	}
+	rows, err := o.Pool.Query(ctx, query, args)
 	if err != nil {
 		return nil, fmt.Errorf("read billable totals: %w", err)
 	}

@@ -2,12 +2,18 @@ package reconcile
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
+
+//go:embed sql/event_corrections.sql
+var eventCorrectionsSQL string
 
 // eventCorrections computes the period moves, refunds and settlements of the events of the
 // open periods that have not had them yet. Events admitted fail-open charged no counter
@@ -20,25 +26,10 @@ import (
 // The cost follows the events of the open periods, not the log's whole history: each looks
 // up its outcome by key (usage_outcomes is not partitioned: joined as a table, PostgreSQL
 // hashes every outcome ever written; the LIMIT, a no-op on the key, keeps it a lookup) and
-// its corrections in adjustments_event_key.
+// its corrections in adjustments_event_key (sql/event_corrections.sql).
 func eventCorrections(ctx context.Context, o Options, from time.Time) ([]Adjustment, int, error) {
 	fromDay := sinceDay(o.Now)
-	rows, err := o.Pool.Query(ctx, `
-select e.event_id, e.org, e.account, e.charged_period, e.billing_period, e.event_time,
-       array[e.requests, e.tokens, e.credits, e.cost_micros],
-       o.status, array[o.requests, o.tokens, o.credits, o.cost_micros],
-       exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id),
-       exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'refund_void', 'settle_tokens') and a.source_event = e.event_id),
-       v.reason
-from usage_events e
-left join lateral (select * from usage_outcomes o where o.event_id = e.event_id limit 1) o on true
-left join usage_voids v on v.event_id = e.event_id
-where e.billing_period >= $1 and not e.fail_open
-  and ((e.charged_period <> e.billing_period
-        and not exists (select 1 from adjustments a where a.kind = 'period_move' and a.source_event = e.event_id))
-    or ((o.status >= 500 or num_nonnulls(o.requests, o.tokens, o.credits, o.cost_micros) > 0 or v.event_id is not null)
-        and not exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'refund_void', 'settle_tokens') and a.source_event = e.event_id)))
-order by e.event_time, e.event_id`, from)
+	rows, err := o.Pool.Query(ctx, eventCorrectionsSQL, pgx.StrictNamedArgs{"since": from})
 	if err != nil {
 		return nil, 0, fmt.Errorf("read events to correct: %w", err)
 	}

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"time"
 
@@ -27,6 +28,9 @@ func (d Difference) String() string {
 	return fmt.Sprintf("%s %s %s %s: redis %d, billable %d", d.Org, d.Account, d.Unit, d.Period, d.Redis, d.Billable)
 }
 
+//go:embed sql/misapplied_adjustments.sql
+var misappliedAdjustmentsSQL string
+
 // checkInvariants checks what must hold after a run whatever the pipeline's lag: every
 // correction is applied; each applied correction of this run changed its counter by its
 // amount; no counter is below its billable total (a counter above it is admissions not
@@ -40,8 +44,7 @@ func checkInvariants(ctx context.Context, o Options, runID uuid.UUID, from, cuto
 	for _, a := range pending {
 		failures = append(failures, fmt.Sprintf("adjustment %d (%s %s %s %s) not applied", a.ID, a.Kind, a.Account, a.Unit, a.Period))
 	}
-	rows, err := o.Pool.Query(ctx, `select format('adjustment %s (%s %s %s): redis %s -> %s is not %s', id, kind, account, unit, redis_before, redis_after, amount)
-from adjustments where run_id = $1 and applied_at is not null and redis_after - redis_before <> amount order by id`, runID)
+	rows, err := o.Pool.Query(ctx, misappliedAdjustmentsSQL, pgx.StrictNamedArgs{"run_id": runID})
 	if err != nil {
 		return nil, fmt.Errorf("check applied adjustments: %w", err)
 	}
