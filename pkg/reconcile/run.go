@@ -79,7 +79,7 @@ func (o *Options) defaults() error {
 		o.Keys.Prefix = admission.DefaultKeyPrefix
 	}
 	if o.Keys.Shards <= 0 {
-		o.Keys.Shards = 16
+		o.Keys.Shards = admission.DefaultShards
 	}
 	if o.Now.IsZero() {
 		o.Now = time.Now()
@@ -91,7 +91,7 @@ func (o *Options) defaults() error {
 		o.MarkerTTL = 40 * 24 * time.Hour
 	}
 	if o.CounterRetention <= 0 {
-		o.CounterRetention = 35 * 24 * time.Hour
+		o.CounterRetention = admission.DefaultQuotaRetention
 	}
 	return nil
 }
@@ -132,71 +132,15 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		InvariantFailures: []string{}}
 
 	if o.DryRun {
-		pending, err := pendingRows(ctx, o.Pool)
-		if err != nil {
-			return s, err
-		}
-		events, skipped, err := eventCorrections(ctx, o, from)
-		if err != nil {
-			return s, err
-		}
-		s.EventsSkipped = skipped
-		plan := append(pending, events...)
-		// Drift is measured against the corrections recorded (pending ones included, as if
-		// applied); the new event corrections are not recorded, so they count on neither side.
-		// A pending row whose marker is there has reached Redis already (its run died before
-		// marking it): its delta is in the counter read.
-		planned := map[string]int64{}
-		pipe := o.Redis.Pipeline()
-		applied := make([]*redis.IntCmd, len(pending))
-		for i, a := range pending {
-			applied[i] = pipe.Exists(ctx, o.Keys.Marker(a.Org, a.ID))
-		}
-		if len(pending) > 0 {
-			if _, err := pipe.Exec(ctx); err != nil {
-				return s, fmt.Errorf("read markers: %w", err)
-			}
-		}
-		for i, a := range pending {
-			if applied[i].Val() == 0 {
-				planned[o.Keys.Quota(a.Org, a.Account, a.Unit, a.Period)] += a.Amount
-			}
-		}
-		drift, _, err := driftCorrections(ctx, o, from, planned, true, nil)
-		if err != nil {
-			return s, err
-		}
-		s.DriftFound = len(drift)
-		s.Plan = append(plan, drift...)
-		s.AdjustmentsPlanned = len(s.Plan)
-		for _, a := range s.Plan {
-			s.ByKind[a.Kind]++
-		}
-		return s, nil
+		err := plan(ctx, o, from, &s) // fills s: called before s is read for the return
+		return s, err
 	}
 
-	// One run at a time: two runs measuring the same drift would both restore it. The
-	// session lock goes with the connection, so a run killed with -9 releases it.
-	lock, err := o.Pool.Acquire(ctx)
+	unlock, err := lockRun(ctx, o.Pool)
 	if err != nil {
-		return s, fmt.Errorf("acquire lock connection: %w", err)
+		return s, err
 	}
-	defer lock.Release()
-	var locked bool
-	if err := lock.QueryRow(ctx, `select pg_try_advisory_lock(hashtext('metergate.reconcile.' || current_schema()))`).Scan(&locked); err != nil {
-		return s, fmt.Errorf("take run lock: %w", err)
-	}
-	if !locked {
-		return s, ErrRunning
-	}
-	defer func() {
-		// A fresh context: the run's may be done; the lock must not stay with a pooled connection.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := lock.Exec(uctx, `select pg_advisory_unlock(hashtext('metergate.reconcile.' || current_schema()))`); err != nil {
-			_ = lock.Conn().Close(uctx) // closing the session releases the lock
-		}
-	}()
+	defer unlock()
 
 	if _, err := o.Pool.Exec(ctx, `insert into reconcile_runs (run_id) values ($1)`, runID); err != nil {
 		return s, fmt.Errorf("record run: %w", err)
@@ -255,4 +199,78 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return s, fmt.Errorf("%w: %s", ErrInvariant, strings.Join(s.InvariantFailures, "; "))
 	}
 	return s, nil
+}
+
+// plan fills s with what a run would do, changing nothing: the corrections left pending,
+// the event corrections, then the drift measured as if the pending ones were applied.
+func plan(ctx context.Context, o Options, from time.Time, s *Summary) error {
+	pending, err := pendingRows(ctx, o.Pool)
+	if err != nil {
+		return err
+	}
+	events, skipped, err := eventCorrections(ctx, o, from)
+	if err != nil {
+		return err
+	}
+	s.EventsSkipped = skipped
+	listed := append(pending, events...)
+	// Drift is measured against the corrections recorded (pending ones included, as if
+	// applied); the new event corrections are not recorded, so they count on neither side.
+	// A pending row whose marker is there has reached Redis already (its run died before
+	// marking it): its delta is in the counter read.
+	planned := map[string]int64{}
+	pipe := o.Redis.Pipeline()
+	applied := make([]*redis.IntCmd, len(pending))
+	for i, a := range pending {
+		applied[i] = pipe.Exists(ctx, o.Keys.Marker(a.Org, a.ID))
+	}
+	if len(pending) > 0 {
+		if _, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("read markers: %w", err)
+		}
+	}
+	for i, a := range pending {
+		if applied[i].Val() == 0 {
+			planned[o.Keys.Quota(a.Org, a.Account, a.Unit, a.Period)] += a.Amount
+		}
+	}
+	drift, _, err := driftCorrections(ctx, o, from, planned, true, nil)
+	if err != nil {
+		return err
+	}
+	s.DriftFound = len(drift)
+	s.Plan = append(listed, drift...)
+	s.AdjustmentsPlanned = len(s.Plan)
+	for _, a := range s.Plan {
+		s.ByKind[a.Kind]++
+	}
+	return nil
+}
+
+// lockRun takes the run lock: one run at a time, since two runs measuring the same drift
+// would both restore it. The session lock goes with the connection, so a run killed with -9
+// releases it. unlock releases it, or closes the session when that fails.
+func lockRun(ctx context.Context, pool *pgxpool.Pool) (unlock func(), err error) {
+	lock, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire lock connection: %w", err)
+	}
+	var locked bool
+	if err := lock.QueryRow(ctx, `select pg_try_advisory_lock(hashtext('metergate.reconcile.' || current_schema()))`).Scan(&locked); err != nil {
+		lock.Release()
+		return nil, fmt.Errorf("take run lock: %w", err)
+	}
+	if !locked {
+		lock.Release()
+		return nil, ErrRunning
+	}
+	return func() {
+		defer lock.Release()
+		// A fresh context: the run's may be done; the lock must not stay with a pooled connection.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := lock.Exec(uctx, `select pg_advisory_unlock(hashtext('metergate.reconcile.' || current_schema()))`); err != nil {
+			_ = lock.Conn().Close(uctx) // closing the session releases the lock
+		}
+	}, nil
 }
