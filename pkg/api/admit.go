@@ -122,11 +122,12 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 		if err == nil {
 			err = s.cfg.Recorder.Record(r.Context(), pol.Org, ev)
 		}
-		if r.Context().Err() != nil { // nobody is told: void what may be billed
+		if r.Context().Err() != nil { // nobody is told: void what may be billed (callerGone does not return)
+			charged, callErr := admission.Decision{}, cause
 			if err == nil { // the fail-open event is in Kafka, whatever Redis did
-				s.callerGone(req, admission.Decision{Result: admission.Allow}, nil)
+				charged, callErr = admission.Decision{Result: admission.Allow}, nil
 			}
-			s.callerGone(req, admission.Decision{}, cause)
+			s.callerGone(req, charged, callErr)
 		}
 		if err == nil {
 			log.Warn("redis unavailable: admitted fail-open, event written to kafka", "event_id", req.EventID)
