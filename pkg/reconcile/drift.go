@@ -68,11 +68,17 @@ func driftCorrections(ctx context.Context, o Options, from time.Time, planned ma
 
 // The billable totals of the quota counters: as billed (verify) and as the corrections
 // recorded so far leave them (drift).
+// Each is its events' CTE followed by the totals both share.
 var (
 	//go:embed sql/billable_as_billed.sql
-	billableAsBilledSQL string
+	billableAsBilledEvents string
 	//go:embed sql/billable_as_corrected.sql
-	billableAsCorrectedSQL string
+	billableAsCorrectedEvents string
+	//go:embed sql/billable_totals.sql
+	billableTotals string
+
+	billableAsBilledSQL    = billableAsBilledEvents + billableTotals
+	billableAsCorrectedSQL = billableAsCorrectedEvents + billableTotals
 )
 
 // counter is a quota counter with its billable total (Billable) and, once read, its value.

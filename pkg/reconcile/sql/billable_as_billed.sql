@@ -17,15 +17,4 @@ with x as (
   cross join lateral (select coalesce(o.status >= 500, false) or v.event_id is not null as zero) z
   where e.billing_period >= @since
 )
-select x.org, lvl.account, 'month', x.period::timestamp,
-       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
-from x cross join lateral unnest(x.path) as lvl(account)
-where x.period >= @since
-group by 1, 2, 3, 4
-union all
-select x.org, lvl.account, 'day', x.day,
-       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
-from x cross join lateral unnest(x.path) as lvl(account)
-where x.day >= @since_day
-group by 1, 2, 3, 4
-order by 1, 2, 3, 4
+-- The totals: billable_totals.sql, appended.

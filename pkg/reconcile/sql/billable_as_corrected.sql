@@ -29,15 +29,4 @@ with x as (
       offset 0) z
   where e.billing_period >= @since and (not e.fail_open or e.ingest_time < @fail_open_before)
 )
-select x.org, lvl.account, 'month', x.period::timestamp,
-       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
-from x cross join lateral unnest(x.path) as lvl(account)
-where x.period >= @since
-group by 1, 2, 3, 4
-union all
-select x.org, lvl.account, 'day', x.day,
-       array[sum(x.requests), sum(x.tokens), sum(x.credits), sum(x.cost_micros)]::bigint[]
-from x cross join lateral unnest(x.path) as lvl(account)
-where x.day >= @since_day
-group by 1, 2, 3, 4
-order by 1, 2, 3, 4
+-- The totals: billable_totals.sql, appended.
