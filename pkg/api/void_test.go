@@ -109,11 +109,18 @@ func privateRedis(t *testing.T) *redis.Client {
 	return c
 }
 
-func jsonBody(t *testing.T, v any) *bytes.Reader {
+// admitAndHangUp sends an admission for account and hangs up after wait, unanswered.
+func (b *testBundle) admitAndHangUp(t *testing.T, account string, wait time.Duration) {
 	t.Helper()
-	raw, err := json.Marshal(v)
+	raw, err := json.Marshal(map[string]any{"account": account})
 	require.NoError(t, err)
-	return bytes.NewReader(raw)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+"/v1/admit", bytes.NewReader(raw))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+serviceToken)
+	_, err = http.DefaultClient.Do(req)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the caller hung up before any answer")
 }
 
 // stall makes the bundle's (private) Redis busy for d and returns when the stall has begun.
@@ -209,13 +216,7 @@ func TestCallerHangingUpIsVoidedNotAnOutage(t *testing.T) {
 	b.waitResolvable(t, org)
 
 	done := b.stall(t, 1500*time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+"/v1/admit", jsonBody(t, map[string]any{"account": org}))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+serviceToken)
-	_, err = http.DefaultClient.Do(req)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	b.admitAndHangUp(t, org, 200*time.Millisecond)
 	require.NoError(t, <-done)
 
 	b.waitMetric(t, "metergate_admit_voids_total", map[string]string{"reason": "caller_gone"}, 1)
@@ -290,13 +291,7 @@ func TestFailOpenCallerGoneIsVoided(t *testing.T) {
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "enterprise"}) // rate-only: fails open
 	b.waitResolvable(t, org)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url+"/v1/admit", jsonBody(t, map[string]any{"account": org}))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+serviceToken)
-	_, err = http.DefaultClient.Do(req)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	b.admitAndHangUp(t, org, 200*time.Millisecond)
 
 	b.waitMetric(t, "metergate_admit_voids_pending", nil, 1)
 	require.EqualValues(t, 1, b.metric(t, "metergate_admit_abandoned_total", nil))
