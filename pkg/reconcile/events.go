@@ -23,10 +23,10 @@ var eventCorrectionsSQL string
 // TIME), so daily counters need no moves; they are refunded and settled while their day is
 // open. An event's corrections are computed together, once.
 //
-// The cost follows the events of the open periods, not the log's whole history: each looks
-// up its outcome by key (usage_outcomes is not partitioned: joined as a table, PostgreSQL
-// hashes every outcome ever written; the LIMIT, a no-op on the key, keeps it a lookup) and
-// its corrections in adjustments_event_key (sql/event_corrections.sql).
+// A refund or settlement brings a counter from what the event charged to what it bills, as
+// billable_events defines it (migrations/00009_billable.sql): the rule is PostgreSQL's, not
+// repeated here. The cost follows the events of the open periods, not the log's whole
+// history: each looks up its outcome and its corrections by key (sql/event_corrections.sql).
 func eventCorrections(ctx context.Context, o Options, from time.Time) ([]Adjustment, int, error) {
 	fromDay := sinceDay(o.Now)
 	rows, err := o.Pool.Query(ctx, eventCorrectionsSQL, pgx.StrictNamedArgs{"since": from})
@@ -43,13 +43,13 @@ func eventCorrections(ctx context.Context, o Options, from time.Time) ([]Adjustm
 			id, org, account string
 			charged, billing time.Time
 			at               time.Time
-			est              []int64
+			admitted, bills  []int64
 			status           *int
-			actual           []*int64
-			moved, settled   bool
 			voided           *string // the void's reason
+			refunded         bool    // bills nothing: a 5xx or a void
+			moved, settled   bool
 		)
-		if err := rows.Scan(&id, &org, &account, &charged, &billing, &at, &est, &status, &actual, &moved, &settled, &voided); err != nil {
+		if err := rows.Scan(&id, &org, &account, &charged, &billing, &at, &admitted, &bills, &refunded, &status, &voided, &moved, &settled); err != nil {
 			return nil, 0, fmt.Errorf("read events to correct: %w", err)
 		}
 		pol, err := o.Policies.Resolve(account)
@@ -65,24 +65,23 @@ func eventCorrections(ctx context.Context, o Options, from time.Time) ([]Adjustm
 					QuotaPeriod: policy.KindOf(period), Period: period, Amount: amount, Reason: reason, SourceEvent: id})
 			}
 		}
-		// settle refunds or settles the counter of period.
+		// settle brings the counter of period from what the event charged to what it bills
+		// (billable_events): a refund when it bills nothing, a settlement otherwise.
 		settle := func(lv policy.Level, u policy.Unit, period string) {
-			n := est[unitIndex(u)]
+			n, b := admitted[unitIndex(u)], bills[unitIndex(u)]
 			switch {
 			case settled:
 			case voided != nil: // whatever its outcome says: nobody was told 200
-				add(RefundVoid, lv, u, period, -n, "voided: "+*voided)
-			case status == nil:
-			case *status >= 500:
-				add(Refund5xx, lv, u, period, -n, fmt.Sprintf("outcome status %d", *status))
-			case actual[unitIndex(u)] != nil:
-				a := *actual[unitIndex(u)]
-				add(SettleTokens, lv, u, period, a-n, fmt.Sprintf("estimated %d, actual %d", n, a))
+				add(RefundVoid, lv, u, period, b-n, "voided: "+*voided)
+			case refunded && status != nil:
+				add(Refund5xx, lv, u, period, b-n, fmt.Sprintf("outcome status %d", *status))
+			default:
+				add(SettleTokens, lv, u, period, b-n, fmt.Sprintf("estimated %d, actual %d", n, b))
 			}
 		}
 		for _, lv := range pol.Path {
 			for _, u := range quotas(lv, policy.Month) {
-				n := est[unitIndex(u)]
+				n := admitted[unitIndex(u)]
 				// Moves first: refunds and settlements then apply to the event time's month.
 				if !moved && cp != bp && !charged.Before(from) {
 					reason := fmt.Sprintf("event time in %s, charged to %s", bp, cp)

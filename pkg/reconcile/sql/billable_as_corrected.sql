@@ -11,15 +11,15 @@
 -- each of the four sums, or replaced by a hash of every correction of a kind ever recorded.
 with x as (
   select e.org, e.path, z.period, date_trunc('day', e.event_time at time zone 'UTC') as day,
-         case when z.zero then 0 when z.actual then coalesce(o.requests, e.requests) else e.requests end as requests,
-         case when z.zero then 0 when z.actual then coalesce(o.tokens, e.tokens) else e.tokens end as tokens,
-         case when z.zero then 0 when z.actual then coalesce(o.credits, e.credits) else e.credits end as credits,
-         case when z.zero then 0 when z.actual then coalesce(o.cost_micros, e.cost_micros) else e.cost_micros end as cost_micros
+         billable_units(e.requests, case when z.actual then o.requests end, z.zero) as requests,
+         billable_units(e.tokens, case when z.actual then o.tokens end, z.zero) as tokens,
+         billable_units(e.credits, case when z.actual then o.credits end, z.zero) as credits,
+         billable_units(e.cost_micros, case when z.actual then o.cost_micros end, z.zero) as cost_micros
   from usage_events e
   left join lateral (select * from usage_outcomes o where o.event_id = e.event_id limit 1) o on true
   left join usage_voids v on v.event_id = e.event_id
   cross join lateral (select
-      case when e.fail_open then coalesce(o.status >= 500, false) or v.event_id is not null
+      case when e.fail_open then bills_nothing(o.status, v.event_id is not null)
            else exists (select 1 from adjustments a where a.kind in ('refund_5xx', 'refund_void') and a.source_event = e.event_id) end as zero,
       case when e.fail_open then true
            else exists (select 1 from adjustments a where a.kind = 'settle_tokens' and a.source_event = e.event_id) end as actual,
