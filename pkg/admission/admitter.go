@@ -58,9 +58,9 @@ type Options struct {
 	Pipeline int
 	// CallTimeout bounds one script call (5s); the Redis client's own timeouts apply too.
 	CallTimeout time.Duration
-	// Clock picks the period bounds passed to the script (time.Now). It does not decide:
-	// Redis TIME does, and a clock too far off is corrected from it.
-	Clock func() time.Time
+	// Clock picks the period bounds passed to the script (nil: the system clock). It does
+	// not decide: Redis TIME does, and a clock too far off is corrected from it.
+	Clock period.Clock
 	// Registerer receives the script's metrics (none when nil).
 	Registerer prometheus.Registerer
 }
@@ -124,9 +124,6 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 	if o.CallTimeout <= 0 {
 		o.CallTimeout = 5 * time.Second
 	}
-	if o.Clock == nil {
-		o.Clock = time.Now
-	}
 	a := &Admitter{
 		rdb: rdb, opts: o, keys: Keys{Prefix: o.KeyPrefix, Shards: o.Shards}.withTags(),
 		queues: make([]queue, o.Shards),
@@ -179,7 +176,7 @@ func (a *Admitter) ScriptCall(r Request) (keys []string, args []any, err error) 
 	if err := r.validate(); err != nil {
 		return nil, nil, err
 	}
-	enc := a.encode(a.keys.Shard(r.Policy.Org), []*call{{req: r}}, a.opts.Clock())
+	enc := a.encode(a.keys.Shard(r.Policy.Org), []*call{{req: r}}, a.opts.Clock.Now())
 	return enc.keys, enc.args, nil
 }
 
@@ -218,7 +215,7 @@ func deliver(c *call, d Decision, err error) {
 func (a *Admitter) run(shard int, batch []*call) {
 	ctx, cancel := context.WithTimeout(context.Background(), a.opts.CallTimeout)
 	defer cancel()
-	now := a.opts.Clock()
+	now := a.opts.Clock.Now()
 	for attempt := 0; ; attempt++ {
 		enc := a.encode(shard, batch, now)
 		start := time.Now()

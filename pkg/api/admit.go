@@ -115,7 +115,7 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 	}
 	log := s.cfg.Log.With("org", pol.Org, "account", pol.Account(), "err", cause)
 	if policyFor == FailOpen && s.cfg.Recorder != nil {
-		now := s.cfg.Clock().UTC()
+		now := s.cfg.Clock.Now().UTC()
 		data := req.Admitted(period.MonthLabel(now))
 		data.FailOpen = true
 		ev, err := event.New(req.EventID, s.cfg.Source, event.TypeAdmitted, event.Subject(data.Path), now, data)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -90,7 +91,8 @@ type Config struct {
 	// RedisDownRetryAfter is the Retry-After of a 503 while Redis is unavailable.
 	RedisDownRetryAfter time.Duration
 	Registerer          prometheus.Registerer
-	Clock               func() time.Time
+	// Clock gives the period of a fail-open decision and a void (nil: the system clock).
+	Clock period.Clock
 }
 
 // Server serves the API.
@@ -114,9 +116,6 @@ func New(cfg Config) *Server {
 	}
 	if cfg.RedisDownRetryAfter <= 0 {
 		cfg.RedisDownRetryAfter = time.Second
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
 	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()

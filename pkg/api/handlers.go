@@ -68,7 +68,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 		reply.Period = v.Period[:len(period.MonthLayout)] // the billing month, also of daily quotas
 	}
 	if reply.Period == "" {
-		reply.Period = period.MonthLabel(s.cfg.Clock())
+		reply.Period = period.MonthLabel(s.cfg.Clock.Now())
 	}
 	writeJSON(w, http.StatusOK, reply)
 }

@@ -124,7 +124,7 @@ func (s *Server) voidInKafka(req admission.Request, reason string) {
 	err := errors.New("no kafka recorder")
 	if s.cfg.Recorder != nil {
 		var ev event.CloudEvent
-		if ev, err = admission.VoidedEvent(req, req.EventID, reason, s.cfg.Clock()); err == nil {
+		if ev, err = admission.VoidedEvent(req, req.EventID, reason, s.cfg.Clock.Now()); err == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), voidTimeout)
 			err = s.cfg.Recorder.Record(ctx, req.Policy.Org, ev)
 			cancel()

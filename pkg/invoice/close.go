@@ -29,7 +29,7 @@ var (
 
 // Options tunes Close. The zero value closes a period that ended more than DefaultGrace ago.
 type Options struct {
-	Now   time.Time     // the clock; zero = time.Now()
+	Clock period.Clock  // nil: the system clock
 	Grace time.Duration // after the period's end; zero = DefaultGrace
 	Force bool          // close even before the end plus the grace
 	By    string        // who closes, recorded in periods.closed_by; empty = "invoice.Close"
@@ -67,10 +67,7 @@ const dateLayout = period.DayLayout
 func Close(ctx context.Context, pool *pgxpool.Pool, month time.Time, opts Options) (Result, error) {
 	month = period.MonthStart(month)
 	end := month.AddDate(0, 1, 0)
-	now, grace, by := opts.Now, opts.Grace, opts.By
-	if now.IsZero() {
-		now = time.Now()
-	}
+	now, grace, by := opts.Clock.Now(), opts.Grace, opts.By
 	if grace == 0 {
 		grace = DefaultGrace
 	}

@@ -120,21 +120,21 @@ func TestCloseRefusedBeforeTheGrace(t *testing.T) {
 	mar := month(2025, time.March)
 
 	for _, now := range []time.Time{mar.AddDate(0, 0, 20), month(2025, time.April).Add(invoice.DefaultGrace - time.Second)} {
-		_, err := invoice.Close(b.ctx, b.pool, mar, invoice.Options{Now: now})
+		_, err := invoice.Close(b.ctx, b.pool, mar, invoice.Options{Clock: period.Fixed(now)})
 		require.ErrorIs(t, err, invoice.ErrTooEarly, "now %s", now)
 	}
-	_, err := invoice.Close(b.ctx, b.pool, mar, invoice.Options{Now: month(2025, time.April).Add(time.Hour), Grace: 2 * time.Hour})
+	_, err := invoice.Close(b.ctx, b.pool, mar, invoice.Options{Clock: period.Fixed(month(2025, time.April).Add(time.Hour)), Grace: 2 * time.Hour})
 	require.ErrorIs(t, err, invoice.ErrTooEarly, "a custom grace")
 	require.Zero(t, b.count(t, `select count(*) from periods`), "a refused close writes nothing")
 
-	res, err := invoice.Close(b.ctx, b.pool, mar, invoice.Options{Now: mar.AddDate(0, 0, 20), Force: true})
+	res, err := invoice.Close(b.ctx, b.pool, mar, invoice.Options{Clock: period.Fixed(mar.AddDate(0, 0, 20)), Force: true})
 	require.NoError(t, err, "Force closes early")
 	require.True(t, res.Created)
 	require.Len(t, res.Invoices, 1, "an org on a plan with a base fee is invoiced without usage")
 	require.Equal(t, int64(4900), res.Invoices[0].TotalMinor)
 
 	apr := month(2025, time.April)
-	res, err = invoice.Close(b.ctx, b.pool, apr, invoice.Options{Now: month(2025, time.May).Add(invoice.DefaultGrace)})
+	res, err = invoice.Close(b.ctx, b.pool, apr, invoice.Options{Clock: period.Fixed(month(2025, time.May).Add(invoice.DefaultGrace))})
 	require.NoError(t, err, "allowed at end + grace")
 	require.True(t, res.Created)
 
@@ -159,7 +159,7 @@ func TestProInvoiceMatchesFixtureAndTiesOut(t *testing.T) {
 	// A request whose outcome was a success is billed as admitted.
 	b.event(t, event{path: "small", at: jan.Add(time.Hour), requests: 3, status: 200})
 
-	res, err := invoice.Close(b.ctx, b.pool, jan, invoice.Options{Now: month(2025, time.June)})
+	res, err := invoice.Close(b.ctx, b.pool, jan, invoice.Options{Clock: period.Fixed(month(2025, time.June))})
 	require.NoError(t, err)
 	require.Len(t, res.Invoices, 2)
 	acme := res.Invoices[0]

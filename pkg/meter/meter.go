@@ -24,11 +24,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/metergate/metergate/pkg/period"
 )
 
 // Options configure a Meter. Brokers, Topic and Group are required; zero values of the
 // others take the defaults named.
 type Options struct {
+	// Clock picks the months whose partitions are kept ahead (nil: the system clock).
+	Clock   period.Clock
 	Brokers []string
 	Topic   string
 	// Group is the Kafka consumer group: meters of one group share the topic's partitions.
@@ -392,7 +396,7 @@ func (m *Meter) write(ctx context.Context, items []item) (written, error) {
 func (m *Meter) keepPartitions(ctx context.Context) {
 	for {
 		next := m.opts.PartitionCheck
-		if err := m.store.ensurePartitions(ctx, aheadMonths(time.Now())); err != nil {
+		if err := m.store.ensurePartitions(ctx, aheadMonths(m.opts.Clock.Now())); err != nil {
 			if ctx.Err() != nil {
 				return
 			}

@@ -64,3 +64,20 @@ func End(label string) (time.Time, error) {
 	}
 	return t.AddDate(0, 1, 0), err
 }
+
+// Clock is where metergate reads the time that picks periods: the month an invoice closes,
+// reconcile's open periods, admission's period bounds, the meter's partitions ahead. Every
+// component takes one as an option; nil is the system clock. Tests inject a fixed time
+// with Fixed.
+type Clock func() time.Time
+
+// Now is the clock's time: time.Now when c is nil.
+func (c Clock) Now() time.Time {
+	if c == nil {
+		return time.Now()
+	}
+	return c()
+}
+
+// Fixed is a clock stopped at t.
+func Fixed(t time.Time) Clock { return func() time.Time { return t } }

@@ -36,3 +36,14 @@ func TestLabelsAndBounds(t *testing.T) {
 	_, err := period.ParseMonth("2026-11-01")
 	require.Error(t, err, "a day is not a month")
 }
+
+func TestClock(t *testing.T) {
+	t.Parallel()
+	before := time.Now()
+	now := period.Clock(nil).Now()
+	require.False(t, now.Before(before), "nil is the system clock")
+	require.WithinDuration(t, time.Now(), now, time.Minute)
+
+	at := time.Date(2026, 11, 30, 23, 59, 0, 0, time.UTC)
+	require.Equal(t, at, period.Fixed(at).Now())
+}

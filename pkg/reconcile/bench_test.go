@@ -68,7 +68,7 @@ func BenchmarkReconcile(b *testing.B) {
 			b.ReportAllocs()
 			env := seedBench(b, c)
 			ctx := testenv.Context(b, 30*time.Minute)
-			o := reconcile.Options{Pool: env.pool, Redis: env.rdb, Keys: env.keys, Policies: env.cache, Now: env.now}
+			o := reconcile.Options{Pool: env.pool, Redis: env.rdb, Keys: env.keys, Policies: env.cache, Clock: period.Fixed(env.now)}
 			var runs []float64
 			for b.Loop() {
 				start := time.Now()

@@ -98,7 +98,7 @@ type counter struct {
 // the one billed (sql/billable_as_billed.sql) and failOpenBefore does not apply.
 func billableCounters(ctx context.Context, o Options, from time.Time, asCorrected bool, failOpenBefore *time.Time) ([]counter, error) {
 	// The two totals are two queries, chosen here: no switch in SQL.
-	query, args := billableAsBilledSQL, pgx.StrictNamedArgs{"since": from, "since_day": sinceDay(o.Now)}
+	query, args := billableAsBilledSQL, pgx.StrictNamedArgs{"since": from, "since_day": sinceDay(o.now)}
 	if asCorrected {
 		// Without a cutoff no fail-open event is left out: every ingest time is before infinity.
 		before := pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}
@@ -148,10 +148,10 @@ func billableCounters(ctx context.Context, o Options, from time.Time, asCorrecte
 // hold a value other than 0: each is a difference from a billable total of 0.
 func strayCounters(ctx context.Context, o Options, from time.Time, checked map[string]bool) ([]Difference, error) {
 	var labels []string
-	for m := from; !m.After(o.Now); m = m.AddDate(0, 1, 0) {
+	for m := from; !m.After(o.now); m = m.AddDate(0, 1, 0) {
 		labels = append(labels, period.MonthLabel(m))
 	}
-	for d := sinceDay(o.Now); !d.After(o.Now); d = d.AddDate(0, 0, 1) {
+	for d := sinceDay(o.now); !d.After(o.now); d = d.AddDate(0, 0, 1) {
 		labels = append(labels, period.DayLabel(d))
 	}
 	var out []Difference

@@ -28,7 +28,7 @@ var eventCorrectionsSQL string
 // repeated here. The cost follows the events of the open periods, not the log's whole
 // history: each looks up its outcome and its corrections by key (sql/event_corrections.sql).
 func eventCorrections(ctx context.Context, o Options, from time.Time) ([]Adjustment, int, error) {
-	fromDay := sinceDay(o.Now)
+	fromDay := sinceDay(o.now)
 	rows, err := o.Pool.Query(ctx, eventCorrectionsSQL, pgx.StrictNamedArgs{"since": from})
 	if err != nil {
 		return nil, 0, fmt.Errorf("read events to correct: %w", err)

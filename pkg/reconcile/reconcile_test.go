@@ -113,7 +113,7 @@ func (b *testBundle) flush(ctx context.Context, t *testing.T) {
 }
 
 func (b *testBundle) opts() reconcile.Options {
-	return reconcile.Options{Pool: b.pool, Redis: b.rdb, Keys: b.keys, Policies: b.cache, Now: b.now}
+	return reconcile.Options{Pool: b.pool, Redis: b.rdb, Keys: b.keys, Policies: b.cache, Clock: period.Fixed(b.now)}
 }
 
 func (b *testBundle) counter(t *testing.T, account string, u policy.Unit, month time.Time) int64 {

@@ -36,10 +36,10 @@ type Options struct {
 	Policies Policies
 	// DryRun computes the plan and changes nothing, in PostgreSQL or Redis.
 	DryRun bool
-	// Now is the run's time (time.Now when zero): the open periods are its month and the
-	// month before, and its day and the day before.
-	Now time.Time
-	Log *slog.Logger
+	// Clock gives the run's time, read once at its start (nil: the system clock): the open
+	// periods are its month and the month before, and its day and the day before.
+	Clock period.Clock
+	Log   *slog.Logger
 	// MarkerTTL is how long a marker key outlives its correction (40 days when zero).
 	MarkerTTL time.Duration
 	// CounterRetention is how long a counter created by a correction outlives its period
@@ -47,6 +47,8 @@ type Options struct {
 	CounterRetention time.Duration
 	// Failpoint, when set, is called at each failpoint; an error aborts the run there.
 	Failpoint func(point string) error
+
+	now time.Time // the run's time, from Clock
 }
 
 // Summary is what a run did, printed by reconcile --json and stored in reconcile_runs.
@@ -81,9 +83,7 @@ func (o *Options) defaults() error {
 	if o.Keys.Shards <= 0 {
 		o.Keys.Shards = admission.DefaultShards
 	}
-	if o.Now.IsZero() {
-		o.Now = time.Now()
-	}
+	o.now = o.Clock.Now()
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
@@ -127,7 +127,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return Summary{}, err
 	}
 	runID := uuid.New()
-	from := since(o.Now)
+	from := since(o.now)
 	s := Summary{RunID: runID.String(), DryRun: o.DryRun, Since: period.MonthLabel(from), ByKind: map[Kind]int{},
 		InvariantFailures: []string{}}
 

@@ -74,7 +74,7 @@ func Verify(ctx context.Context, o Options) ([]Difference, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	from := since(o.Now)
+	from := since(o.now)
 	_, diffs, err := driftCorrections(ctx, o, from, nil, false, nil)
 	if err != nil {
 		return nil, err
