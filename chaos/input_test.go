@@ -29,6 +29,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/period"
 )
 
 // Scenario 8: bad input, at both doors of the pipeline.
@@ -1331,7 +1332,7 @@ func badMessage(r *rand.Rand, i int, run string) (string, []byte) {
 			"specversion": "1.0", "id": id, "source": "chaos", "type": "io.metergate.usage.admitted.v1",
 			"subject": "kx", "time": now.Format(time.RFC3339Nano), "datacontenttype": "application/json",
 			"data": map[string]any{"org": "kx", "account": "kx", "path": []any{map[string]any{"account": "kx", "kind": "org"}},
-				"units": map[string]any{"requests": json.Number("1")}, "period": now.Format("2006-01"), "plan": "pro"},
+				"units": map[string]any{"requests": json.Number("1")}, "period": period.MonthLabel(now), "plan": "pro"},
 		}
 	}
 	outcome := func() map[string]any {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/period"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.MainOrTests(m, main)) }
@@ -102,7 +103,7 @@ func (c *cluster) produce() *producer {
 				path := []event.PathNode{{Account: org, Kind: "org"}, {Account: org + "-agent", Kind: "agent"}}
 				ev, err := event.New(fmt.Sprintf("%s-e%d", c.name, i), "node-1", event.TypeAdmitted, event.Subject(path), now,
 					event.Admitted{Org: org, Account: org + "-agent", Path: path, Units: map[string]int64{"requests": 1, "tokens": int64(i)},
-						Period: now.Format("2006-01"), Plan: "pro"})
+						Period: period.MonthLabel(now), Plan: "pro"})
 				if err != nil {
 					p.errc <- err
 					return

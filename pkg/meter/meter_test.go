@@ -133,7 +133,7 @@ func admittedEvent(t testing.TB, id string, at time.Time, path []event.PathNode,
 	t.Helper()
 	ev, err := event.New(id, "node-1", event.TypeAdmitted, event.Subject(path), at, event.Admitted{
 		Org: path[0].Account, Account: path[len(path)-1].Account, Path: path,
-		Units: u, Period: at.UTC().Format("2006-01"), Plan: "pro",
+		Units: u, Period: period.MonthLabel(at), Plan: "pro",
 	})
 	require.NoError(t, err)
 	return ev
@@ -215,7 +215,7 @@ func TestEveryEventOnceEvenWhenConsumedTwice(t *testing.T) {
 	fullEv, err := event.New(full, "admit-7", event.TypeAdmitted, event.Subject(fullPath), fullAt, event.Admitted{
 		Org: fullOrg, Account: "agent-1", Path: fullPath, APIKeyID: "key_d08a26640bf29096", IdempotencyKey: "req-7f3a",
 		Units:  map[string]int64{"requests": 1, "tokens": 2500, "credits": 3, "cost_micros": 4200},
-		Period: fullAt.AddDate(0, -1, 0).Format("2006-01"), Plan: "enterprise", Tool: "llm_call", FailOpen: true,
+		Period: period.MonthLabel(fullAt.AddDate(0, -1, 0)), Plan: "enterprise", Tool: "llm_call", FailOpen: true,
 	})
 	require.NoError(t, err)
 	msgs = append(msgs, message(t, fullOrg, fullEv))
