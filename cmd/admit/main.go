@@ -2,11 +2,13 @@
 // request for an allow / deny decision against hierarchical limits, and it records every
 // admitted request in a Redis Stream outbox that its relay moves to Kafka.
 //
-//	admit [flags]        serve the API, and relay the outbox to Kafka (unless ADMIT_RELAY=false)
-//	admit relay [flags]  relay the outbox to Kafka only (with /healthz, /readyz, /metrics)
+//	admit [serve] [flags]  serve the API, and relay the outbox to Kafka (unless ADMIT_RELAY=false)
+//	admit relay [flags]    relay the outbox to Kafka only (with /healthz, /readyz, /metrics)
+//	admit help [command]   list the commands, or a command's flags
 //
 // Configuration comes from environment variables, each mirrored by a flag (admit -h lists
 // them); -validate checks it and exits; -migrate applies pending database migrations first.
+// An unknown command exits 2.
 package main
 
 import (
@@ -23,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/metergate/metergate/internal/cli"
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/api"
@@ -34,24 +37,28 @@ import (
 )
 
 func main() {
-	var cfg config.Admit
-	args, relayOnly := os.Args[1:], false
-	if len(args) > 0 && args[0] == "relay" {
-		args, relayOnly = args[1:], true
-	}
-	config.LoadOrExit(&cfg, "admit", args)
-	log := cfg.Log.Logger(os.Stderr).With("service", "admit")
+	cli.Main("admit", os.Args[1:],
+		command("serve", "serve the API, and relay the outbox to Kafka unless ADMIT_RELAY=false", run),
+		command("relay", "relay the outbox to Kafka only (with /healthz, /readyz, /metrics)", runRelay),
+	)
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	run := run
-	if relayOnly {
-		run = runRelay
-	}
-	if err := run(ctx, cfg, log); err != nil {
-		log.Error("admit failed", "err", err)
-		os.Exit(1)
-	}
+// command is a subcommand of admit: it reads the configuration from the environment and
+// args (exit 2 when it is bad), runs do until SIGINT or SIGTERM, and logs do's error and
+// exits 1.
+func command(name, summary string, do func(context.Context, config.Admit, *slog.Logger) error) cli.Command {
+	return cli.Command{Name: name, Summary: summary, Run: func(args []string) int {
+		var cfg config.Admit
+		config.LoadOrExit(&cfg, "admit", args)
+		log := cfg.Log.Logger(os.Stderr).With("service", "admit")
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := do(ctx, cfg, log); err != nil {
+			log.Error("admit failed", "err", err)
+			return 1
+		}
+		return 0
+	}}
 }
 
 func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {

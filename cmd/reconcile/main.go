@@ -5,7 +5,7 @@
 // run fails or an invariant check after it does (a correction left unapplied, a counter
 // still below its billable total, an issued invoice that no longer ties out).
 //
-//	reconcile [flags]          one reconcile run (-dry-run: print the plan, change nothing;
+//	reconcile [run] [flags]    one reconcile run (-dry-run: print the plan, change nothing;
 //	                           -json: print the summary as one JSON object)
 //	reconcile verify [flags]   on a drained pipeline: every quota counter of the open periods
 //	                           equals its billable total, and every issued invoice ties out
@@ -17,16 +17,15 @@
 //	reconcile invoice -period YYYY-MM -org ID [-format csv|json]
 //	                           print an issued invoice
 //	reconcile migrate [flags]  apply pending database migrations and exit
+//	reconcile help [command]   list the commands, or a command's flags
 //
 // Configuration comes from environment variables, each mirrored by a flag (reconcile -h
 // lists them); -validate checks it and exits; -migrate applies pending migrations first.
-// ADMIT_KEY_PREFIX and ADMIT_SHARDS must be admit's.
+// ADMIT_KEY_PREFIX and ADMIT_SHARDS must be admit's. An unknown command exits 2.
 package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -39,11 +38,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/metergate/metergate/internal/cli"
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/config"
-	"github.com/metergate/metergate/pkg/invoice"
-	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
 )
@@ -53,150 +51,105 @@ import (
 // point (pkg/reconcile's AfterInsert, AfterRedis, AfterMark).
 const FailpointEnv = "METERGATE_FAILPOINT"
 
-// errDifferences is verify's failure: counters differ from their billable totals.
-var errDifferences = errors.New("counters differ from their billable totals")
-
-// errInvoices is verify's failure: issued invoices do not tie out.
-var errInvoices = errors.New("invoice checks fail (finance_invoice_tieout)")
-
 func main() {
-	args, sub := os.Args[1:], "run"
-	if len(args) > 0 && (args[0] == "migrate" || args[0] == "verify" || args[0] == "close" || args[0] == "invoice") {
-		args, sub = args[1:], args[0]
-	}
-	var cfg config.Reconcile
-	config.LoadOrExit(&cfg, "reconcile", args)
-	log := cfg.Log.Logger(os.Stderr).With("service", "reconcile", "command", sub)
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if sub == "migrate" {
-		cfg.Migrate = true
-	}
-	if err := run(ctx, cfg, log, sub, os.Stdout); err != nil {
-		log.Error("reconcile failed", "err", err)
-		os.Exit(1)
-	}
+	cli.Main("reconcile", os.Args[1:],
+		command("run", "one reconcile run (-dry-run: change nothing; -json)", runOnce),
+		command("verify", "check the counters and the issued invoices; list every difference", verify),
+		command("close", "close a period: issue one invoice per org (-period, -force, -grace)", closePeriod),
+		command("invoice", "print an issued invoice (-period, -org, -format csv|json)", printInvoice),
+		command("migrate", "apply pending database migrations and exit", migrate),
+	)
 }
 
-func run(ctx context.Context, cfg config.Reconcile, log *slog.Logger, sub string, out io.Writer) error {
+// env is what a subcommand works with: its configuration, logger, PostgreSQL (migrated
+// first with -migrate) and where to print.
+type env struct {
+	cfg  config.Reconcile
+	log  *slog.Logger
+	pool *pgxpool.Pool
+	out  io.Writer
+}
+
+// command is a subcommand of reconcile: it reads the configuration from the environment and
+// args (exit 2 when it is bad), connects to PostgreSQL, runs do until SIGINT or SIGTERM,
+// and logs do's error and exits 1.
+func command(name, summary string, do func(context.Context, env) error) cli.Command {
+	return cli.Command{Name: name, Summary: summary, Run: func(args []string) int {
+		var cfg config.Reconcile
+		config.LoadOrExit(&cfg, "reconcile", args)
+		if name == "migrate" {
+			cfg.Migrate = true
+		}
+		log := cfg.Log.Logger(os.Stderr).With("service", "reconcile", "command", name)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		pool, err := connect(ctx, cfg, log)
+		if err == nil {
+			defer pool.Close()
+			err = do(ctx, env{cfg: cfg, log: log, pool: pool, out: os.Stdout})
+		}
+		if err != nil {
+			log.Error("reconcile failed", "err", err)
+			return 1
+		}
+		return 0
+	}}
+}
+
+// connect opens PostgreSQL and, with -migrate, applies the pending migrations.
+func connect(ctx context.Context, cfg config.Reconcile, log *slog.Logger) (*pgxpool.Pool, error) {
 	pool, err := cfg.Postgres.Open(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer pool.Close()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(cctx); err != nil {
-		return fmt.Errorf("postgres: %w", err)
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	if cfg.Migrate {
 		applied, err := migrations.Up(ctx, pool)
 		if err != nil {
-			return err
+			pool.Close()
+			return nil, err
 		}
 		log.Info("migrations applied", "versions", applied)
 	}
-	switch sub {
-	case "migrate":
-		return nil
-	case "close", "invoice":
-		return runInvoice(ctx, cfg, log, sub, pool, out)
-	}
+	return pool, nil
+}
 
-	rdb, err := cfg.Redis.Open()
+// migrate has nothing left to do: it is -migrate alone, and command applied the migrations.
+func migrate(context.Context, env) error { return nil }
+
+// options opens Redis and loads the policies: what a run and verify need beyond PostgreSQL.
+// The caller closes Redis with the returned func.
+func (e env) options(ctx context.Context) (reconcile.Options, func(), error) {
+	rdb, err := e.cfg.Redis.Open()
 	if err != nil {
-		return err
+		return reconcile.Options{}, nil, err
 	}
-	defer rdb.Close()
 	// A context of its own: the migrations may have used up the first one's time.
-	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-	defer rcancel()
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	if err := rdb.Ping(rctx).Err(); err != nil {
-		return fmt.Errorf("redis: %w", err)
+		_ = rdb.Close()
+		return reconcile.Options{}, nil, fmt.Errorf("redis: %w", err)
 	}
-	policies := policy.NewCache(pool, log, 0)
+	policies := policy.NewCache(e.pool, e.log, 0)
 	if err := policies.Reload(ctx); err != nil {
-		return fmt.Errorf("load policies: %w", err)
+		_ = rdb.Close()
+		return reconcile.Options{}, nil, fmt.Errorf("load policies: %w", err)
 	}
 	failpoint, err := failpointFromEnv()
 	if err != nil {
-		return err
+		_ = rdb.Close()
+		return reconcile.Options{}, nil, err
 	}
-	o := reconcile.Options{
-		Pool: pool, Redis: rdb, Policies: policies, Log: log, DryRun: cfg.DryRun, Failpoint: failpoint,
-		Keys: admission.Keys{Prefix: cfg.KeyPrefix, Shards: cfg.Shards},
-	}
-
-	if sub == "verify" {
-		diffs, err := reconcile.Verify(ctx, o)
-		if err != nil {
-			return err
-		}
-		invoiceDiffs, err := invoice.TieOut(ctx, pool)
-		if err != nil {
-			return err
-		}
-		if cfg.JSON {
-			if diffs == nil {
-				diffs = []reconcile.Difference{}
-			}
-			if invoiceDiffs == nil {
-				invoiceDiffs = []invoice.TieOutDifference{}
-			}
-			if err := json.NewEncoder(out).Encode(map[string]any{"differences": diffs, "invoice_differences": invoiceDiffs}); err != nil {
-				return fmt.Errorf("print differences: %w", err)
-			}
-		} else {
-			for _, d := range diffs {
-				fmt.Fprintln(out, d.String())
-			}
-			for _, d := range invoiceDiffs {
-				fmt.Fprintln(out, d.String())
-			}
-		}
-		if len(diffs) > 0 {
-			return fmt.Errorf("verify: %d %w", len(diffs), errDifferences)
-		}
-		if len(invoiceDiffs) > 0 {
-			return fmt.Errorf("verify: %d %w", len(invoiceDiffs), errInvoices)
-		}
-		log.Info("verify passed")
-		return nil
-	}
-
-	s, err := reconcile.Run(ctx, o)
-	if err != nil && !errors.Is(err, reconcile.ErrInvariant) {
-		return err
-	}
-	if !s.DryRun {
-		// The issued invoices must still tie out: a check of every run, cheap and lag-free.
-		invoiceDiffs, err := invoice.TieOut(ctx, pool)
-		if err != nil {
-			return err
-		}
-		for _, d := range invoiceDiffs {
-			s.InvariantFailures = append(s.InvariantFailures, d.String())
-		}
-	}
-	if cfg.JSON {
-		if err := json.NewEncoder(out).Encode(s); err != nil {
-			return fmt.Errorf("print summary: %w", err)
-		}
-	} else {
-		for _, a := range s.Plan {
-			fmt.Fprintf(out, "%s %s %s %s %s %+d (%s) %s\n", a.Kind, a.Org, a.Account, a.Unit, a.Period, a.Amount, a.Reason, a.SourceEvent)
-		}
-		for _, f := range s.InvariantFailures {
-			fmt.Fprintln(out, "invariant failed:", f)
-		}
-		fmt.Fprintf(out, "run %s: dry_run=%t planned=%d applied=%d recovered=%d drift_found=%d events_skipped=%d invariant_failures=%d\n",
-			s.RunID, s.DryRun, s.AdjustmentsPlanned, s.AdjustmentsApplied, s.Recovered, s.DriftFound, s.EventsSkipped, len(s.InvariantFailures))
-	}
-	if len(s.InvariantFailures) > 0 {
-		return fmt.Errorf("%d %w", len(s.InvariantFailures), reconcile.ErrInvariant)
-	}
-	return nil
+	return reconcile.Options{
+		Pool: e.pool, Redis: rdb, Policies: policies, Log: e.log, DryRun: e.cfg.DryRun, Failpoint: failpoint,
+		Keys: admission.Keys{Prefix: e.cfg.KeyPrefix, Shards: e.cfg.Shards},
+	}, func() { _ = rdb.Close() }, nil
 }
 
 // failpointFromEnv reads FailpointEnv: the returned hook kills the process at the chosen
@@ -222,34 +175,4 @@ func failpointFromEnv() (func(string) error, error) {
 		}
 		return nil
 	}, nil
-}
-
-// runInvoice closes a period (close) or prints an issued invoice (invoice).
-func runInvoice(ctx context.Context, cfg config.Reconcile, log *slog.Logger, sub string, pool *pgxpool.Pool, out io.Writer) error {
-	var month time.Time
-	if cfg.Period == "" && sub == "close" {
-		// The last month whose end plus the grace has passed: what a monthly CronJob closes.
-		month = period.MonthStart(time.Now().Add(-cfg.Grace)).AddDate(0, -1, 0)
-	} else {
-		p, err := period.ParseMonth(cfg.Period)
-		if err != nil {
-			return fmt.Errorf("-period: %w", err)
-		}
-		month = p
-	}
-	if sub == "invoice" {
-		if cfg.Org == "" {
-			return errors.New("-org: the org whose invoice to print is required")
-		}
-		return invoice.Export(ctx, pool, month, cfg.Org, cfg.Format, out)
-	}
-	res, err := invoice.Close(ctx, pool, month, invoice.Options{Force: cfg.Force, Grace: cfg.Grace, By: "reconcile close"})
-	if err != nil {
-		return err
-	}
-	if err := json.NewEncoder(out).Encode(res); err != nil {
-		return fmt.Errorf("print the close: %w", err)
-	}
-	log.Info("period closed", "period", period.MonthLabel(month), "created", res.Created)
-	return nil
 }

@@ -68,6 +68,33 @@ func TestBadSetting(t *testing.T) {
 	require.Contains(t, p.Output(), "DATABASE_MAX_CONNS=0")
 }
 
+// help and -h list the commands (-h then the flags, as before there were commands); an
+// unknown command names itself and exits 2, before any configuration is read.
+func TestCommands(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		args []string
+		code int
+		want []string
+	}{
+		"help":            {[]string{"help"}, 0, []string{"Commands:", "  verify ", "  close ", "(the default)"}},
+		"-h":              {[]string{"-h"}, 0, []string{"Commands:", "-dry-run", "DATABASE_URL"}},
+		"a command's -h":  {[]string{"close", "-h"}, 0, []string{"-period", "-force"}},
+		"unknown command": {[]string{"verfy", "-json"}, 2, []string{`reconcile: unknown command "verfy"`, "  migrate "}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			p := testenv.StartMain(t, []string{"DATABASE_MAX_CONNS=0"}, tc.args...) // would fail a run
+			code, err := p.Wait(time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, tc.code, code, p.Output())
+			for _, w := range tc.want {
+				require.Contains(t, p.Output(), w)
+			}
+		})
+	}
+}
+
 // Five requests of acme (pro: a monthly requests quota), two ending in 503. verify lists
 // the counter that is off and fails; -dry-run -json plans two refunds and changes nothing;
 // a run killed with SIGKILL after changing Redis and before marking the row, then a run

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/metergate/metergate/pkg/invoice"
+	"github.com/metergate/metergate/pkg/period"
+)
+
+// closePeriod freezes a period and issues its invoices, printing the result; without
+// -period, the last month whose end plus the grace has passed (what a monthly CronJob closes).
+func closePeriod(ctx context.Context, e env) error {
+	month := period.MonthStart(time.Now().Add(-e.cfg.Grace)).AddDate(0, -1, 0)
+	if e.cfg.Period != "" {
+		p, err := period.ParseMonth(e.cfg.Period)
+		if err != nil {
+			return fmt.Errorf("-period: %w", err)
+		}
+		month = p
+	}
+	res, err := invoice.Close(ctx, e.pool, month, invoice.Options{Force: e.cfg.Force, Grace: e.cfg.Grace, By: "reconcile close"})
+	if err != nil {
+		return err
+	}
+	if err := json.NewEncoder(e.out).Encode(res); err != nil {
+		return fmt.Errorf("print the close: %w", err)
+	}
+	e.log.Info("period closed", "period", period.MonthLabel(month), "created", res.Created)
+	return nil
+}
+
+// printInvoice prints the issued invoice of -org for -period.
+func printInvoice(ctx context.Context, e env) error {
+	month, err := period.ParseMonth(e.cfg.Period)
+	if err != nil {
+		return fmt.Errorf("-period: %w", err)
+	}
+	if e.cfg.Org == "" {
+		return errors.New("-org: the org whose invoice to print is required")
+	}
+	return invoice.Export(ctx, e.pool, month, e.cfg.Org, e.cfg.Format, e.out)
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/metergate/metergate/pkg/invoice"
+	"github.com/metergate/metergate/pkg/reconcile"
+)
+
+// errDifferences is verify's failure: counters differ from their billable totals.
+var errDifferences = errors.New("counters differ from their billable totals")
+
+// errInvoices is verify's failure: issued invoices do not tie out.
+var errInvoices = errors.New("invoice checks fail (finance_invoice_tieout)")
+
+// runOnce is one reconcile run, then the invoice tie-out; it prints the summary and fails
+// when an invariant check does.
+func runOnce(ctx context.Context, e env) error {
+	o, closeRedis, err := e.options(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeRedis()
+	s, err := reconcile.Run(ctx, o)
+	if err != nil && !errors.Is(err, reconcile.ErrInvariant) {
+		return err
+	}
+	if !s.DryRun {
+		// The issued invoices must still tie out: a check of every run, cheap and lag-free.
+		invoiceDiffs, err := invoice.TieOut(ctx, e.pool)
+		if err != nil {
+			return err
+		}
+		for _, d := range invoiceDiffs {
+			s.InvariantFailures = append(s.InvariantFailures, d.String())
+		}
+	}
+	if err := printSummary(e.out, s, e.cfg.JSON); err != nil {
+		return err
+	}
+	if len(s.InvariantFailures) > 0 {
+		return fmt.Errorf("%d %w", len(s.InvariantFailures), reconcile.ErrInvariant)
+	}
+	return nil
+}
+
+// verify prints every counter that differs from its billable total and every issued
+// invoice that does not tie out, and fails when there is one.
+func verify(ctx context.Context, e env) error {
+	o, closeRedis, err := e.options(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeRedis()
+	diffs, err := reconcile.Verify(ctx, o)
+	if err != nil {
+		return err
+	}
+	invoiceDiffs, err := invoice.TieOut(ctx, e.pool)
+	if err != nil {
+		return err
+	}
+	if err := printDifferences(e.out, diffs, invoiceDiffs, e.cfg.JSON); err != nil {
+		return err
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("verify: %d %w", len(diffs), errDifferences)
+	}
+	if len(invoiceDiffs) > 0 {
+		return fmt.Errorf("verify: %d %w", len(invoiceDiffs), errInvoices)
+	}
+	e.log.Info("verify passed")
+	return nil
+}
+
+// printSummary prints a run's plan, failed invariants and counts, or (asJSON) the summary
+// as one JSON object.
+func printSummary(w io.Writer, s reconcile.Summary, asJSON bool) error {
+	if asJSON {
+		if err := json.NewEncoder(w).Encode(s); err != nil {
+			return fmt.Errorf("print summary: %w", err)
+		}
+		return nil
+	}
+	for _, a := range s.Plan {
+		fmt.Fprintf(w, "%s %s %s %s %s %+d (%s) %s\n", a.Kind, a.Org, a.Account, a.Unit, a.Period, a.Amount, a.Reason, a.SourceEvent)
+	}
+	for _, f := range s.InvariantFailures {
+		fmt.Fprintln(w, "invariant failed:", f)
+	}
+	fmt.Fprintf(w, "run %s: dry_run=%t planned=%d applied=%d recovered=%d drift_found=%d events_skipped=%d invariant_failures=%d\n",
+		s.RunID, s.DryRun, s.AdjustmentsPlanned, s.AdjustmentsApplied, s.Recovered, s.DriftFound, s.EventsSkipped, len(s.InvariantFailures))
+	return nil
+}
+
+// printDifferences prints verify's differences one a line, or (asJSON) as one JSON object
+// with both lists (empty, not null, when there are none).
+func printDifferences(w io.Writer, diffs []reconcile.Difference, invoiceDiffs []invoice.TieOutDifference, asJSON bool) error {
+	if asJSON {
+		if diffs == nil {
+			diffs = []reconcile.Difference{}
+		}
+		if invoiceDiffs == nil {
+			invoiceDiffs = []invoice.TieOutDifference{}
+		}
+		if err := json.NewEncoder(w).Encode(map[string]any{"differences": diffs, "invoice_differences": invoiceDiffs}); err != nil {
+			return fmt.Errorf("print differences: %w", err)
+		}
+		return nil
+	}
+	for _, d := range diffs {
+		fmt.Fprintln(w, d.String())
+	}
+	for _, d := range invoiceDiffs {
+		fmt.Fprintln(w, d.String())
+	}
+	return nil
+}
