@@ -412,13 +412,15 @@ func groupPositions(ctx context.Context, brokers []string, topic, group string) 
 // load: a second user of the same team is admitted all the while (paced, so that the load
 // outlasts the kills), so the runs read a log that the meter is writing and change counters
 // that admissions are charging. The first kill is after the corrections are inserted, the
-// others after a Redis change or after a mark, at a pseudo-random row of the run. Once the
-// load is over and in the books, one clean run finishes: verify passes, a further run applies
-// nothing, every correction is applied once and the counters hold the refunded totals plus
-// the load's admissions.
+// others after a Redis change or after a mark, at a pseudo-random row of the run; the killed
+// runs are the test build of cmd/reconcile, whose failpoint kills it (the plain binary has
+// none). Once the load is over and in the books, one clean run of the plain binary finishes:
+// verify passes, a further run applies nothing, every correction is applied once and the
+// counters hold the refunded totals plus the load's admissions.
 func TestKillReconcile(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "6 kill -9 reconcile")
+	killing := killingReconcileBinary(t) // built now: the kills happen under a paced load
 	seed := chaosSeed(t, time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewSource(seed))
@@ -594,7 +596,10 @@ func TestKillReconcile(t *testing.T) {
 			turn++
 		}
 		before := busyAnswered.Load()
-		code, out := s.reconcile([]string{"METERGATE_FAILPOINT=" + fp})
+		p := testenv.Start(t, filepath.Join(bin, killing), append(append([]string{}, s.env...), testenv.ReexecEnv+"=1", "METERGATE_FAILPOINT="+fp))
+		code, err := p.Wait(3 * time.Minute)
+		require.NoError(t, err, "reconcile with %s", fp)
+		out := p.Output()
 		after := busyAnswered.Load()
 		require.Equal(t, -1, code, "reconcile with %s exits by SIGKILL:\n%s", fp, logTail(out, 3000))
 		killedAt = append(killedAt, fmt.Sprintf("%s (of %d pending)", fp, dry.AdjustmentsPlanned))
@@ -686,6 +691,28 @@ func TestKillReconcile(t *testing.T) {
 		require.Equal(t, wantRequests+int64(busyRequests), final[acc]["requests"], "%s requests counter", acc)
 		require.Equal(t, wantTokens+busyTokens, final[acc]["tokens"], "%s tokens counter", acc)
 	}
+}
+
+var reconcileTestBuild struct {
+	once sync.Once
+	err  error
+}
+
+// killingReconcileBinary builds, once per run, the test build of cmd/reconcile (go test -c)
+// beside the suite's binaries and returns its name there. Run with testenv.ReexecEnv=1 it is
+// reconcile, with a failpoint (METERGATE_FAILPOINT) at which it kills itself with SIGKILL,
+// which the plain binary does not have.
+func killingReconcileBinary(t *testing.T) string {
+	t.Helper()
+	const name = "reconcile-test-build"
+	reconcileTestBuild.once.Do(func() {
+		out, err := exec.Command("go", "test", "-c", "-o", filepath.Join(bin, name), "../cmd/reconcile").CombinedOutput()
+		if err != nil {
+			reconcileTestBuild.err = fmt.Errorf("go test -c ../cmd/reconcile: %w\n%s", err, out)
+		}
+	})
+	require.NoError(t, reconcileTestBuild.err)
+	return name
 }
 
 // reconcileSummary is the part of reconcile's -json summary the scenarios read.

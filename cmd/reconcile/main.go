@@ -31,8 +31,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -46,10 +44,9 @@ import (
 	"github.com/metergate/metergate/pkg/reconcile"
 )
 
-// FailpointEnv names a failpoint at which the process kills itself with SIGKILL, for
-// crash tests: "<point>:<n>" (e.g. after-redis:3) dies at the n-th time the run reaches
-// point (pkg/reconcile's AfterInsert, AfterRedis, AfterMark).
-const FailpointEnv = "METERGATE_FAILPOINT"
+// failpoint is called at pkg/reconcile's failpoints. It is nil in the command; a test build
+// of it sets it (failpoint_test.go), for crash tests to kill a run at a chosen point.
+var failpoint func(point string) error
 
 func main() {
 	cli.Main("reconcile", os.Args[1:],
@@ -141,38 +138,8 @@ func (e env) options(ctx context.Context) (reconcile.Options, func(), error) {
 		_ = rdb.Close()
 		return reconcile.Options{}, nil, fmt.Errorf("load policies: %w", err)
 	}
-	failpoint, err := failpointFromEnv()
-	if err != nil {
-		_ = rdb.Close()
-		return reconcile.Options{}, nil, err
-	}
 	return reconcile.Options{
 		Pool: e.pool, Redis: rdb, Policies: policies, Log: e.log, DryRun: e.cfg.DryRun, Failpoint: failpoint,
 		Keys: admission.Keys{Prefix: e.cfg.KeyPrefix, Shards: e.cfg.Shards},
 	}, func() { _ = rdb.Close() }, nil
-}
-
-// failpointFromEnv reads FailpointEnv: the returned hook kills the process at the chosen
-// point, as kill -9 would.
-func failpointFromEnv() (func(string) error, error) {
-	v := os.Getenv(FailpointEnv)
-	if v == "" {
-		return nil, nil
-	}
-	point, nth, ok := strings.Cut(v, ":")
-	n, err := strconv.Atoi(nth)
-	if !ok || err != nil || n < 1 {
-		return nil, fmt.Errorf("%s=%q: want <point>:<n>", FailpointEnv, v)
-	}
-	hits := 0
-	return func(p string) error {
-		if p == point {
-			hits++
-			if hits == n {
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-				select {} // the signal is on its way
-			}
-		}
-		return nil
-	}, nil
 }

@@ -136,7 +136,7 @@ func TestRunVerifyAndKill(t *testing.T) {
 	require.Len(t, s.Plan, 2)
 	require.Equal(t, "5", rdb.Get(ctx, counter).Val(), "a dry run changes nothing")
 
-	code, out = start([]string{"METERGATE_FAILPOINT=" + reconcile.AfterRedis + ":1"})
+	code, out = start([]string{FailpointEnv + "=" + reconcile.AfterRedis + ":1"})
 	require.Equal(t, -1, code, "killed by SIGKILL: %s", out)
 	require.Equal(t, "4", rdb.Get(ctx, counter).Val(), "the first refund reached Redis")
 
@@ -220,7 +220,7 @@ func TestKilledRunConverges(t *testing.T) {
 				require.NoError(t, err)
 				return code, p.Output()
 			}
-			code, out := start("METERGATE_FAILPOINT=" + point)
+			code, out := start(FailpointEnv + "=" + point)
 			require.Equal(t, -1, code, "killed by SIGKILL: %s", out)
 			code, out = start()
 			require.Equal(t, 0, code, out)
