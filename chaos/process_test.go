@@ -40,7 +40,7 @@ import (
 func TestKillMeter(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "3 kill -9 meter")
-	held := heldMeterBinary(t)
+	held := testBuild(t, "meter")
 	s := newStack(t, options{Meters: 1, MeterEnv: []string{
 		"METER_BATCH_SIZE=500", "METER_BATCH_WAIT=3s",
 		"METER_SESSION_TIMEOUT=6s", // the killed member's partitions go to its successor after 6 s
@@ -211,24 +211,29 @@ join unnest($1::int[], $2::bigint[], $3::bigint[]) as w(p, lo, hi)
 // meter was consuming), or before the first batch it is handed has any row written.
 var meterFailpoints = []string{"after-write:2", "before-write:1"}
 
-var heldMeter struct {
+var testBuilds sync.Map // command name → *testBuildOnce
+
+type testBuildOnce struct {
 	once sync.Once
 	err  error
 }
 
-// heldMeterBinary builds, once per run, the test build of cmd/meter (go test -c) beside
-// the suite's binaries and returns its name there. Run with testenv.ReexecEnv=1 it is the
-// meter, with a failpoint that the plain binary does not have.
-func heldMeterBinary(t *testing.T) string {
+// testBuild builds, once per run, the test build of cmd/<command> (go test -c) beside the
+// suite's binaries and returns its name there. Run with testenv.ReexecEnv=1 it is the
+// command, with the failpoints of its failpoint_test.go that the plain binary does not
+// have: the meter holds at one, reconcile kills itself with SIGKILL at one.
+func testBuild(t *testing.T, command string) string {
 	t.Helper()
-	const name = "meter-test-build"
-	heldMeter.once.Do(func() {
-		out, err := exec.Command("go", "test", "-c", "-o", filepath.Join(bin, name), "../cmd/meter").CombinedOutput()
+	name := command + "-test-build"
+	v, _ := testBuilds.LoadOrStore(command, &testBuildOnce{})
+	b := v.(*testBuildOnce)
+	b.once.Do(func() {
+		out, err := exec.Command("go", "test", "-c", "-o", filepath.Join(bin, name), "../cmd/"+command).CombinedOutput()
 		if err != nil {
-			heldMeter.err = fmt.Errorf("go test -c ../cmd/meter: %w\n%s", err, out)
+			b.err = fmt.Errorf("go test -c ../cmd/%s: %w\n%s", command, err, out)
 		}
 	})
-	require.NoError(t, heldMeter.err)
+	require.NoError(t, b.err)
 	return name
 }
 
@@ -420,7 +425,7 @@ func groupPositions(ctx context.Context, brokers []string, topic, group string) 
 func TestKillReconcile(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "6 kill -9 reconcile")
-	killing := killingReconcileBinary(t) // built now: the kills happen under a paced load
+	killing := testBuild(t, "reconcile") // built now: the kills happen under a paced load
 	seed := chaosSeed(t, time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewSource(seed))
@@ -691,28 +696,6 @@ func TestKillReconcile(t *testing.T) {
 		require.Equal(t, wantRequests+int64(busyRequests), final[acc]["requests"], "%s requests counter", acc)
 		require.Equal(t, wantTokens+busyTokens, final[acc]["tokens"], "%s tokens counter", acc)
 	}
-}
-
-var reconcileTestBuild struct {
-	once sync.Once
-	err  error
-}
-
-// killingReconcileBinary builds, once per run, the test build of cmd/reconcile (go test -c)
-// beside the suite's binaries and returns its name there. Run with testenv.ReexecEnv=1 it is
-// reconcile, with a failpoint (METERGATE_FAILPOINT) at which it kills itself with SIGKILL,
-// which the plain binary does not have.
-func killingReconcileBinary(t *testing.T) string {
-	t.Helper()
-	const name = "reconcile-test-build"
-	reconcileTestBuild.once.Do(func() {
-		out, err := exec.Command("go", "test", "-c", "-o", filepath.Join(bin, name), "../cmd/reconcile").CombinedOutput()
-		if err != nil {
-			reconcileTestBuild.err = fmt.Errorf("go test -c ../cmd/reconcile: %w\n%s", err, out)
-		}
-	})
-	require.NoError(t, reconcileTestBuild.err)
-	return name
 }
 
 // reconcileSummary is the part of reconcile's -json summary the scenarios read.

@@ -408,7 +408,7 @@ func binaryOf(ctr container) (binary, error) {
 		b.name, b.cfg = "meter", &config.Meter{}
 	case "/reconcile":
 		b.name, b.cfg, b.sub = "reconcile", &config.Reconcile{}, "run"
-		if len(b.args) > 0 && slices.Contains([]string{"migrate", "verify", "close", "invoice"}, b.args[0]) {
+		if len(b.args) > 0 && slices.Contains([]string{"run", "migrate", "verify", "close", "invoice"}, b.args[0]) {
 			b.sub, b.args = b.args[0], b.args[1:]
 		}
 	default:

@@ -14,7 +14,7 @@ import (
 // closePeriod freezes a period and issues its invoices, printing the result; without
 // -period, the last month whose end plus the grace has passed (what a monthly CronJob closes).
 func closePeriod(ctx context.Context, e env) error {
-	month := period.MonthStart(time.Now().Add(-e.cfg.Grace)).AddDate(0, -1, 0)
+	month := invoice.LastClosable(time.Now(), e.cfg.Grace)
 	if e.cfg.Period != "" {
 		p, err := period.ParseMonth(e.cfg.Period)
 		if err != nil {

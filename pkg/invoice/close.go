@@ -60,6 +60,15 @@ type Result struct {
 // dateLayout is how a period's first day is keyed (as PostgreSQL's date).
 const dateLayout = period.DayLayout
 
+// LastClosable is the last month whose end plus the grace (zero: DefaultGrace) has passed at
+// now: the month a monthly close job closes.
+func LastClosable(now time.Time, grace time.Duration) time.Time {
+	if grace == 0 {
+		grace = DefaultGrace
+	}
+	return period.MonthStart(now.Add(-grace)).AddDate(0, -1, 0)
+}
+
 // Close freezes a billing period and issues one invoice per org, in one transaction: the
 // orgs with usage in the period, with unbilled late events of earlier closed periods, or
 // on a plan with a base fee. Closing a closed period again writes nothing and returns its

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -155,4 +156,15 @@ func TestUnitPriceValidate(t *testing.T) {
 			require.Error(t, err)
 		})
 	}
+}
+
+// The month a close job closes: the last whose end plus the grace has passed.
+func TestLastClosable(t *testing.T) {
+	t.Parallel()
+	nov, dec := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	oct := time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)
+	require.Equal(t, oct, invoice.LastClosable(dec.Add(invoice.DefaultGrace-time.Second), 0), "November's grace runs")
+	require.Equal(t, nov, invoice.LastClosable(dec.Add(invoice.DefaultGrace), 0))
+	require.Equal(t, nov, invoice.LastClosable(dec.Add(time.Hour), time.Hour))
+	require.Equal(t, oct, invoice.LastClosable(dec.Add(time.Hour-1), time.Hour))
 }
