@@ -4,12 +4,13 @@
 //
 //	loadgen -url http://127.0.0.1:8080/v1/admit -token svc-… \
 //	    -body '{"account":"{{item}}","units":{"requests":1}}' -items accounts.txt \
-//	    -idempotency -concurrency 64 -warmup 2s -duration 10s [-rate 0]
+//	    -idempotency -concurrency 64 -warmup 2s -duration 10s [-rate 0] [-requests N]
 //
 // -rate 0 (the default) is closed loop: as fast as the workers go, to find the maximum.
 // -rate N is open loop at N requests/s, latency measured from when each request was due;
 // -concurrency then bounds the requests in flight, so give it room (rate × expected
-// latency, with margin), and read "late" and "unsent" in the output.
+// latency, with margin), and read "late" and "unsent" in the output. -requests N ends a
+// closed loop after N requests (with -items of N lines: each item once).
 //
 // The body template is inline JSON or @file; {{item}} takes the next line of -items
 // (round robin), {{idem}} a key unique to the request, {{seq}} the request number.
@@ -76,6 +77,7 @@ func parse(args []string) (load.Config, error) {
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "measured window")
 	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "load sent before the measured window, not counted")
 	fs.Float64Var(&cfg.Rate, "rate", 0, "requests/s for an open loop; 0 is closed loop, as fast as possible")
+	fs.Uint64Var(&cfg.Requests, "requests", 0, "closed loop: stop after this many requests, warmup included (0: no limit)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Second, "per-request timeout (0: none)")
 	fs.DurationVar(&cfg.LateAfter, "late-after", time.Millisecond, "open loop: a request sent later than this past its due time counts as late")
 	if err := fs.Parse(args); err != nil {

@@ -38,6 +38,10 @@ type Config struct {
 	// LateAfter is how far past its due time an open-loop request may be sent and still
 	// count as on time (timer and scheduler jitter).
 	LateAfter time.Duration
+	// Requests, when more than 0, ends a closed-loop run after that many requests (warmup
+	// included) even before Warmup + Duration: with {{item}}, Requests = the items sends
+	// each item once.
+	Requests uint64
 	// Client sends the requests; nil builds one with keep-alive and Concurrency idle
 	// connections, see NewClient.
 	Client *http.Client
@@ -63,6 +67,9 @@ func (c Config) Validate() error {
 	}
 	if c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) {
 		errs = append(errs, fmt.Errorf("rate=%v: want 0 (closed loop) or more", c.Rate))
+	}
+	if c.Requests > 0 && c.Rate > 0 {
+		errs = append(errs, errors.New("requests: for a closed loop only (rate 0)"))
 	}
 	if c.Timeout < 0 || c.LateAfter < 0 {
 		errs = append(errs, errors.New("timeout, late-after: want 0 or more"))
@@ -90,10 +97,12 @@ type Result struct {
 	WarmupS     float64 `json:"warmup_s"`
 	// DurationS runs from the end of the warmup to the last measured answer (at least the
 	// configured duration).
-	DurationS float64          `json:"duration_s"`
-	Requests  int64            `json:"requests"` // answered or failed, in the window
-	Status    map[string]int64 `json:"status"`   // answers by HTTP status code
-	Errors    int64            `json:"errors"`   // requests that got no answer
+	DurationS float64 `json:"duration_s"`
+	Requests  int64   `json:"requests"` // answered or failed, in the window
+	// Sent counts every request sent, warmup included: what the server worked for.
+	Sent   int64            `json:"sent"`
+	Status map[string]int64 `json:"status"` // answers by HTTP status code
+	Errors int64            `json:"errors"` // requests that got no answer
 	// ErrorSamples holds the first few distinct errors.
 	ErrorSamples []string `json:"error_samples,omitempty"`
 	Rate         float64  `json:"rate_per_s"` // Requests / DurationS
@@ -169,6 +178,7 @@ type worker struct {
 	late      int64
 	sendDelay time.Duration // the largest, open loop
 	lastDone  time.Time
+	sent      int64
 	buf       []byte
 }
 
@@ -179,6 +189,9 @@ func (r *runner) closedLoop(ctx context.Context, w *worker) {
 			return
 		}
 		seq := r.seq.Add(1) - 1
+		if r.cfg.Requests > 0 && seq >= r.cfg.Requests {
+			return
+		}
 		r.send(ctx, w, seq, sent, !sent.Before(r.measureFrom))
 	}
 }
@@ -222,6 +235,7 @@ func (r *runner) send(ctx context.Context, w *worker, seq uint64, since time.Tim
 	w.buf = r.cfg.Body.Render(w.buf[:0], seq)
 	status, err := r.do(ctx, w.buf)
 	done := time.Now()
+	w.sent++
 	if !measured {
 		return
 	}
@@ -278,6 +292,7 @@ func (r *runner) result(workers []*worker, start time.Time) Result {
 		}
 		res.Errors += w.errors
 		res.Requests += w.errors
+		res.Sent += w.sent
 		res.Late += w.late
 		res.MaxSendDelayMS = max(res.MaxSendDelayMS, ms(w.sendDelay))
 		for _, s := range w.errSample {

@@ -96,6 +96,7 @@ func TestWarmupIsNotMeasured(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, res.Requests)
 	require.Less(t, res.Requests, b.served.Load(), "warmup requests were counted")
+	require.Equal(t, b.served.Load(), res.Sent, "Sent counts the warmup too")
 	require.InDelta(t, 0.3, res.DurationS, 0.2)
 }
 
@@ -208,10 +209,38 @@ func TestBodiesCarryItemsAndDistinctIdempotencyKeys(t *testing.T) {
 	require.InDelta(t, accounts["acme"], accounts["globex"], 1)
 }
 
+// Requests ends a closed loop after exactly that many requests, each item sent once.
+func TestRequestsSendsEachItemOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0, ok)
+	cfg := config(t, b)
+	items := []string{"a", "b", "c", "d", "e", "f", "g"}
+	tmpl, err := NewTemplate(`{"account":"{{item}}"}`, items, false)
+	require.NoError(t, err)
+	cfg.Body, cfg.Requests, cfg.Duration = tmpl, uint64(len(items)), time.Minute
+
+	begin := time.Now()
+	res, err := Run(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Less(t, time.Since(begin), 30*time.Second, "the run waited for its duration")
+	require.Equal(t, int64(len(items)), res.Sent)
+	require.Equal(t, int64(len(items)), b.served.Load())
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	seen := map[string]bool{}
+	for _, raw := range b.bodies {
+		var body struct{ Account string }
+		require.NoError(t, json.Unmarshal(raw, &body))
+		seen[body.Account] = true
+	}
+	require.Len(t, seen, len(items))
+}
+
 func TestValidate(t *testing.T) {
 	t.Parallel()
 	err := Config{Concurrency: 0, Rate: -1}.Validate()
 	for _, want := range []string{"url", "body", "concurrency", "duration", "rate"} {
 		require.ErrorContains(t, err, want)
 	}
+	require.ErrorContains(t, Config{Rate: 5, Requests: 3}.Validate(), "requests: for a closed loop only")
 }
