@@ -4,256 +4,256 @@
 -- Redis Cluster slot. The clock is Redis TIME. Decisions of a call are taken one after the
 -- other; a decision sees what the ones before it consumed.
 --
--- KEYS[1]   the shard's outbox stream
--- KEYS[2..] the keys of each decision, in the order its arguments name them (below)
+-- Cost is what this script is written for (docs/admission.md, "Performance"): globals are
+-- made locals once, no table per limit, no float formatting, one HMGET of the org's state
+-- hash and one MGET of the quota counters per decision at most (none when an earlier
+-- decision of the call read them), writes once at the end of the call.
 --
--- ARGV[1..14], the call header (names as read below):
+-- KEYS[1]    the shard's outbox stream
+-- KEYS[1+d]  the state hash of decision d's org ("<tag>s:<org>"): one field per token
+--            bucket, "<account>:<unit letter>" -> the bucket's theoretical arrival time
+--            (GCRA), integer µs since the epoch; the bucket is full when it is <= now. The
+--            hash expires when its latest bucket is full again (a missing field is a full
+--            bucket).
+--
+-- ARGV, the call header (names as read below):
 --   decisions                     number of decisions
---   m_start, m_next, m_end        month bounds, ms since the epoch: start of the current
---                                 month, start of the next month, end of the next month
+--   lo, hi                        ms since the epoch: Redis TIME must be in [lo, hi) (the
+--                                 start of the current day, the end of the next day)
+--   m_next                        start of the next month, ms
 --   m_label, m_next_label         labels of the current and the next month ("YYYY-MM")
 --   m_expiry, m_next_expiry       expiry (ms since the epoch) of quota counters of the
 --                                 current / next month
---   d_start, d_next, d_end        day bounds (as for months)
---   d_expiry, d_next_expiry       expiry of quota counters of the current / next day
---   tag                           the shard's key start ("<prefix>{N}:"), for the void
---                                 marks of void.lua
+--   d_next, d_label, d_next_label, d_expiry, d_next_expiry: the same for days
+--   tag                           the shard's key start ("<prefix>{N}:"): void marks,
+--                                 lease records, idempotency buckets
+--   lease_ttl                     ms a concurrency lease is held without an outcome
+--   idem_w                        the idempotency window W, ms: a record lives in the hash
+--                                 "<tag>i:<floor(now / W)>", looked up there and in the
+--                                 previous one, which expires 2 W after its start
 --
--- Then per decision (a cursor walks ARGV and KEYS):
---   event_id, org, has_idem (0/1), fingerprint (of the units), idem_ttl (ms),
---   n_rate, n_quota, n_conc, lease_ttl (ms), head, middle, tail (of the event JSON)
---   keys: idempotency record (if has_idem), lease record (if n_conc > 0)
+-- Then per decision (a cursor walks ARGV):
+--   event_id, idem (field of the idempotency record, "" without a key), legacy (the key of
+--   a record of the one-key-per-record layout to look up too, "" for none), fingerprint
+--   (of the units and tool), n_bucket, n_window, n_quota, n_conc, ev (the compact usage
+--   event up to its time, see pkg/admission/event.go)
 --   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
 --   ids of the requests that were answered with this decision (the first and each replay)
 --   and not voided since (void.lua). A record without "\n" (older) has one attempt, its own.
---   per rate limit:  algo ('b' bucket, 'w' sliding window), amount,
---                    param: rate per ms (b) or window ms (w), cap: burst (b) or limit (w),
---                    ttl: idle TTL ms (b)
---                    key: bucket state string (b) or window sorted set (w)
---   per quota:       amount, quota (-1 counts without capping), kind: period ('m' or 'd')
---                    keys: counter of the current period, counter of the next period
---   per concurrency: cap; key: lease sorted set
+--   per token bucket:    field; inc = amount × emission interval, µs; win = burst ×
+--                        emission interval, µs (Go derives both from the policy)
+--   per sliding window:  key, amount, width (ms), limit
+--   per quota:           prefix (the counter's key but for its period label), amount,
+--                        quota (-1 counts without capping), kind: period ('m' or 'd')
+--   per concurrency:     key (lease sorted set), cap
 --
 -- Reply: {CLOCK_OFF, sec, usec} when TIME is outside the bounds given (the caller's clock
 -- is off: it recomputes the bounds from sec and calls again); otherwise
 -- {DECIDED, sec, usec, d_1, ...} with per decision {code, a, b, replayed, state...}:
 --   ALLOWED:            a = event id, b = period label charged
---   RATE_LIMITED:       a = index of the blocking limit (rate limits first, then
+--   RATE_LIMITED:       a = index of the blocking limit (buckets, then windows, then
 --                       concurrency), b = retry after, ms (-1: never at this size)
 --   OVER_QUOTA:         a = index of the blocking quota, b = its period label
 --   IDEMPOTENCY_REUSED: the idempotency key was used before with other units
--- state: per rate limit {remaining, ms until whole}, per quota {used}; after the charge
--- when allowed, as found when denied.
+-- state, integers: per bucket µs until it is full, per window {remaining, ms until clear},
+-- per quota {used}; after the charge when allowed, as found when denied. Go derives the
+-- RateLimit fields from them and the policy it holds.
 --
 -- The contract with Go (pkg/admission/admitter.go): each block of arguments is read once,
--- by one `local <names> = unpack(ARGV, ...)` marked "-- layout: <block>", and the reply
--- codes are the capitalised locals marked "-- layout: reply". Go declares the same names
--- in the same order, and TestScriptLayout (pkg/admission) parses this file to compare.
+-- by one `local <names> = unpack(A, ...)` marked "-- layout: <block>", and the reply codes
+-- are the capitalised locals marked "-- layout: reply". Go declares the same names in the
+-- same order, and TestScriptLayout (pkg/admission) parses this file to compare.
 
 -- layout: reply
 local CLOCK_OFF, DECIDED = 0, 1
 local ALLOWED, RATE_LIMITED, OVER_QUOTA, IDEMPOTENCY_REUSED = 1, 2, 3, 4
 
-local UNDECIDED = 0 -- a decision's code while its checks run; never replied
+local A, K, call, tonumber, unpack, fmt, match = ARGV, KEYS, redis.call, tonumber, unpack, string.format, string.match
+local floor, ceil, pairs = math.floor, math.ceil, pairs
 
-local time = redis.call('TIME')
-local sec, usec = tonumber(time[1]), tonumber(time[2])
-local now = sec * 1000 + usec / 1000
+local time = call('TIME')
+local sec, usec = time[1], time[2]
+local now_us = tonumber(sec) * 1000000 + tonumber(usec)
+local now = now_us / 1000 -- ms
 
 -- layout: call
-local decisions, m_start, m_next, m_end, m_label, m_next_label, m_expiry, m_next_expiry,
-  d_start, d_next, d_end, d_expiry, d_next_expiry, tag = unpack(ARGV, 1, 14)
-local a, k = 15, 2 -- cursors into ARGV and KEYS: the first decision's
-m_start, m_next, m_end = tonumber(m_start), tonumber(m_next), tonumber(m_end)
-d_start, d_next, d_end = tonumber(d_start), tonumber(d_next), tonumber(d_end)
-if now < m_start or now >= m_end or now < d_start or now >= d_end then
-  return {CLOCK_OFF, sec, usec}
+local decisions, lo, hi, m_next, m_label, m_next_label, m_expiry, m_next_expiry, d_next, d_label,
+  d_next_label, d_expiry, d_next_expiry, tag, lease_ttl, idem_w = unpack(A, 1, 16)
+local a = 17 -- cursor into ARGV: the first decision's
+if now < tonumber(lo) or now >= tonumber(hi) then
+  return {CLOCK_OFF, tonumber(sec), tonumber(usec)}
 end
-local m_i = now >= m_next and 2 or 1
-local d_i = now >= d_next and 2 or 1
-local period = m_i == 2 and m_next_label or m_label
-local expiry = {m = tonumber(m_i == 2 and m_next_expiry or m_expiry),
-  d = tonumber(d_i == 2 and d_next_expiry or d_expiry)}
+local period, m_exp = m_label, m_expiry
+if now >= tonumber(m_next) then period, m_exp = m_next_label, m_next_expiry end
+local day, d_exp = d_label, d_expiry
+if now >= tonumber(d_next) then day, d_exp = d_next_label, d_next_expiry end
+lease_ttl = tonumber(lease_ttl)
+idem_w = tonumber(idem_w)
+local idem_b = floor(now / idem_w)
+local idem_cur, idem_prev = tag .. 'i:' .. idem_b, tag .. 'i:' .. (idem_b - 1)
+local idem_written = false
+local stamp = sec .. '|' .. usec .. '|' .. period -- ends every usage event
 
-local stamp = rfc3339(sec, usec) -- from clock.lua, prepended
-
--- String keys read once per call (MGET), and the state parsed from them. Buckets and
--- counters are written back once, at the end, however many decisions changed them.
-local loaded = {}   -- key -> raw value, or false when absent
-local buckets = {}  -- key -> {tokens, ts, ttl, dirty}
-local counters = {} -- key -> {used, expiry, dirty}
-
-local function preload(keys)
-  local missing, seen = {}, {}
-  for _, k in ipairs(keys) do
-    if loaded[k] == nil and not seen[k] then
-      missing[#missing + 1] = k
-      seen[k] = true
-    end
-  end
-  if #missing > 0 then
-    local vals = redis.call('MGET', unpack(missing))
-    for i, k in ipairs(missing) do loaded[k] = vals[i] end
-  end
-end
-
-local function bucket(key, rate, burst)
-  local b = buckets[key]
-  if not b then
-    b = {tokens = burst, ts = now}
-    local raw = loaded[key]
-    if raw then
-      local t, s = string.match(raw, '^(%S+) (%S+)$')
-      t, s = tonumber(t), tonumber(s)
-      if t and s then b.tokens, b.ts = t, s end
-    end
-    buckets[key] = b
-  end
-  if now > b.ts then
-    b.tokens = b.tokens + (now - b.ts) * rate
-    b.ts = now
-  end
-  if b.tokens > burst then b.tokens = burst end -- full, or the burst was lowered
-  return b
-end
-
-local function counter(key, kind)
-  local c = counters[key]
-  if not c then
-    c = {used = tonumber(loaded[key] or '0') or 0, expiry = expiry[kind]}
-    counters[key] = c
-  end
-  return c
-end
+-- State read once per call and written back once at the end.
+local st = {}     -- state hash -> {field -> TAT µs, or false when absent}
+local dirty = {}  -- state hash -> {field -> true}
+local idle = {}   -- state hash -> the longest win of the buckets written, µs
+local used = {}   -- quota counter key -> units used
+local qexp = {}   -- quota counter key written -> its expiry
+-- The current decision's limits, in arrays reused by every decision (no table per limit).
+local bf, bi, bw, bt = {}, {}, {}, {}     -- bucket: field, inc, win, new TAT
+local wk, wa, wp, wc, ws = {}, {}, {}, {}, {} -- window: key, amount, width, limit, entries
+local qk, qa, qc, qd = {}, {}, {}, {}     -- quota: key, amount, quota, daily
+local ck, cc = {}, {}                     -- concurrency: key, cap
 
 -- window returns the units in the sliding window at key and its entries (member, score)
 -- oldest first. A member is "<event id>:<amount>".
 local function window(key, width)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - width))
-  local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - width))
+  local entries = call('ZRANGE', key, 0, -1, 'WITHSCORES')
   local sum = 0
   for i = 1, #entries, 2 do
-    sum = sum + (tonumber(string.match(entries[i], ':(%d+)$')) or 1)
+    sum = sum + (tonumber(match(entries[i], ':(%d+)$')) or 1)
   end
   return sum, entries
 end
 
-local out = {DECIDED, sec, usec}
+local out = {DECIDED, tonumber(sec), tonumber(usec)}
 
-for _ = 1, tonumber(decisions) do
+for dn = 1, tonumber(decisions) do
   -- layout: decision
-  local event_id, org, has_idem, fingerprint, idem_ttl, n_rate, n_quota, n_conc, lease_ttl,
-    head, middle, tail = unpack(ARGV, a, a + 11)
-  a = a + 12
-  has_idem, idem_ttl, lease_ttl = has_idem == '1', tonumber(idem_ttl), tonumber(lease_ttl)
-  n_rate, n_quota, n_conc = tonumber(n_rate), tonumber(n_quota), tonumber(n_conc)
-  local idem_key, lease_key
-  if has_idem then idem_key = KEYS[k]; k = k + 1 end
-  if n_conc > 0 then lease_key = KEYS[k]; k = k + 1 end
+  local event_id, idem, legacy, fingerprint, n_bucket, n_window, n_quota, n_conc, ev = unpack(A, a, a + 8)
+  a = a + 9
+  n_bucket, n_window, n_quota, n_conc = tonumber(n_bucket), tonumber(n_window), tonumber(n_quota), tonumber(n_conc)
+  local hash = K[1 + dn]
 
-  -- Parse the limits, and read every string key of the decision in one MGET.
-  local rates, quotas, concs, reads = {}, {}, {}, {}
-  if idem_key then reads[1] = idem_key end
-  for i = 1, n_rate do
-    -- layout: rate
-    local algo, amount, param, cap, ttl = unpack(ARGV, a, a + 4)
-    a = a + 5
-    local r = {algo = algo, amount = tonumber(amount), param = tonumber(param),
-      cap = tonumber(cap), ttl = tonumber(ttl), key = KEYS[k]}
-    rates[i] = r
-    if algo == 'b' then reads[#reads + 1] = r.key end
-    k = k + 1
+  -- Read the limits; fetch the state not read yet by this call.
+  local s = st[hash]
+  if not s then s = {}; st[hash] = s end
+  local miss, mn = nil, 0
+  for i = 1, n_bucket do
+    -- layout: bucket
+    local field, inc, win = unpack(A, a, a + 2)
+    a = a + 3
+    bf[i], bi[i], bw[i] = field, tonumber(inc), tonumber(win)
+    if s[field] == nil then
+      if not miss then miss = {} end
+      mn = mn + 1; miss[mn] = field; s[field] = false
+    end
   end
+  if mn > 0 then
+    local v = call('HMGET', hash, unpack(miss, 1, mn))
+    for i = 1, mn do s[miss[i]] = tonumber(v[i]) or false end
+  end
+  for i = 1, n_window do
+    -- layout: window
+    local key, amount, width, limit = unpack(A, a, a + 3)
+    a = a + 4
+    wk[i], wa[i], wp[i], wc[i], ws[i] = key, tonumber(amount), tonumber(width), tonumber(limit), false
+  end
+  miss, mn = nil, 0
   for i = 1, n_quota do
     -- layout: quota
-    local amount, quota, kind = unpack(ARGV, a, a + 2)
-    a = a + 3
-    local idx = kind == 'd' and d_i or m_i
-    local q = {amount = tonumber(amount), quota = tonumber(quota), kind = kind,
-      key = KEYS[k + idx - 1], label = kind == 'd' and '' or period}
-    quotas[i] = q
-    reads[#reads + 1] = q.key
-    k = k + 2
+    local prefix, amount, quota, kind = unpack(A, a, a + 3)
+    a = a + 4
+    local daily = kind == 'd'
+    local key = prefix .. (daily and day or period)
+    qk[i], qa[i], qc[i], qd[i] = key, tonumber(amount), tonumber(quota), daily
+    if used[key] == nil then
+      if not miss then miss = {} end
+      mn = mn + 1; miss[mn] = key; used[key] = 0
+    end
+  end
+  if mn > 0 then
+    local v = call('MGET', unpack(miss, 1, mn))
+    for i = 1, mn do used[miss[i]] = tonumber(v[i]) or 0 end
   end
   for i = 1, n_conc do
     -- layout: conc
-    local cap = unpack(ARGV, a, a + 0)
-    a = a + 1
-    concs[i] = {cap = tonumber(cap), key = KEYS[k]}
-    k = k + 1
+    local key, cap = unpack(A, a, a + 1)
+    a = a + 2
+    ck[i], cc[i] = key, tonumber(cap)
   end
-  preload(reads)
 
   -- Idempotency: a key seen before returns the first decision and charges nothing, and
   -- this request becomes one more attempt of it. A decision voided since (every attempt
   -- unanswered: void.lua) is forgotten: the request is decided afresh.
-  local code, ra, rb, replayed = UNDECIDED, '', '', 0
-  if idem_key and loaded[idem_key] then
-    local head, attempts = string.match(loaded[idem_key], '^([^\n]*)\n?(.*)$')
-    local id, p, fp = string.match(head, '^(%S+) (%S+) (.*)$')
-    if redis.call('EXISTS', tag .. 'v:' .. id) == 1 then
-      loaded[idem_key] = false
-    elseif fp == fingerprint then
-      code, ra, rb, replayed = ALLOWED, id, p, 1
-      if attempts == '' then attempts = id end
-      local record = head .. '\n' .. attempts .. ' ' .. event_id
-      redis.call('SET', idem_key, record, 'KEEPTTL')
-      loaded[idem_key] = record
-    else
-      code = IDEMPOTENCY_REUSED
+  local code, ra, rb, replayed = 0, '', '', 0 -- 0: undecided while the checks run
+  if idem ~= '' then
+    local where = idem_cur
+    local rec = call('HGET', idem_cur, idem)
+    if not rec then where = idem_prev; rec = call('HGET', idem_prev, idem) end
+    if not rec and legacy ~= '' then where = false; rec = call('GET', legacy) end
+    if rec then
+      local head, attempts = match(rec, '^([^\n]*)\n?(.*)$')
+      local id, p, fp = match(head, '^(%S+) (%S+) (.*)$')
+      if call('EXISTS', tag .. 'v:' .. id) == 1 then
+        rec = false
+      elseif fp == fingerprint then
+        code, ra, rb, replayed = ALLOWED, id, p, 1
+        if attempts == '' then attempts = id end
+        rec = head .. '\n' .. attempts .. ' ' .. event_id
+        if where then call('HSET', where, idem, rec) else call('SET', legacy, rec, 'KEEPTTL') end
+      else
+        code = IDEMPOTENCY_REUSED
+      end
     end
   end
 
   -- Check every limit before consuming anything: rate limits and concurrency (429, the
   -- longest wait wins), then quotas (402, the highest level wins).
-  local sums = {}
-  if code == UNDECIDED then
+  if code == 0 then
     local worst, worst_retry = 0, 0
-    for i, r in ipairs(rates) do
-      local retry = nil
-      if r.algo == 'b' then
-        local b = bucket(r.key, r.param, r.cap)
-        if r.amount > b.tokens then
-          retry = r.amount > r.cap and -1 or math.ceil((r.amount - b.tokens) / r.param)
+    for i = 1, n_bucket do
+      local tat, inc, win = s[bf[i]] or now_us, bi[i], bw[i]
+      if tat < now_us then tat = now_us end
+      tat = tat + inc
+      bt[i] = tat
+      if tat - now_us > win then
+        local retry = inc > win and -1 or ceil((tat - now_us - win) / 1000)
+        if worst == 0 or worst_retry >= 0 and (retry < 0 or retry > worst_retry) then
+          worst, worst_retry = i, retry
         end
-      else
-        local sum, entries = window(r.key, r.param)
-        sums[i] = {sum, entries}
-        if sum + r.amount > r.cap then
-          retry = -1
-          if r.amount <= r.cap then
-            local freed = 0
-            for j = 1, #entries, 2 do
-              freed = freed + (tonumber(string.match(entries[j], ':(%d+)$')) or 1)
-              if sum - freed + r.amount <= r.cap then
-                retry = math.max(1, math.ceil(tonumber(entries[j + 1]) + r.param - now))
-                break
-              end
+      end
+    end
+    for i = 1, n_window do
+      local sum, entries = window(wk[i], wp[i])
+      ws[i] = entries
+      local amount, width, limit = wa[i], wp[i], wc[i]
+      if sum + amount > limit then
+        local retry = -1
+        if amount <= limit then
+          local freed = 0
+          for j = 1, #entries, 2 do
+            freed = freed + (tonumber(match(entries[j], ':(%d+)$')) or 1)
+            if sum - freed + amount <= limit then
+              retry = math.max(1, ceil(tonumber(entries[j + 1]) + width - now))
+              break
             end
           end
         end
-      end
-      if retry and (worst == 0 or worst_retry >= 0 and (retry < 0 or retry > worst_retry)) then
-        worst, worst_retry = i, retry
+        if worst == 0 or worst_retry >= 0 and (retry < 0 or retry > worst_retry) then
+          worst, worst_retry = n_bucket + i, retry
+        end
       end
     end
-    for i, c in ipairs(concs) do
-      redis.call('ZREMRANGEBYSCORE', c.key, '-inf', now)
-      if redis.call('ZCARD', c.key) >= c.cap then
-        local first = redis.call('ZRANGE', c.key, 0, 0, 'WITHSCORES')
-        local retry = first[2] and math.max(1, math.min(1000, math.ceil(tonumber(first[2]) - now))) or 1000
+    for i = 1, n_conc do
+      local key = ck[i]
+      call('ZREMRANGEBYSCORE', key, '-inf', now)
+      if call('ZCARD', key) >= cc[i] then
+        local first = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+        local retry = first[2] and math.max(1, math.min(1000, ceil(tonumber(first[2]) - now))) or 1000
         if worst == 0 or worst_retry >= 0 and retry > worst_retry then
-          worst, worst_retry = n_rate + i, retry
+          worst, worst_retry = n_bucket + n_window + i, retry
         end
       end
     end
     if worst > 0 then
       code, ra, rb = RATE_LIMITED, worst, worst_retry
     else
-      for i, q in ipairs(quotas) do
-        local c = counter(q.key, q.kind)
-        if q.quota >= 0 and c.used + q.amount > q.quota then
-          code, ra, rb = OVER_QUOTA, i, q.label
+      for i = 1, n_quota do
+        if qc[i] >= 0 and used[qk[i]] + qa[i] > qc[i] then
+          code, ra, rb = OVER_QUOTA, i, qd[i] and day or period
           break
         end
       end
@@ -262,70 +262,89 @@ for _ = 1, tonumber(decisions) do
 
   -- All passed: consume everything, take the leases, remember the idempotency key and
   -- write the usage event to the outbox, all in this script.
-  if code == UNDECIDED then
+  if code == 0 then
     code, ra, rb = ALLOWED, event_id, period
-    for i, r in ipairs(rates) do
-      if r.algo == 'b' then
-        local b = buckets[r.key]
-        b.tokens = b.tokens - r.amount
-        b.ttl, b.dirty = r.ttl, true
-      else
-        redis.call('ZADD', r.key, now, event_id .. ':' .. r.amount)
-        redis.call('PEXPIRE', r.key, math.ceil(r.param) + 1000)
-        sums[i] = nil -- read again below, with this entry
+    if n_bucket > 0 then
+      local dh = dirty[hash]
+      if not dh then dh = {}; dirty[hash] = dh end
+      local top = idle[hash] or 0
+      for i = 1, n_bucket do
+        local f = bf[i]
+        s[f] = bt[i]; dh[f] = true
+        if bw[i] > top then top = bw[i] end
       end
+      idle[hash] = top
+    end
+    for i = 1, n_window do
+      call('ZADD', wk[i], now, event_id .. ':' .. wa[i])
+      call('PEXPIRE', wk[i], ceil(wp[i]) + 1000)
+      ws[i] = false -- read again below, with this entry
     end
     if n_conc > 0 then
       local held = {}
-      for i, c in ipairs(concs) do
-        redis.call('ZADD', c.key, now + lease_ttl, event_id)
-        redis.call('PEXPIRE', c.key, lease_ttl)
-        held[i] = c.key
+      for i = 1, n_conc do
+        call('ZADD', ck[i], now + lease_ttl, event_id)
+        call('PEXPIRE', ck[i], lease_ttl)
+        held[i] = ck[i]
       end
-      redis.call('SET', lease_key, table.concat(held, ' '), 'PX', lease_ttl)
+      call('SET', tag .. 'l:' .. event_id, table.concat(held, ' '), 'PX', lease_ttl)
     end
-    for _, q in ipairs(quotas) do
-      local c = counters[q.key]
-      c.used = c.used + q.amount
-      c.dirty = true
+    for i = 1, n_quota do
+      local key = qk[i]
+      used[key] = used[key] + qa[i]
+      qexp[key] = qd[i] and d_exp or m_exp
     end
-    if idem_key then
-      local record = event_id .. ' ' .. period .. ' ' .. fingerprint .. '\n' .. event_id
-      redis.call('SET', idem_key, record, 'PX', idem_ttl)
-      loaded[idem_key] = record
+    if idem ~= '' then
+      call('HSET', idem_cur, idem, event_id .. ' ' .. period .. ' ' .. fingerprint .. '\n' .. event_id)
+      idem_written = true
     end
-    redis.call('XADD', KEYS[1], '*', 'k', org, 'v', head .. stamp .. middle .. period .. tail)
+    call('XADD', K[1], '*', 'e', ev .. stamp)
   end
 
-  local d = {code, ra, rb, replayed}
+  local d, n = {code, ra, rb, replayed}, 4
   if code ~= IDEMPOTENCY_REUSED then
-    for i, r in ipairs(rates) do
-      if r.algo == 'b' then
-        local b = bucket(r.key, r.param, r.cap)
-        d[#d + 1] = math.floor(b.tokens)
-        d[#d + 1] = math.ceil((r.cap - b.tokens) / r.param)
-      else
-        local s = sums[i]
-        if not s then s = {window(r.key, r.param)} end
-        d[#d + 1] = math.max(0, r.cap - s[1])
-        d[#d + 1] = s[2][2] and math.ceil(tonumber(s[2][2]) + r.param - now) or 0
-      end
+    for i = 1, n_bucket do
+      local tat = s[bf[i]] or 0
+      n = n + 1
+      d[n] = tat > now_us and tat - now_us or 0
     end
-    for _, q in ipairs(quotas) do
-      d[#d + 1] = counter(q.key, q.kind).used
+    for i = 1, n_window do
+      local entries = ws[i]
+      local sum
+      if entries then
+        sum = 0
+        for j = 1, #entries, 2 do sum = sum + (tonumber(match(entries[j], ':(%d+)$')) or 1) end
+      else
+        sum, entries = window(wk[i], wp[i])
+      end
+      d[n + 1] = math.max(0, wc[i] - sum)
+      d[n + 2] = entries[2] and ceil(tonumber(entries[2]) + wp[i] - now) or 0
+      n = n + 2
+    end
+    for i = 1, n_quota do
+      n = n + 1
+      d[n] = used[qk[i]]
     end
   end
-  out[#out + 1] = d
+  out[dn + 3] = d
 end
 
-for key, b in pairs(buckets) do
-  if b.dirty then
-    redis.call('SET', key, string.format('%.17g %.17g', b.tokens, b.ts), 'PX', b.ttl)
+-- Write back: one HSET per state hash. It expires after the longest idle time of the
+-- buckets written (a bucket written now is full by then: a missing field is a full
+-- bucket), and never earlier than it was to (GT; NX when it had no expiry: a new hash).
+for hash, dh in pairs(dirty) do
+  local s, w, wn = st[hash], {}, 0
+  for f in pairs(dh) do
+    w[wn + 1] = f; w[wn + 2] = fmt('%d', s[f]); wn = wn + 2
   end
+  call('HSET', hash, unpack(w, 1, wn))
+  local at = fmt('%d', ceil((now_us + idle[hash]) / 1000) + 1000)
+  if call('PEXPIREAT', hash, at, 'GT') == 0 then call('PEXPIREAT', hash, at, 'NX') end
 end
-for key, c in pairs(counters) do
-  if c.dirty then
-    redis.call('SET', key, c.used, 'PXAT', c.expiry)
-  end
+for key, e in pairs(qexp) do
+  call('SET', key, used[key], 'PXAT', e)
+end
+if idem_written then
+  call('PEXPIREAT', idem_cur, fmt('%d', (idem_b + 2) * idem_w))
 end
 return out

@@ -8,23 +8,31 @@
 -- void only when every attempt answered with it was voided: one replay told 200 bills it.
 --
 -- KEYS[1]  outbox: the shard's outbox stream
--- KEYS[2]  idem_key: the idempotency record of the request (absent: the request had no key)
 -- ARGV[1]  attempt: the attempt's event id
--- ARGV[2]  tag: the shard's key start ("<prefix>{N}:"): void marks and lease records
+-- ARGV[2]  tag: the shard's key start ("<prefix>{N}:"): void marks, lease records and
+--          idempotency buckets
 -- ARGV[3]  org (the Kafka key)
--- ARGV[4]  mark_ttl: how long a void mark lives, ms (the idempotency TTL)
+-- ARGV[4]  mark_ttl: how long a void mark lives, ms (as long as a record may be found)
 -- ARGV[5]  after_id: event JSON from the id's end to the time; ARGV[6] after_time: from
 --          the time to the voided event's id; ARGV[7] rest: the rest
+-- ARGV[8]  idem: the field of the request's idempotency record ("": the request had no
+--          key); ARGV[9] idem_w: the idempotency window, ms (admit.lua: the record is in
+--          "<tag>i:<floor(now / W)>" or the bucket before); ARGV[10] legacy: the key of a
+--          record of the one-key-per-record layout, looked up last ("": none)
 --
 -- Returns 1 when a decision was voided (its event appended), 0 when another attempt of it
 -- may have been answered. Running it twice for one attempt voids nothing more: the event
 -- appended again has the same id, which the meter deduplicates.
-local outbox, idem_key = KEYS[1], KEYS[2]
-local attempt, tag, org, mark_ttl, after_id, after_time, rest = unpack(ARGV, 1, 7)
+local outbox = KEYS[1]
+local attempt, tag, org, mark_ttl, after_id, after_time, rest, idem, idem_w, legacy = unpack(ARGV, 1, 10)
 local time = redis.call('TIME')
 local voided = attempt
-if idem_key then
-  local record = redis.call('GET', idem_key)
+if idem ~= '' then
+  local b = math.floor((tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000) / tonumber(idem_w))
+  local where, record = tag .. 'i:' .. b, nil
+  record = redis.call('HGET', where, idem)
+  if not record then where = tag .. 'i:' .. (b - 1); record = redis.call('HGET', where, idem) end
+  if not record and legacy ~= '' then where = false; record = redis.call('GET', legacy) end
   if record then
     local head, attempts = string.match(record, '^([^\n]*)\n?(.*)$')
     local id = string.match(head, '^(%S+)')
@@ -34,12 +42,13 @@ if idem_key then
       if a == attempt and not found then found = true else others[#others + 1] = a end
     end
     if found and #others > 0 then
-      redis.call('SET', idem_key, head .. '\n' .. table.concat(others, ' '), 'KEEPTTL')
+      record = head .. '\n' .. table.concat(others, ' ')
+      if where then redis.call('HSET', where, idem, record) else redis.call('SET', legacy, record, 'KEEPTTL') end
       return 0
     end
     if found then
       voided = id
-      redis.call('DEL', idem_key)
+      if where then redis.call('HDEL', where, idem) else redis.call('DEL', legacy) end
     end
   end
   -- A decision of this request taken after this call (it was still queued) is voided too:

@@ -89,9 +89,11 @@ func (b *testBundle) outbox(t *testing.T, org string) []event.CloudEvent {
 	require.NoError(t, err)
 	var out []event.CloudEvent
 	for _, e := range entries {
-		require.Equal(t, org, e.Values["k"], "events are keyed by org")
+		key, value, err := admission.OutboxMessage(e.Values)
+		require.NoError(t, err)
+		require.Equal(t, org, key, "events are keyed by org")
 		var ev event.CloudEvent
-		require.NoError(t, json.Unmarshal([]byte(e.Values["v"].(string)), &ev), e.Values["v"])
+		require.NoError(t, json.Unmarshal(value, &ev), string(value))
 		out = append(out, ev)
 	}
 	return out
@@ -104,17 +106,24 @@ func (b *testBundle) snapshot(t *testing.T, accounts ...string) map[string]strin
 	ctx := testenv.Context(t, 10*time.Second)
 	out := map[string]string{}
 	for _, acc := range accounts {
-		for _, u := range policy.Units {
-			for _, k := range append(b.bucketKeys(acc),
-				b.keys.Quota(b.org, acc, u, period.MonthLabel(time.Now()))) {
-				v, err := b.rdb.Get(ctx, k).Result()
-				if errors.Is(err, redis.Nil) {
-					v = "<none>"
-				} else {
-					require.NoError(t, err)
-				}
-				out[k] = v
+		for _, f := range b.bucketFields(acc) {
+			v, err := b.rdb.HGet(ctx, b.stateHash(), f).Result()
+			if errors.Is(err, redis.Nil) {
+				v = "<none>"
+			} else {
+				require.NoError(t, err)
 			}
+			out[b.stateHash()+" "+f] = v
+		}
+		for _, u := range policy.Units {
+			k := b.keys.Quota(b.org, acc, u, period.MonthLabel(time.Now()))
+			v, err := b.rdb.Get(ctx, k).Result()
+			if errors.Is(err, redis.Nil) {
+				v = "<none>"
+			} else {
+				require.NoError(t, err)
+			}
+			out[k] = v
 		}
 	}
 	return out
@@ -371,7 +380,7 @@ func TestIdempotency(t *testing.T) {
 		d, err = b.decide(t, pol, units, "k-3")
 		require.NoError(t, err)
 		require.Equal(t, admission.RateLimited, d.Result)
-		require.NoError(t, b.rdb.Del(testenv.Context(t, 10*time.Second), b.bucketKeys(b.org)...).Err())
+		require.NoError(t, b.rdb.HDel(testenv.Context(t, 10*time.Second), b.stateHash(), b.bucketFields(b.org)...).Err())
 		d, err = b.decide(t, pol, units, "k-3")
 		require.NoError(t, err)
 		require.Equal(t, admission.Allow, d.Result)
@@ -383,14 +392,15 @@ func TestIdempotency(t *testing.T) {
 	})
 }
 
-// bucketKeys lists the keys of the account's buckets (a refill for the test).
-func (b *testBundle) bucketKeys(account string) []string {
-	var keys []string
-	prefix := strings.TrimSuffix(b.keys.Outbox(b.keys.Shard(b.org)), "outbox")
-	for _, u := range policy.Units {
-		keys = append(keys, prefix+"b:"+account+":"+string(u))
-	}
-	return keys
+// stateHash is the hash of the test org's token buckets (lua/admit.lua).
+func (b *testBundle) stateHash() string {
+	return strings.TrimSuffix(b.keys.Outbox(b.keys.Shard(b.org)), "outbox") + "s:" + b.org
+}
+
+// bucketFields lists the fields of the account's buckets in the state hash, requests
+// first (deleting them refills the buckets).
+func (b *testBundle) bucketFields(account string) []string {
+	return []string{account + ":r", account + ":t", account + ":c", account + ":m"}
 }
 
 // An exact sliding window, "10 per 30 minutes": the 11th is denied until the first

@@ -28,8 +28,11 @@ const (
 	DefaultKeyPrefix = "mg"
 	// DefaultShards is the number of hash-tag shards.
 	DefaultShards = 16
-	// DefaultIdempotencyTTL is how long an idempotency key is remembered.
+	// DefaultIdempotencyTTL is the idempotency window W: a retry within W of the first
+	// request is charged once (between W and 2W it may or may not be).
 	DefaultIdempotencyTTL = 24 * time.Hour
+	// MinIdempotencyTTL is the shortest idempotency window a deployment may configure.
+	MinIdempotencyTTL = time.Minute
 	// DefaultLeaseTTL is how long a concurrency slot is held when no outcome releases it.
 	DefaultLeaseTTL = time.Minute
 	// DefaultQuotaRetention is how long a quota counter outlives its period, so that
@@ -43,8 +46,13 @@ type Options struct {
 	KeyPrefix string
 	// Shards is the number of hash-tag shards (16); fixed for the life of a deployment.
 	Shards int
-	// IdempotencyTTL is how long an idempotency key is remembered (24h).
+	// IdempotencyTTL is the idempotency window W (24h): records are kept in time-bucket
+	// hashes W wide, looked up in the current and the previous one, so a retry within W is
+	// charged once and one between W and 2W may or may not be (docs/admission.md).
 	IdempotencyTTL time.Duration
+	// IdempotencyLegacy also looks up, after the buckets, the record of a key kept in the
+	// one-key-per-record layout of earlier versions: on for the 24 h after an upgrade.
+	IdempotencyLegacy bool
 	// LeaseTTL is how long a concurrency slot is held when no outcome releases it (1m).
 	LeaseTTL time.Duration
 	// QuotaRetention is how long a quota counter outlives its period (35 days), so that
@@ -71,13 +79,14 @@ const skew = 5 * time.Minute
 
 // Admitter takes decisions in Redis with the admission script.
 type Admitter struct {
-	// idemTTL and leaseTTL are the options' TTLs as the script takes them (ms).
-	idemTTL, leaseTTL string
-	rdb               redis.UniversalClient
-	opts              Options
-	keys              Keys
-	queues            []queue
-	metrics           *scriptMetrics
+	// idemW, markTTL and leaseTTL are the options' durations as the scripts take them
+	// (ms): the idempotency window, how long a void mark lives, the lease TTL.
+	idemW, markTTL, leaseTTL string
+	rdb                      redis.UniversalClient
+	opts                     Options
+	keys                     Keys
+	queues                   []queue
+	metrics                  *scriptMetrics
 }
 
 // queue holds one shard's decisions waiting for a script call.
@@ -128,7 +137,12 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 		rdb: rdb, opts: o, keys: Keys{Prefix: o.KeyPrefix, Shards: o.Shards}.withTags(),
 		queues: make([]queue, o.Shards),
 	}
-	a.idemTTL = strconv.FormatInt(o.IdempotencyTTL.Milliseconds(), 10)
+	a.idemW = strconv.FormatInt(max(1, o.IdempotencyTTL.Milliseconds()), 10)
+	mark := 2 * o.IdempotencyTTL // a record may be found for up to 2W
+	if o.IdempotencyLegacy {
+		mark = max(mark, legacyIdempotencyTTL)
+	}
+	a.markTTL = strconv.FormatInt(mark.Milliseconds(), 10)
 	a.leaseTTL = strconv.FormatInt(o.LeaseTTL.Milliseconds(), 10)
 	a.metrics = newScriptMetrics(o.Registerer, a)
 	return a
@@ -268,7 +282,7 @@ const (
 	statusDecided  = 1 // DECIDED
 
 	codeAllowed           = 1 // ALLOWED: a = event id, b = period charged
-	codeRateLimited       = 2 // RATE_LIMITED: a = blocking limit, b = retry after (ms)
+	codeRateLimited       = 2 // RATE_LIMITED: a = blocking limit (buckets, windows, concurrency), b = retry after (ms)
 	codeOverQuota         = 3 // OVER_QUOTA: a = blocking quota, b = its period
 	codeIdempotencyReused = 4 // IDEMPOTENCY_REUSED
 
@@ -323,10 +337,12 @@ type encoded struct {
 
 // plan is what one decision checks, in the order the script reports it.
 type plan struct {
-	req    Request
-	rates  []check
-	quotas []check
-	concs  []policy.Level
+	req Request
+	// rates are the token buckets (the first buckets of them), then the sliding windows.
+	rates   []check
+	buckets int
+	quotas  []check
+	concs   []policy.Level
 }
 
 type check struct {
@@ -337,84 +353,91 @@ type check struct {
 func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 
 // The admission script's arguments (lua/admit.lua): a call header, then per decision a
-// header and one record per rate limit, quota and concurrency limit. Each block's
-// constants are its fields' positions; the names beside them are the script's locals for
-// the fields, and TestScriptLayout requires the script to read the same names in the same
-// order ("-- layout: call", "decision", "rate", "quota", "conc").
+// header and one record per token bucket, sliding window, quota and concurrency limit.
+// Each block's constants are its fields' positions; the names beside them are the
+// script's locals for the fields, and TestScriptLayout requires the script to read the
+// same names in the same order ("-- layout: call", "decision", "bucket", "window",
+// "quota", "conc").
 const (
 	argDecisions = iota
-	argMonthStart
+	argLo
+	argHi
 	argMonthNext
-	argMonthEnd
 	argMonthLabel
 	argMonthNextLabel
 	argMonthExpiry
 	argMonthNextExpiry
-	argDayStart
 	argDayNext
-	argDayEnd
+	argDayLabel
+	argDayNextLabel
 	argDayExpiry
 	argDayNextExpiry
 	argTag
+	argLeaseTTL
+	argIdemW
 	callLen
 )
 
 const (
 	decEventID = iota
-	decOrg
-	decHasIdem
+	decIdem
+	decLegacy
 	decFingerprint
-	decIdemTTL
-	decRates
+	decBuckets
+	decWindows
 	decQuotas
 	decConcs
-	decLeaseTTL
-	decHead
-	decMiddle
-	decTail
+	decEvent
 	decisionLen
 )
 
 const (
-	rateAlgo = iota
-	rateAmount
-	rateParam // rate per ms (bucket) or window ms (window)
-	rateCap   // burst (bucket) or limit (window)
-	rateTTL   // idle TTL ms (bucket)
-	rateLen
+	bucketField = iota
+	bucketInc   // amount × emission interval, µs
+	bucketWin   // burst × emission interval, µs
+	bucketLen
 )
 
 const (
-	quotaAmount = iota
+	windowKey = iota
+	windowAmount
+	windowWidth // ms
+	windowLimit
+	windowLen
+)
+
+const (
+	quotaPrefix = iota
+	quotaAmount
 	quotaCap
 	quotaKind
 	quotaLen
 )
 
 const (
-	concCap = iota
+	concKey = iota
+	concCap
 	concLen
 )
 
 // argNames are the script's names of each block's fields, by position.
 var argNames = map[string][]string{
 	"call": (&[callLen]string{
-		argDecisions: "decisions", argMonthStart: "m_start", argMonthNext: "m_next", argMonthEnd: "m_end",
+		argDecisions: "decisions", argLo: "lo", argHi: "hi", argMonthNext: "m_next",
 		argMonthLabel: "m_label", argMonthNextLabel: "m_next_label",
 		argMonthExpiry: "m_expiry", argMonthNextExpiry: "m_next_expiry",
-		argDayStart: "d_start", argDayNext: "d_next", argDayEnd: "d_end",
+		argDayNext: "d_next", argDayLabel: "d_label", argDayNextLabel: "d_next_label",
 		argDayExpiry: "d_expiry", argDayNextExpiry: "d_next_expiry", argTag: "tag",
+		argLeaseTTL: "lease_ttl", argIdemW: "idem_w",
 	})[:],
 	"decision": (&[decisionLen]string{
-		decEventID: "event_id", decOrg: "org", decHasIdem: "has_idem", decFingerprint: "fingerprint",
-		decIdemTTL: "idem_ttl", decRates: "n_rate", decQuotas: "n_quota", decConcs: "n_conc",
-		decLeaseTTL: "lease_ttl", decHead: "head", decMiddle: "middle", decTail: "tail",
+		decEventID: "event_id", decIdem: "idem", decLegacy: "legacy", decFingerprint: "fingerprint",
+		decBuckets: "n_bucket", decWindows: "n_window", decQuotas: "n_quota", decConcs: "n_conc", decEvent: "ev",
 	})[:],
-	"rate": (&[rateLen]string{
-		rateAlgo: "algo", rateAmount: "amount", rateParam: "param", rateCap: "cap", rateTTL: "ttl",
-	})[:],
-	"quota": (&[quotaLen]string{quotaAmount: "amount", quotaCap: "quota", quotaKind: "kind"})[:],
-	"conc":  (&[concLen]string{concCap: "cap"})[:],
+	"bucket": (&[bucketLen]string{bucketField: "field", bucketInc: "inc", bucketWin: "win"})[:],
+	"window": (&[windowLen]string{windowKey: "key", windowAmount: "amount", windowWidth: "width", windowLimit: "limit"})[:],
+	"quota":  (&[quotaLen]string{quotaPrefix: "prefix", quotaAmount: "amount", quotaCap: "quota", quotaKind: "kind"})[:],
+	"conc":   (&[concLen]string{concKey: "key", concCap: "cap"})[:],
 }
 
 func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
@@ -428,44 +451,56 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	for _, c := range batch {
 		levels += len(c.req.Policy.Path)
 	}
-	// Room for two units' rate limits and quotas per level, so appends rarely grow.
-	keys := make([]string, 0, 1+3*len(batch)+6*levels)
-	args := make([]any, 0, callLen+decisionLen*len(batch)+16*levels)
+	// Room for two units' buckets and quotas per level, so appends rarely grow.
+	args := make([]any, 0, callLen+decisionLen*len(batch)+14*levels)
 	var h [callLen]any
 	h[argDecisions] = strconv.Itoa(len(batch))
-	h[argMonthStart], h[argMonthNext], h[argMonthEnd] = ms(mCur), ms(mNext), ms(mEnd)
+	// The day's bounds lie within the month's: TIME within them is within both.
+	h[argLo], h[argHi] = ms(dCur), ms(dEnd)
+	h[argMonthNext] = ms(mNext)
 	h[argMonthLabel], h[argMonthNextLabel] = period.MonthLabel(mCur), period.MonthLabel(mNext)
 	h[argMonthExpiry], h[argMonthNextExpiry] = ms(mNext.Add(keep)), ms(mEnd.Add(keep))
-	h[argDayStart], h[argDayNext], h[argDayEnd] = ms(dCur), ms(dNext), ms(dEnd)
+	h[argDayNext] = ms(dNext)
+	h[argDayLabel], h[argDayNextLabel] = period.DayLabel(dCur), period.DayLabel(dNext)
 	h[argDayExpiry], h[argDayNextExpiry] = ms(dNext.Add(keep)), ms(dEnd.Add(keep))
-	h[argTag] = a.keys.tag(shard)
+	h[argTag], h[argLeaseTTL], h[argIdemW] = a.keys.tag(shard), a.leaseTTL, a.idemW
 	e := encoded{
-		keys:  append(keys, a.keys.Outbox(shard)),
+		keys:  make([]string, 1, 1+len(batch)),
 		args:  append(args, h[:]...),
 		plans: make([]*plan, len(batch)),
 	}
-	labels := map[policy.QuotaPeriod][2]string{
-		policy.Month: {period.MonthLabel(mCur), period.MonthLabel(mNext)},
-		policy.Day:   {period.DayLabel(dCur), period.DayLabel(dNext)},
-	}
+	e.keys[0] = a.keys.Outbox(shard)
 	for i, c := range batch {
-		e.plans[i] = a.encodeOne(&e, shard, c.req, labels)
+		e.plans[i] = a.encodeOne(&e, shard, c.req)
 	}
 	return e
 }
 
-func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy.QuotaPeriod][2]string) *plan {
+// maxMicros bounds a bucket's inc and win (about 31 years), so that a TAT stays an exact
+// integer in Lua's doubles.
+const maxMicros = 1e15
+
+func (a *Admitter) encodeOne(e *encoded, shard int, r Request) *plan {
 	pol := r.Policy
 	lim := a.limitsOf(shard, pol)
 	p := &plan{req: r, rates: make([]check, 0, len(lim.checks))}
+	windows := 0
+	for i := range lim.checks {
+		c := &lim.checks[i]
+		if amount := r.Units[c.unit]; amount != 0 && c.field != "" {
+			p.rates = append(p.rates, check{limitArgs: c, amount: amount})
+		}
+	}
+	p.buckets = len(p.rates)
 	for i := range lim.checks {
 		c := &lim.checks[i]
 		amount := r.Units[c.unit]
 		if amount == 0 {
 			continue // nothing to consume, nothing that could deny
 		}
-		if c.rateKey != "" {
+		if c.windowKey != "" {
 			p.rates = append(p.rates, check{limitArgs: c, amount: amount})
+			windows++
 		}
 		if c.quotaKey != "" {
 			p.quotas = append(p.quotas, check{limitArgs: c, amount: amount})
@@ -473,41 +508,41 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy
 	}
 	p.concs = lim.concs
 
-	head, middle, tail := admittedEvent(r, &lim.event)
-	hasIdem := "0"
-	if r.IdempotencyKey != "" {
-		hasIdem = "1"
-		e.keys = append(e.keys, a.keys.idempotency(shard, pol.Account(), r.IdempotencyKey))
-	}
-	if len(p.concs) > 0 {
-		e.keys = append(e.keys, a.keys.leaseRecord(shard, r.EventID))
-	}
+	e.keys = append(e.keys, lim.state)
 	var d [decisionLen]any
-	d[decEventID], d[decOrg], d[decHasIdem] = r.EventID, pol.Org, hasIdem
-	d[decFingerprint], d[decIdemTTL] = fingerprint(r.Units, r.Tool), a.idemTTL
-	d[decRates], d[decQuotas], d[decConcs] = strconv.Itoa(len(p.rates)), strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs))
-	d[decLeaseTTL], d[decHead], d[decMiddle], d[decTail] = a.leaseTTL, head, middle, tail
-	e.args = append(e.args, d[:]...)
-	for _, c := range p.rates {
-		e.keys = append(e.keys, c.rateKey)
-		var rec [rateLen]any
-		for j, v := range c.rateArgs {
-			rec[j] = v
+	d[decEventID], d[decIdem], d[decLegacy] = r.EventID, "", ""
+	if r.IdempotencyKey != "" {
+		d[decIdem] = idempotencyField(pol.Account(), r.IdempotencyKey)
+		if a.opts.IdempotencyLegacy {
+			d[decLegacy] = a.keys.idempotency(shard, pol.Account(), r.IdempotencyKey)
 		}
-		rec[rateAmount] = strconv.FormatInt(c.amount, 10)
+	}
+	d[decFingerprint] = fingerprint(r.Units, r.Tool)
+	d[decBuckets], d[decWindows] = strconv.Itoa(p.buckets), strconv.Itoa(windows)
+	d[decQuotas], d[decConcs] = strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs))
+	d[decEvent] = compactEvent(r, &lim.event)
+	e.args = append(e.args, d[:]...)
+	for _, c := range p.rates[:p.buckets] {
+		var rec [bucketLen]any
+		rec[bucketField], rec[bucketWin] = c.field, c.win
+		rec[bucketInc] = strconv.FormatInt(int64(min(math.Ceil(float64(c.amount)*c.emission), maxMicros)), 10)
+		e.args = append(e.args, rec[:]...)
+	}
+	for _, c := range p.rates[p.buckets:] {
+		var rec [windowLen]any
+		rec[windowKey], rec[windowWidth], rec[windowLimit] = c.windowKey, c.width, c.limitN
+		rec[windowAmount] = strconv.FormatInt(c.amount, 10)
 		e.args = append(e.args, rec[:]...)
 	}
 	for _, c := range p.quotas {
-		l := labels[c.limit.QuotaPeriod]
-		e.keys = append(e.keys, c.quotaKey+l[0], c.quotaKey+l[1])
 		var rec [quotaLen]any
-		rec[quotaAmount], rec[quotaCap], rec[quotaKind] = strconv.FormatInt(c.amount, 10), c.quota, c.quotaKind
+		rec[quotaPrefix], rec[quotaAmount] = c.quotaKey, strconv.FormatInt(c.amount, 10)
+		rec[quotaCap], rec[quotaKind] = c.quota, c.quotaKind
 		e.args = append(e.args, rec[:]...)
 	}
 	for i, lv := range p.concs {
-		e.keys = append(e.keys, lim.concKeys[i])
 		var rec [concLen]any
-		rec[concCap] = strconv.Itoa(lv.Concurrency)
+		rec[concKey], rec[concCap] = lim.concKeys[i], strconv.Itoa(lv.Concurrency)
 		e.args = append(e.args, rec[:]...)
 	}
 	return p
@@ -518,6 +553,7 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, labels map[policy
 // derived once per policy and Admitter and kept in the policy's Memo.
 type limits struct {
 	a        *Admitter
+	state    string      // the org's state hash
 	checks   []limitArgs // by level, org first, then in policy.Units order
 	concs    []policy.Level
 	concKeys []string
@@ -529,14 +565,22 @@ type limitArgs struct {
 	level policy.Level
 	unit  policy.Unit
 	limit policy.Limit
-	// rateKey is the bucket or window key; rateArgs the script's rate record but for its
-	// amount (see lua/admit.lua). Empty: no rate limit.
-	rateKey  string
-	rateArgs [rateLen]string
+	// field names a token bucket in the org's state hash; emission is its emission
+	// interval (µs per unit) and win its burst × emission interval (µs), as the script
+	// takes it. Empty: no token bucket.
+	field    string
+	emission float64
+	win      string
+	// windowKey is a sliding window's sorted set, width its width (ms) and limitN its
+	// limit. Empty: no sliding window.
+	windowKey, width, limitN string
 	// quotaKey starts the counters' keys (the period's label ends them); quota and
 	// quotaKind are the script's arguments. Empty: no quota.
 	quotaKey, quota, quotaKind string
 }
+
+// unitLetter shortens a unit in a bucket's field name.
+var unitLetter = map[policy.Unit]string{policy.Requests: "r", policy.Tokens: "t", policy.Credits: "c", policy.CostMicros: "m"}
 
 // limitsOf returns pol's limits in shard, derived at the first decision of the policy.
 func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
@@ -545,7 +589,7 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 			return l
 		}
 	}
-	l := &limits{a: a, event: newEventStatic(pol)}
+	l := &limits{a: a, state: a.keys.state(shard, pol.Org), event: newEventStatic(pol)}
 	for _, lv := range pol.Path {
 		for _, u := range policy.Units {
 			lim, ok := lv.Limits[u]
@@ -555,14 +599,16 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 			c := limitArgs{level: lv, unit: u, limit: lim}
 			switch {
 			case lim.HasRate() && lim.Algorithm == policy.SlidingWindow:
-				c.rateKey = a.keys.window(shard, lv.Account, u)
-				c.rateArgs = [rateLen]string{rateAlgo: "w", rateParam: strconv.FormatInt(lim.WindowS*1000, 10),
-					rateCap: strconv.FormatInt(lim.Limit, 10), rateTTL: "0"}
+				c.windowKey = a.keys.window(shard, lv.Account, u)
+				c.width, c.limitN = strconv.FormatInt(lim.WindowS*1000, 10), strconv.FormatInt(lim.Limit, 10)
 			case lim.HasRate():
-				fill := float64(lim.Burst) / lim.RatePerS * 1000 // ms for an empty bucket to fill
-				c.rateKey = a.keys.bucket(shard, lv.Account, u)
-				c.rateArgs = [rateLen]string{rateAlgo: "b", rateParam: strconv.FormatFloat(lim.RatePerS/1000, 'g', -1, 64),
-					rateCap: strconv.FormatInt(lim.Burst, 10), rateTTL: strconv.FormatInt(int64(math.Min(math.Ceil(fill), 1e12))+1000, 10)}
+				letter := unitLetter[u]
+				if letter == "" {
+					letter = string(u)
+				}
+				c.field = lv.Account + ":" + letter
+				c.emission = 1e6 / lim.RatePerS
+				c.win = strconv.FormatInt(int64(min(math.Floor(float64(lim.Burst)*c.emission), maxMicros)), 10)
 			}
 			if lim.Quota != nil {
 				c.quotaKey = a.keys.quota(shard, lv.Account, u, "")
@@ -642,25 +688,24 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 	}
 
 	state := d[decisionHeaderLen:]
-	if len(state) != 2*len(p.rates)+len(p.quotas) {
-		return Decision{}, fmt.Errorf("admission script: %d state values for %d rate limits and %d quotas", len(state), len(p.rates), len(p.quotas))
+	windows := len(p.rates) - p.buckets
+	if len(state) != p.buckets+2*windows+len(p.quotas) {
+		return Decision{}, fmt.Errorf("admission script: %d state values for %d buckets, %d windows and %d quotas",
+			len(state), p.buckets, windows, len(p.quotas))
 	}
 	out.Limits = make([]LimitState, 0, len(p.rates)+len(p.quotas))
-	for i, c := range p.rates {
-		remaining, _ := state[2*i].(int64)
-		reset, _ := state[2*i+1].(int64)
-		ls := LimitState{Account: c.level.Account, Unit: string(c.unit), Remaining: remaining,
-			Reset: time.Duration(reset) * time.Millisecond}
-		if c.limit.Algorithm == policy.SlidingWindow {
-			ls.Limit, ls.Window = c.limit.Limit, time.Duration(c.limit.WindowS)*time.Second
-		} else {
-			ls.Limit = c.limit.Burst
-			ls.Window = time.Duration(float64(c.limit.Burst) / c.limit.RatePerS * float64(time.Second))
-		}
-		out.Limits = append(out.Limits, ls)
+	for i, c := range p.rates[:p.buckets] {
+		full, _ := state[i].(int64) // µs until the bucket is full
+		out.Limits = append(out.Limits, bucketState(c.limitArgs, full))
+	}
+	for i, c := range p.rates[p.buckets:] {
+		remaining, _ := state[p.buckets+2*i].(int64)
+		reset, _ := state[p.buckets+2*i+1].(int64)
+		out.Limits = append(out.Limits, LimitState{Account: c.level.Account, Unit: string(c.unit), Remaining: remaining,
+			Reset: time.Duration(reset) * time.Millisecond, Limit: c.limit.Limit, Window: time.Duration(c.limit.WindowS) * time.Second})
 	}
 	for i, c := range p.quotas {
-		used, _ := state[2*len(p.rates)+i].(int64)
+		used, _ := state[p.buckets+2*windows+i].(int64)
 		quota := *c.limit.Quota
 		start, end := c.limit.QuotaPeriod.Start(now), c.limit.QuotaPeriod.End(now)
 		remaining := int64(-1)
@@ -671,4 +716,18 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 			Limit: quota, Window: end.Sub(start), Remaining: remaining, Reset: end.Sub(now)})
 	}
 	return out, nil
+}
+
+// bucketState is a token bucket's RateLimit state from the µs until it is full (GCRA: the
+// theoretical arrival time less now): the tokens owed are that time over the emission
+// interval.
+func bucketState(c *limitArgs, fullUS int64) LimitState {
+	burst := c.limit.Burst
+	owed := float64(max(0, fullUS)) / c.emission
+	// The 1e-3 absorbs the rounding up of inc to whole µs, at most 1 µs per charge.
+	remaining := int64(math.Floor(float64(burst) - owed + 1e-3))
+	return LimitState{Account: c.level.Account, Unit: string(c.unit), Limit: burst,
+		Window:    time.Duration(float64(burst) / c.limit.RatePerS * float64(time.Second)),
+		Remaining: min(burst, max(0, remaining)),
+		Reset:     time.Duration((fullUS+999)/1000) * time.Millisecond}
 }

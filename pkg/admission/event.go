@@ -2,8 +2,12 @@ package admission
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"sort"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/policy"
@@ -99,6 +103,7 @@ type eventStatic struct {
 	typeSubject string // `,"type":…,"subject":…,"time":"`
 	data        string // `{"org":…,"account":…,"path":[…]`
 	plan        string // `,"plan":…`
+	compact     string // "<org>|<plan>|<path>|", the compact event's policy fields
 }
 
 func newEventStatic(pol policy.Resolved) eventStatic {
@@ -108,6 +113,7 @@ func newEventStatic(pol policy.Resolved) eventStatic {
 		typeSubject: `,"type":` + quote(event.TypeAdmitted) + `,"subject":` + quote(event.Subject(a.Path)) + `,"time":"`,
 		data:        `{"org":` + quote(a.Org) + `,"account":` + quote(a.Account) + `,"path":` + string(path),
 		plan:        `,"plan":` + quote(a.Plan),
+		compact:     compactPolicy(pol),
 	}
 }
 
@@ -124,3 +130,160 @@ func appendQuoted(b []byte, s string) []byte {
 	b = append(b, s...)
 	return append(b, '"')
 }
+
+// The outbox entry of a usage.admitted event is compact (about 200 bytes against the
+// CloudEvent's 600): the admission script appends one field, "e", and the relay renders
+// the CloudEvent JSON from it (OutboxMessage), byte for byte what the script used to
+// write. Fields are separated by "|"; the free-form ones (event id, source, API key id,
+// idempotency key, tool, org, plan) are escaped ("%" → "%25", "|" → "%7C"):
+//
+//	1|<event id>|<source>|<api key id>|<idempotency key>|<tool>|<units>|<org>|<plan>|<path>|<sec>|<usec>|<period>
+//
+// units: "<unit>=<n>,…" sorted; path: "<account>:<kind>/…" org first; sec and usec: Redis
+// TIME; period: the month charged. Go writes up to the path and its "|"; the script
+// appends the last three. Entries of other shapes (void.lua's, and admitted events written
+// by earlier versions) carry the Kafka key in "k" and the CloudEvent JSON in "v".
+const compactVersion = "1"
+
+// compactEvent returns r's usage event up to its time, for the script to complete.
+func compactEvent(r Request, st *eventStatic) string {
+	b := make([]byte, 0, 128+len(st.compact))
+	b = append(b, compactVersion+"|"...)
+	for _, f := range [...]string{r.EventID, r.Source, r.APIKeyID, r.IdempotencyKey, r.Tool} {
+		b = appendEscaped(b, f)
+		b = append(b, '|')
+	}
+	names := make([]string, 0, len(r.Units))
+	for u := range r.Units {
+		names = append(names, string(u))
+	}
+	sort.Strings(names)
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, name...)
+		b = strconv.AppendInt(append(b, '='), r.Units[policy.Unit(name)], 10)
+	}
+	b = append(b, '|')
+	b = append(b, st.compact...)
+	return string(b)
+}
+
+func compactPolicy(pol policy.Resolved) string {
+	b := appendEscaped(nil, pol.Org)
+	b = appendEscaped(append(b, '|'), pol.Plan)
+	b = append(b, '|')
+	for i, lv := range pol.Path {
+		if i > 0 {
+			b = append(b, '/')
+		}
+		b = append(b, lv.Account...)
+		b = append(b, ':')
+		b = append(b, lv.Kind...)
+	}
+	return string(append(b, '|'))
+}
+
+func appendEscaped(b []byte, s string) []byte {
+	if !strings.ContainsAny(s, "%|") {
+		return append(b, s...)
+	}
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '%':
+			b = append(b, "%25"...)
+		case '|':
+			b = append(b, "%7C"...)
+		default:
+			b = append(b, s[i])
+		}
+	}
+	return b
+}
+
+func unescape(s string) string {
+	if !strings.Contains(s, "%") {
+		return s
+	}
+	return strings.NewReplacer("%7C", "|", "%25", "%").Replace(s)
+}
+
+// ErrMalformedEntry is returned by OutboxMessage for an entry it cannot read.
+var ErrMalformedEntry = errors.New("malformed outbox entry")
+
+// OutboxMessage returns the Kafka key and value of an outbox stream entry: a compact
+// usage event rendered as its CloudEvent JSON, or an entry's "k" and "v" as they are (the
+// events of void.lua and outcome.lua, and usage events written before the compact form).
+// A malformed compact entry returns its raw text as the value with ErrMalformedEntry.
+func OutboxMessage(values map[string]any) (key string, value []byte, err error) {
+	e, ok := values["e"].(string)
+	if !ok {
+		key, _ = values["k"].(string)
+		v, _ := values["v"].(string)
+		return key, []byte(v), nil
+	}
+	org, v, err := renderCompact(e)
+	if err != nil {
+		return "", []byte(e), fmt.Errorf("%w: %w", ErrMalformedEntry, err)
+	}
+	return org, v, nil
+}
+
+const compactFields = 13
+
+func renderCompact(e string) (org string, value []byte, err error) {
+	var f [compactFields]string
+	rest := e
+	for i := range f {
+		if i == compactFields-1 {
+			f[i] = rest
+			break
+		}
+		var ok bool
+		if f[i], rest, ok = strings.Cut(rest, "|"); !ok {
+			return "", nil, fmt.Errorf("%d fields, want %d", i+1, compactFields)
+		}
+	}
+	if f[0] != compactVersion {
+		return "", nil, fmt.Errorf("version %q", f[0])
+	}
+	units := map[policy.Unit]int64{}
+	if f[6] != "" {
+		for _, kv := range strings.Split(f[6], ",") {
+			name, n, ok := strings.Cut(kv, "=")
+			v, err := strconv.ParseInt(n, 10, 64)
+			if !ok || err != nil {
+				return "", nil, fmt.Errorf("units %q", f[6])
+			}
+			units[policy.Unit(name)] = v
+		}
+	}
+	pol := policy.Resolved{Org: unescape(f[7]), Plan: unescape(f[8])}
+	for _, node := range strings.Split(f[9], "/") {
+		account, kind, ok := strings.Cut(node, ":")
+		if !ok || account == "" {
+			return "", nil, fmt.Errorf("path %q", f[9])
+		}
+		pol.Path = append(pol.Path, policy.Level{Account: account, Kind: policy.Kind(kind)})
+	}
+	sec, err1 := strconv.ParseInt(f[10], 10, 64)
+	usec, err2 := strconv.ParseInt(f[11], 10, 64)
+	if err1 != nil || err2 != nil || usec < 0 || usec >= 1e6 {
+		return "", nil, fmt.Errorf("time %q.%q", f[10], f[11])
+	}
+	r := Request{EventID: unescape(f[1]), Source: unescape(f[2]), APIKeyID: unescape(f[3]),
+		IdempotencyKey: unescape(f[4]), Tool: unescape(f[5]), Units: units, Policy: pol}
+	st := newEventStatic(pol)
+	head, middle, tail := admittedEvent(r, &st)
+	b := make([]byte, 0, len(head)+len(middle)+len(tail)+40)
+	b = append(b, head...)
+	b = time.Unix(sec, usec*1000).UTC().AppendFormat(b, rfc3339Micro)
+	b = append(b, middle...)
+	b = append(b, f[12]...)
+	b = append(b, tail...)
+	return pol.Org, b, nil
+}
+
+// rfc3339Micro is clock.lua's rfc3339: RFC 3339 UTC with microseconds.
+const rfc3339Micro = "2006-01-02T15:04:05.000000Z"

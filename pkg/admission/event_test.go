@@ -51,6 +51,6 @@ func TestLimitsArePerAdmitter(t *testing.T) {
 		keys, _, err := New(nil, Options{KeyPrefix: prefix}).ScriptCall(r)
 		require.NoError(t, err)
 		require.Len(t, keys, 2)
-		require.Regexp(t, `^`+prefix+`\{\d+\}:b:acme:requests$`, keys[1])
+		require.Regexp(t, `^`+prefix+`\{\d+\}:s:acme$`, keys[1], "the org's state hash")
 	}
 }

@@ -1,10 +1,12 @@
 package admission
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -87,10 +89,6 @@ func (k Keys) Marker(org string, id int64) string {
 	return k.tag(k.Shard(org)) + "adj:" + strconv.FormatInt(id, 10)
 }
 
-func (k Keys) bucket(shard int, account string, unit policy.Unit) string {
-	return k.tag(shard) + "b:" + account + ":" + string(unit)
-}
-
 func (k Keys) window(shard int, account string, unit policy.Unit) string {
 	return k.tag(shard) + "w:" + account + ":" + string(unit)
 }
@@ -101,8 +99,35 @@ func (k Keys) leaseRecord(shard int, eventID string) string {
 	return k.tag(shard) + "l:" + eventID
 }
 
-// The idempotency key is scoped by the account charged. It may hold any printable ASCII,
-// braces included: the shard's tag comes first, so it alone picks the Cluster slot.
+// state is the hash of an org's token buckets: a field per bucket, "<account>:<unit
+// letter>", holding its theoretical arrival time (lua/admit.lua).
+func (k Keys) state(shard int, org string) string { return k.tag(shard) + "s:" + org }
+
+// IdempotencyBucket is the hash of the shard's idempotency records written in the window
+// of width w that holds t: "<prefix>{N}:i:<floor(t / w)>" (lua/admit.lua).
+func (k Keys) IdempotencyBucket(shard int, t time.Time, w time.Duration) string {
+	return k.tag(shard) + "i:" + strconv.FormatInt(t.UnixMilli()/w.Milliseconds(), 10)
+}
+
+// idempotencyField names a request's idempotency record in a bucket hash: 16 bytes of
+// SHA-256 of the account charged and the key, so the key is scoped by the account and a
+// collision is negligible (2^-64 even at billions of records).
+func idempotencyField(account, key string) string {
+	h := sha256.New()
+	_, _ = h.Write([]byte(account))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(key))
+	return string(h.Sum(nil)[:16])
+}
+
+// legacyIdempotencyTTL is how long the one-key-per-record layout kept a record: its
+// records are all gone this long after an upgrade.
+const legacyIdempotencyTTL = 24 * time.Hour
+
+// idempotency is the record's key in the one-key-per-record layout of earlier versions,
+// looked up during an upgrade (Options.IdempotencyLegacy). The idempotency key is scoped
+// by the account charged. It may hold any printable ASCII, braces included: the shard's
+// tag comes first, so it alone picks the Cluster slot.
 func (k Keys) idempotency(shard int, account, key string) string {
 	return k.tag(shard) + "i:" + account + ":" + key
 }

@@ -26,10 +26,10 @@ func TestScriptLayout(t *testing.T) {
 
 var (
 	layoutMarker = regexp.MustCompile(`(?m)^\s*-- layout: (\w+)\n`)
-	// local <names> = unpack(ARGV, <first>, <last>), then the cursor's move past the block:
-	// "a = a + n" (a decision's blocks) or "local a, k = n, ..." (the call header).
-	layoutUnpack = regexp.MustCompile(`^\s*local ([\w,\s]+?) = unpack\(ARGV, (a|1), (?:a \+ )?(\d+)\)\n` +
-		`\s*(?:a = a \+ (\d+)|local a, k = (\d+), \d+)\b`)
+	// local <names> = unpack(A, <first>, <last>) (A is ARGV), then the cursor's move past
+	// the block: "a = a + n" (a decision's blocks) or "local a = n" (the call header).
+	layoutUnpack = regexp.MustCompile(`^\s*local ([\w,\s]+?) = unpack\(A, (a|1), (?:a \+ )?(\d+)\)\n` +
+		`\s*(?:a = a \+ (\d+)|local a = (\d+))\b`)
 	layoutCodes = regexp.MustCompile(`^local ([A-Z_]+(?:, [A-Z_]+)*) = (\d+(?:, \d+)*)$`)
 )
 
@@ -58,7 +58,7 @@ func parseScriptLayout(t *testing.T, src string) (blocks map[string][]string, co
 			continue
 		}
 		u := layoutUnpack.FindStringSubmatch(rest)
-		require.NotNil(t, u, "-- layout: %s is not followed by local <names> = unpack(ARGV, ...) and the cursor's move", name)
+		require.NotNil(t, u, "-- layout: %s is not followed by local <names> = unpack(A, ...) and the cursor's move", name)
 		var fields []string
 		for _, f := range strings.Split(u[1], ",") {
 			fields = append(fields, strings.TrimSpace(f))

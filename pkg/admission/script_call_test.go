@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,7 +68,8 @@ func TestEventWrittenByTheChargingScriptCall(t *testing.T) {
 				require.True(t, w.wrote("SET", b.keys.Quota(b.org, lv.Account, u, d.Period)),
 					"the call that wrote the event charged %s's %s quota: %v", lv.Account, u, w.lua)
 			}
-			require.True(t, w.wrote("SET", b.bucketKeys(lv.Account)[0]), "and %s's requests bucket: %v", lv.Account, w.lua)
+			require.True(t, w.wroteField("HSET", b.stateHash(), b.bucketFields(lv.Account)[0]),
+				"and %s's requests bucket: %v", lv.Account, w.lua)
 		}
 		require.True(t, w.wrote("ZADD", ""), "and took the leases: %v", w.lua)
 
@@ -95,6 +97,16 @@ type scriptCall struct {
 func (c scriptCall) wrote(cmd, key string) bool {
 	for _, l := range c.lua {
 		if strings.EqualFold(l[0], cmd) && len(l) > 1 && (key == "" || l[1] == key) {
+			return true
+		}
+	}
+	return false
+}
+
+// wroteField reports whether the call's script ran cmd on the hash key naming field.
+func (c scriptCall) wroteField(cmd, key, field string) bool {
+	for _, l := range c.lua {
+		if strings.EqualFold(l[0], cmd) && len(l) > 2 && l[1] == key && slices.Contains(l[2:], field) {
 			return true
 		}
 	}

@@ -33,12 +33,16 @@ func (a *Admitter) Void(ctx context.Context, v Void) (voided bool, err error) {
 	}
 	shard := a.keys.Shard(r.Policy.Org)
 	keys := []string{a.keys.Outbox(shard)}
+	field, legacy := "", ""
 	if r.IdempotencyKey != "" {
-		keys = append(keys, a.keys.idempotency(shard, r.Policy.Account(), r.IdempotencyKey))
+		field = idempotencyField(r.Policy.Account(), r.IdempotencyKey)
+		if a.opts.IdempotencyLegacy {
+			legacy = a.keys.idempotency(shard, r.Policy.Account(), r.IdempotencyKey)
+		}
 	}
 	afterID, afterTime, rest := voidedEventPieces(r, v.Reason)
-	n, err := lua.Void.Run(ctx, a.rdb, keys, r.EventID, a.keys.tag(shard), r.Policy.Org, a.idemTTL,
-		afterID, afterTime, rest).Int64()
+	n, err := lua.Void.Run(ctx, a.rdb, keys, r.EventID, a.keys.tag(shard), r.Policy.Org, a.markTTL,
+		afterID, afterTime, rest, field, a.idemW, legacy).Int64()
 	if err != nil {
 		return false, fmt.Errorf("void %s: %w", r.EventID, err)
 	}

@@ -90,15 +90,15 @@ func TestRefusalChangesNothingAtAnyLevel(t *testing.T) {
 					prefix := ownPrefix(t, allowed, ids[policy.Org])
 					t.Cleanup(func() { deleteKeys(o.rdb, allowed) })
 					before, allowed = only(before, prefix), only(allowed, prefix)
-					// The allowed request changed, at every level, the token bucket (a string),
-					// the requests window (a sorted set), both quota counters (strings) and the
-					// leases (a sorted set); and the idempotency record (the agent's), the lease
-					// record and the outbox stream.
-					wantChanged := map[string]map[string]int{"": {"string": 1, "stream": 1}}
+					// The allowed request changed, at every level, the token bucket (a field
+					// of the org's state hash), the requests window (a sorted set), both quota
+					// counters (strings) and the leases (a sorted set); and the idempotency
+					// record (a field of the shard's idempotency bucket, named by a hash), the
+					// lease record and the outbox stream.
+					wantChanged := map[string]map[string]int{"": {"string": 1, "stream": 1, "hash": 1}}
 					for _, kind := range levels {
-						wantChanged[ids[kind]] = map[string]int{"string": 3, "zset": 2}
+						wantChanged[ids[kind]] = map[string]int{"hash": 1, "string": 2, "zset": 2}
 					}
-					wantChanged[agent]["string"]++
 					require.Equal(t, wantChanged, changedKeys(before, allowed, ids),
 						"what the allowed request changed, by account and type\nbefore: %v\nafter: %v", before, allowed)
 
@@ -174,14 +174,16 @@ func deleteKeys(rdb redis.UniversalClient, snap map[string]string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for k := range snap {
+		k, _, _ = strings.Cut(k, "\x00") // a hash's field
 		_ = rdb.Del(ctx, k).Err()
 	}
 }
 
 // snapshot returns every key matching match with its value, by type (TTLs left out: they
-// move with time): a string's value; a hash's fields; a sorted set's members with their
-// scores; a stream's length and last id; a list's or a set's members. On a Redis Cluster
-// every master is scanned.
+// move with time): a string's value; a hash's fields, each as its own entry
+// "<key>\x00<field>" (a hash holds the state of several accounts); a sorted set's members
+// with their scores; a stream's length and last id; a list's or a set's members. On a
+// Redis Cluster every master is scanned.
 func snapshot(t *testing.T, rdb redis.UniversalClient, match string) map[string]string {
 	t.Helper()
 	ctx := testenv.Context(t, 30*time.Second)
@@ -199,7 +201,18 @@ func snapshot(t *testing.T, rdb redis.UniversalClient, match string) map[string]
 				continue // gone between SCAN and TYPE
 			}
 			mu.Lock()
-			out[k] = v
+			if strings.HasPrefix(v, "hash:") {
+				fields, err := c.HGetAll(ctx, k).Result()
+				if err != nil {
+					mu.Unlock()
+					return fmt.Errorf("dump %s: %w", k, err)
+				}
+				for f, x := range fields {
+					out[k+"\x00"+f] = "hash:" + x
+				}
+			} else {
+				out[k] = v
+			}
 			mu.Unlock()
 		}
 		return iter.Err()
@@ -265,15 +278,18 @@ func dump(ctx context.Context, c redis.Cmdable, k string) (string, error) {
 	return typ + ":" + v, nil
 }
 
-// changedKeys counts the keys that differ between two snapshots (new, gone or another
-// value) by the account they are of ("" for keys of no account) and by type. A key is of
-// an account when its name holds the account id between colons or ends with ":<id>".
+// changedKeys counts the keys (and hash fields) that differ between two snapshots (new,
+// gone or another value) by the account they are of ("" for keys of no account) and by
+// type. A key is of an account when its name holds the account id between colons or ends
+// with ":<id>"; a hash field when it starts with "<id>:" (a token bucket's).
 func changedKeys(a, b map[string]string, accounts map[policy.Kind]string) map[string]map[string]int {
 	out := map[string]map[string]int{}
 	count := func(k, v string) {
 		owner := ""
+		_, field, isField := strings.Cut(k, "\x00")
 		for _, id := range accounts {
-			if strings.Contains(k, ":"+id+":") || strings.HasSuffix(k, ":"+id) {
+			if isField && strings.HasPrefix(field, id+":") ||
+				!isField && (strings.Contains(k, ":"+id+":") || strings.HasSuffix(k, ":"+id)) {
 				owner = id
 			}
 		}

@@ -241,10 +241,14 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		if e.Values == nil { // deleted after it was read: nothing left to send
 			continue
 		}
-		key, _ := e.Values["k"].(string)
-		value, _ := e.Values["v"].(string)
-		// A malformed entry is sent as it is: the meter keeps it in dead_letters.
-		msgs = append(msgs, message(key, []byte(value)))
+		// A compact usage event is rendered as its CloudEvent JSON; other entries are sent
+		// as written. A malformed entry is sent as it is: the meter keeps it in
+		// dead_letters.
+		key, value, err := admission.OutboxMessage(e.Values)
+		if err != nil {
+			log.Warn("relay a malformed outbox entry as it is", "id", e.ID, "err", err)
+		}
+		msgs = append(msgs, message(key, value))
 	}
 	backoff := newBackoff(r.opts.MaxBackoff)
 	for len(msgs) > 0 {
