@@ -20,13 +20,16 @@ func (s *stack) goBenchmarks(ctx context.Context, res *Results) error {
 	}
 	res.Raw["go_bench_meter"] = meter
 	for name, m := range meter {
-		ratio, ok := m["meter_vs_insert_select"]
-		if !ok {
-			return fmt.Errorf("%s reported no meter_vs_insert_select: %v", name, m)
+		total, base := m["meter-total-events/s"], m["baseline-events/s"]
+		if total == 0 || base == 0 {
+			return fmt.Errorf("%s reported no meter-total-events/s or baseline-events/s: %v", name, m)
 		}
-		res.add("meter_vs_insert_select", ratio, "×", "≥ 0.5",
-			fmt.Sprintf("%s events Kafka → usage_events through the meter (dedupe, offsets after rows) at %.0f/s ÷ INSERT … SELECT generate_series … ON CONFLICT into the same table at %.0f/s",
-				s.cfg.MeterEvents, m["meter-events/s"], m["baseline-events/s"]))
+		// Both rates over all the events, each from its own start to its last row: the
+		// benchmark's own meter_vs_insert_select takes the meter's from its first row on
+		// (leaving out the group join and the first fetch), kept beside it.
+		res.add("meter_vs_insert_select", total/base, "×", "≥ 0.8",
+			fmt.Sprintf("%s events Kafka → usage_events through the meter (dedupe, offsets after rows) at %.0f/s from its start (joining the group, first fetch) to the last row ÷ INSERT … SELECT generate_series … ON CONFLICT of as many rows into the same table at %.0f/s from its start to its end; from the meter's first row on: %.0f/s, %.3f×",
+				s.cfg.MeterEvents, total, base, m["meter-events/s"], m["meter_vs_insert_select"]))
 	}
 
 	rec, err := goBench(ctx, "./pkg/reconcile/", "^BenchmarkReconcile$", s.cfg.ReconcileBenchtime)

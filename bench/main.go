@@ -63,13 +63,23 @@ type Config struct {
 	Duration, Warmup time.Duration
 	// Clients is the concurrency of the throughput runs (64).
 	Clients int
+	// Rounds is how many interleaved samples each ratio takes (peer, admit, peer, admit…):
+	// the figure is their median, reported with the minimum and maximum.
+	Rounds int
+	// MemoryN is the fresh accounts (orgs) and the keyed requests of the Redis memory
+	// figures: used_memory's delta is divided by it.
+	MemoryN int
+	// IdempotencyTTL is admit's ADMIT_IDEMPOTENCY_TTL, the window the memory figure of an
+	// idempotency record is projected over.
+	IdempotencyTTL time.Duration
 	// Accounts is the size of the policy cache for admit_rss_mb_100k (100,000).
 	Accounts int
 	// E2ERate is the offered rate of the end-to-end run (10,000 events/s).
 	E2ERate float64
 	// EvalshaRequests is redis-benchmark's -n.
 	EvalshaRequests int
-	// Only names the measurements to take (throughput, idle, e2e, pipeline, memory, go);
+	// Only names the measurements to take (throughput, idle, e2e, pipeline, memory,
+	// redismem, go);
 	// empty: all of them.
 	Only []string
 	// MeterEvents is the events of the meter benchmark (its -benchtime Nx), and
@@ -97,10 +107,21 @@ func parse(args []string) (Config, error) {
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "measured window of each load run")
 	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "load before each measured window")
 	fs.IntVar(&cfg.Clients, "clients", 64, "concurrent clients of the throughput runs")
+	fs.IntVar(&cfg.Rounds, "rounds", 3, "interleaved samples of each ratio (peer, admit, peer, admit, …)")
+	fs.IntVar(&cfg.MemoryN, "memory-n", 20_000, "fresh orgs, and keyed requests, of the Redis memory figures")
+	ttl := 24 * time.Hour
+	if v := os.Getenv("ADMIT_IDEMPOTENCY_TTL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return cfg, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL: %w", err)
+		}
+		ttl = d
+	}
+	fs.DurationVar(&cfg.IdempotencyTTL, "idempotency-ttl", ttl, "admit's ADMIT_IDEMPOTENCY_TTL (default: that variable, else 24h)")
 	fs.IntVar(&cfg.Accounts, "accounts", 100_000, "accounts in admit's policy cache for the memory figure")
 	fs.Float64Var(&cfg.E2ERate, "e2e-rate", 10_000, "offered rate of the end-to-end run, events/s")
 	fs.IntVar(&cfg.EvalshaRequests, "evalsha-requests", 200_000, "redis-benchmark -n")
-	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, go (default: all)")
+	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, go (default: all)")
 	fs.StringVar(&cfg.MeterEvents, "meter-events", "100000", "events of the meter benchmark")
 	fs.StringVar(&cfg.ReconcileBenchtime, "reconcile-benchtime", "3x", "-benchtime of the reconcile benchmark")
 	if err := fs.Parse(args); err != nil {
@@ -108,6 +129,9 @@ func parse(args []string) (Config, error) {
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if cfg.Rounds < 1 || cfg.MemoryN < 1 {
+		return cfg, fmt.Errorf("-rounds=%d, -memory-n=%d: want at least 1", cfg.Rounds, cfg.MemoryN)
 	}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -127,4 +128,43 @@ func (r *Results) Write(path string) error {
 		return err
 	}
 	return os.WriteFile(path, append(raw, '\n'), 0o644)
+}
+
+// spread is a figure's interleaved samples: the median, reported with the minimum and
+// maximum (raw keeps every sample).
+type spread struct {
+	Median  float64   `json:"median"`
+	Min     float64   `json:"min"`
+	Max     float64   `json:"max"`
+	Samples []float64 `json:"samples"`
+}
+
+func spreadOf(samples []float64) spread {
+	if len(samples) == 0 {
+		return spread{}
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return spread{Median: med, Min: s[0], Max: s[len(s)-1], Samples: samples}
+}
+
+// String is "median of n (min a, max b)".
+func (s spread) String() string {
+	return fmt.Sprintf("median of %d interleaved samples (min %v, max %v)", len(s.Samples), round(s.Min), round(s.Max))
+}
+
+// addSpread records a figure whose value is the median of interleaved samples; the
+// samples go to raw["samples"][key].
+func (r *Results) addSpread(key string, s spread, unit, goal, against string) {
+	r.add(key, s.Median, unit, goal, s.String()+"; "+against)
+	samples, _ := r.Raw["samples"].(map[string]spread)
+	if samples == nil {
+		samples = map[string]spread{}
+		r.Raw["samples"] = samples
+	}
+	samples[key] = s
 }

@@ -14,7 +14,7 @@ import (
 // the notification), waits until the node's cache holds them and reads it again. The
 // baseline is the same binary, freshly started on the same database before the import.
 func (s *stack) admitMemory(ctx context.Context, res *Results) error {
-	p, err := s.startAdmit(ctx)
+	p, err := s.start(ctx, "rss")
 	if err != nil {
 		return err
 	}

@@ -36,8 +36,13 @@ type stack struct {
 	pool  *pgxpool.Pool
 	rdb   *redis.Client
 	meter *sandbox.Proc
+	// admit is the default deployment: its relay runs inside it (ADMIT_RELAY's default).
 	admit *sandbox.Proc
-	relay *sandbox.Proc // admit relay; nil while stopped
+	// apart is a node with ADMIT_RELAY=false and relay `admit relay` beside it (nil while
+	// stopped), under a key prefix of their own (apartPrefix), so that a run can pause
+	// the relay without touching admit's.
+	apart *sandbox.Proc
+	relay *sandbox.Proc
 	http  *http.Client
 	out   io.Writer
 	key   string          // API key of benchAccount (benchKey)
@@ -71,6 +76,7 @@ func run(ctx context.Context, cfg Config, out io.Writer) (*Results, error) {
 		{"e2e", "end-to-end latency through admit's HTTP API", s.endToEnd},
 		{"pipeline", "end-to-end latency at the full rate, decisions in-process", s.pipeline},
 		{"memory", "admit memory with a large policy cache", s.admitMemory},
+		{"redismem", "Redis memory per active account and per idempotency record", s.redisMemory},
 		{"go", "Go benchmarks: meter vs INSERT … SELECT, reconcile, the decision path", s.goBenchmarks},
 	}
 	for _, st := range steps {
@@ -110,7 +116,7 @@ func startStack(ctx context.Context, cfg Config, out io.Writer) (*stack, error) 
 		return nil, fmt.Errorf("REDIS_URL: %w", err)
 	}
 	s.rdb = redis.NewClient(opts)
-	if _, err := sandbox.DeleteKeys(ctx, s.rdb, s.cfg.KeyPrefix); err != nil {
+	if err := s.deleteKeys(ctx); err != nil {
 		s.close()
 		return nil, fmt.Errorf("redis: %w", err)
 	}
@@ -128,7 +134,8 @@ func startStack(ctx context.Context, cfg Config, out io.Writer) (*stack, error) 
 	s.env = []string{
 		"DATABASE_URL=" + s.dbURL, "REDIS_URL=" + cfg.RedisURL, "REDIS_CLUSTER_ADDRS=",
 		"KAFKA_BROKERS=" + strings.Join(cfg.Brokers, ","), "KAFKA_TOPIC=" + s.topic, "KAFKA_TOPIC_PARTITIONS=12",
-		"ADMIT_KEY_PREFIX=" + cfg.KeyPrefix, fmt.Sprintf("ADMIT_SHARDS=%d", shards), "LOG_FORMAT=json", "LOG_LEVEL=warn", "MIGRATE=false",
+		fmt.Sprintf("ADMIT_SHARDS=%d", shards), "LOG_FORMAT=json", "LOG_LEVEL=warn", "MIGRATE=false",
+		"ADMIT_IDEMPOTENCY_TTL=" + cfg.IdempotencyTTL.String(),
 	}
 	if s.meter, err = s.start(ctx, "meter", "-migrate"); err != nil {
 		s.close()
@@ -138,7 +145,11 @@ func startStack(ctx context.Context, cfg Config, out io.Writer) (*stack, error) 
 		s.close()
 		return nil, err
 	}
-	if s.admit, err = s.startAdmit(ctx); err != nil {
+	if s.admit, err = s.start(ctx, "admit"); err != nil {
+		s.close()
+		return nil, err
+	}
+	if s.apart, err = s.start(ctx, "apart"); err != nil {
 		s.close()
 		return nil, err
 	}
@@ -149,8 +160,23 @@ func startStack(ctx context.Context, cfg Config, out io.Writer) (*stack, error) 
 	return s, nil
 }
 
+// apartPrefix is the key prefix of the apart node and its relay.
+func (c Config) apartPrefix() string { return c.KeyPrefix + "-apart" }
+
+// deleteKeys empties the run's key prefixes.
+func (s *stack) deleteKeys(ctx context.Context) error {
+	for _, p := range []string{s.cfg.KeyPrefix, s.cfg.apartPrefix()} {
+		if _, err := sandbox.DeleteKeys(ctx, s.rdb, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // start starts bin/name on a free port (env var ADMIT_ADDR or METER_ADDR) and waits for
-// /readyz. role names the process and its log: "admit", "relay" (admit relay), "meter".
+// /readyz. role names the process and its log: "meter"; "admit" (the default deployment,
+// its relay inside); "apart" (ADMIT_RELAY=false) and "relay" (admit relay) under
+// apartPrefix; "rss" (ADMIT_RELAY=false, for the memory figure).
 func (s *stack) start(ctx context.Context, role string, args ...string) (*sandbox.Proc, error) {
 	addr, err := sandbox.FreeAddr()
 	if err != nil {
@@ -161,10 +187,20 @@ func (s *stack) start(ctx context.Context, role string, args ...string) (*sandbo
 	switch role {
 	case "meter":
 		env = append(env, "METER_ADDR="+addr, "METER_GROUP=metergate-bench-"+s.topic)
-	case "admit", "relay":
+	default:
 		bin = "admit"
-		env = append(env, "ADMIT_ADDR="+addr, "ADMIT_NODE=bench", "REDIS_TIMEOUT=5s", "ADMIT_RELAY=false",
+		env = append(env, "ADMIT_ADDR="+addr, "ADMIT_NODE=bench-"+role, "REDIS_TIMEOUT=5s",
 			"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken)
+		switch role {
+		case "admit":
+			env = append(env, "ADMIT_KEY_PREFIX="+s.cfg.KeyPrefix)
+		case "rss":
+			env = append(env, "ADMIT_KEY_PREFIX="+s.cfg.KeyPrefix, "ADMIT_RELAY=false")
+		case "apart":
+			env = append(env, "ADMIT_KEY_PREFIX="+s.cfg.apartPrefix(), "ADMIT_RELAY=false")
+		case "relay":
+			env = append(env, "ADMIT_KEY_PREFIX="+s.cfg.apartPrefix())
+		}
 	}
 	p, err := sandbox.StartAs(s.cfg.BinDir, s.cfg.LogDir, bin, role, addr, env, args...)
 	if err != nil {
@@ -177,11 +213,7 @@ func (s *stack) start(ctx context.Context, role string, args ...string) (*sandbo
 	return p, nil
 }
 
-// startAdmit starts an admit node without its relay: the relay runs apart (startRelay),
-// so that a run can pause it.
-func (s *stack) startAdmit(ctx context.Context) (*sandbox.Proc, error) { return s.start(ctx, "admit") }
-
-// startRelay starts `admit relay` (once stopped, again).
+// startRelay starts the apart node's `admit relay` (once stopped, again).
 func (s *stack) startRelay(ctx context.Context) error {
 	p, err := s.start(ctx, "relay", "relay")
 	if err == nil {
@@ -190,7 +222,7 @@ func (s *stack) startRelay(ctx context.Context) error {
 	return err
 }
 
-// stopRelay stops the relay: admitted events wait in the outbox meanwhile.
+// stopRelay stops the apart node's relay: its admitted events wait in the outbox meanwhile.
 func (s *stack) stopRelay() error {
 	err := s.relay.Stop(30 * time.Second)
 	s.relay = nil
@@ -200,6 +232,9 @@ func (s *stack) stopRelay() error {
 func (s *stack) close() {
 	if s.relay != nil {
 		_ = s.relay.Stop(30 * time.Second)
+	}
+	if s.apart != nil {
+		_ = s.apart.Stop(30 * time.Second)
 	}
 	if s.admit != nil {
 		_ = s.admit.Stop(30 * time.Second)
@@ -213,7 +248,7 @@ func (s *stack) close() {
 		_ = topic.Delete(ctx, s.cfg.Brokers, s.topic)
 	}
 	if s.rdb != nil {
-		_, _ = sandbox.DeleteKeys(ctx, s.rdb, s.cfg.KeyPrefix)
+		_ = s.deleteKeys(ctx)
 		_ = s.rdb.Close()
 	}
 	if s.pool != nil {
