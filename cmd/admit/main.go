@@ -89,7 +89,8 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		Help: "Accounts in this node's policy cache (0 until the first load).",
 	}, func() float64 { return float64(cache.Len()) }))
 	admitter := admission.New(rdb, admission.Options{
-		KeyPrefix: a.KeyPrefix, Shards: a.Shards, IdempotencyTTL: a.IdempotencyTTL, LeaseTTL: a.LeaseTTL, Registerer: reg,
+		KeyPrefix: a.KeyPrefix, Shards: a.Shards, IdempotencyTTL: a.IdempotencyTTL, IdempotencyLegacy: a.IdempotencyLegacy,
+		LeaseTTL: a.LeaseTTL, Registerer: reg,
 		MaxBatch: a.MaxBatch, Pipeline: a.Pipeline,
 	})
 	recorder := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)

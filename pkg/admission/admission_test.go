@@ -34,6 +34,8 @@ type testBundle struct {
 type options struct {
 	clock    func() time.Time
 	leaseTTL time.Duration
+	idemTTL  time.Duration // the idempotency window (default: the Admitter's)
+	legacy   bool          // Options.IdempotencyLegacy
 }
 
 // forEachRedis runs f against the single Redis server and against the 3-master Redis
@@ -44,6 +46,7 @@ func forEachRedis(t *testing.T, o options, f func(t *testing.T, b *testBundle)) 
 		reg := prometheus.NewRegistry()
 		adm := admission.New(rdb, admission.Options{
 			KeyPrefix: testenv.Prefix(t) + "mg", Clock: o.clock, LeaseTTL: o.leaseTTL, Registerer: reg,
+			IdempotencyTTL: o.idemTTL, IdempotencyLegacy: o.legacy,
 		})
 		org := strings.ReplaceAll(testenv.Name(t), "_", "-")
 		f(t, &testBundle{rdb: rdb, adm: adm, keys: adm.Keys(), reg: reg, org: org})

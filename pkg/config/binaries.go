@@ -38,8 +38,11 @@ type Admission struct {
 	KeyPrefix      string
 	Shards         int
 	IdempotencyTTL time.Duration
-	LeaseTTL       time.Duration
-	PolicyReload   time.Duration
+	// IdempotencyLegacy also looks up idempotency records of the one-key-per-record
+	// layout of earlier versions (for the 24 h after an upgrade).
+	IdempotencyLegacy bool
+	LeaseTTL          time.Duration
+	PolicyReload      time.Duration
 	// RedisDownRateOnly and RedisDownQuota are "open" or "closed".
 	RedisDownRateOnly string
 	RedisDownQuota    string
@@ -72,7 +75,8 @@ func (c *Admission) Register(l *Loader) {
 	l.String(&c.Node, "ADMIT_NODE", host, "this node's name: the CloudEvents source of its events")
 	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", admission.DefaultKeyPrefix, "start of every Redis key (several deployments, or tests, on one Redis)")
 	l.Int(&c.Shards, "ADMIT_SHARDS", admission.DefaultShards, "Redis hash-tag shards; fixed for the life of a deployment")
-	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", admission.DefaultIdempotencyTTL, "how long an idempotency key is remembered (at least 24h)")
+	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", admission.DefaultIdempotencyTTL, "idempotency window W: a retry within W is charged once, between W and 2W it may be charged again (at least 1m)")
+	l.Bool(&c.IdempotencyLegacy, "ADMIT_IDEMPOTENCY_LEGACY", true, "also honour idempotency records written by versions before the bucket layout (turn off 24h after the upgrade)")
 	l.Duration(&c.LeaseTTL, "ADMIT_LEASE_TTL", admission.DefaultLeaseTTL, "how long a concurrency slot is held when no outcome releases it")
 	l.Duration(&c.PolicyReload, "ADMIT_POLICY_RELOAD", 30*time.Second, "full policy reload period (changes arrive sooner through LISTEN/NOTIFY)")
 	l.String(&c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_RATE_ONLY", "open", "while Redis is down, accounts without quotas: open (admit, record straight to Kafka) or closed (503)")
@@ -107,8 +111,8 @@ func (c *Admission) Validate() error {
 	if c.Shards < 1 || c.Shards > 1024 {
 		errs = append(errs, fmt.Errorf("ADMIT_SHARDS=%d: want 1-1024", c.Shards))
 	}
-	if c.IdempotencyTTL < 24*time.Hour {
-		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL=%s: want at least 24h", c.IdempotencyTTL))
+	if c.IdempotencyTTL < admission.MinIdempotencyTTL {
+		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL=%s: want at least %s", c.IdempotencyTTL, admission.MinIdempotencyTTL))
 	}
 	for name, d := range map[string]time.Duration{"ADMIT_LEASE_TTL": c.LeaseTTL, "ADMIT_POLICY_RELOAD": c.PolicyReload,
 		"ADMIT_RELAY_CLAIM_AFTER": c.RelayClaimAfter, "ADMIT_OUTBOX_MAX_AGE": c.OutboxMaxAge} {

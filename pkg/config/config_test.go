@@ -115,13 +115,44 @@ func TestAdmission(t *testing.T) {
 
 	_, err = config.Load(&c, "admit", nil, envMap(map[string]string{
 		"ADMIT_SERVICE_TOKEN": "short", "ADMIT_ADMIN_TOKEN": "short", "ADMIT_SHARDS": "0",
-		"ADMIT_IDEMPOTENCY_TTL": "1h", "ADMIT_REDIS_DOWN_QUOTA": "maybe", "ADMIT_TOOL_CREDITS": "x=-1,y",
+		"ADMIT_IDEMPOTENCY_TTL": "59s", "ADMIT_REDIS_DOWN_QUOTA": "maybe", "ADMIT_TOOL_CREDITS": "x=-1,y",
 	}), io.Discard)
 	require.Error(t, err)
 	for _, want := range []string{"ADMIT_SERVICE_TOKEN", "ADMIT_ADMIN_TOKEN: must be set", "must differ", "ADMIT_SHARDS=0",
-		"ADMIT_IDEMPOTENCY_TTL=1h0m0s", "ADMIT_REDIS_DOWN_QUOTA", `"x=-1"`, `"y"`} {
+		"ADMIT_IDEMPOTENCY_TTL=59s: want at least 1m0s", "ADMIT_REDIS_DOWN_QUOTA", `"x=-1"`, `"y"`} {
 		require.Contains(t, err.Error(), want)
 	}
+}
+
+// The idempotency window defaults to 24h (as before the bucket layout), may be set as low
+// as a minute and no lower; the legacy record lookup is on unless turned off.
+func TestIdempotencyWindow(t *testing.T) {
+	tokens := map[string]string{"ADMIT_SERVICE_TOKEN": "service-token-0123", "ADMIT_ADMIN_TOKEN": "admin-token-012345"}
+	with := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range tokens {
+			m[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	var c config.Admit
+	_, err := config.Load(&c, "admit", nil, envMap(with()), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 24*time.Hour, c.Admission.IdempotencyTTL)
+	require.True(t, c.Admission.IdempotencyLegacy)
+
+	c = config.Admit{}
+	_, err = config.Load(&c, "admit", nil, envMap(with("ADMIT_IDEMPOTENCY_TTL", "1m", "ADMIT_IDEMPOTENCY_LEGACY", "false")), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, time.Minute, c.Admission.IdempotencyTTL)
+	require.False(t, c.Admission.IdempotencyLegacy)
+
+	c = config.Admit{}
+	_, err = config.Load(&c, "admit", nil, envMap(with("ADMIT_IDEMPOTENCY_TTL", "59s")), io.Discard)
+	require.ErrorContains(t, err, "ADMIT_IDEMPOTENCY_TTL=59s: want at least 1m0s")
 }
 
 func TestNames(t *testing.T) {
