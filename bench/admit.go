@@ -400,17 +400,6 @@ func (s *stack) admitThroughput(ctx context.Context, res *Results) error {
 		fmt.Sprintf("mean decisions per script call during admit's load (metergate_admit_script_batch_size _sum ÷ _count); INFO commandstats (EVALSHA and kin, server-wide): %.3f script calls per decision in the last round",
 			last.Admit.ScriptCallsPerDecision))
 
-	ev, err := s.evalsha(ctx)
-	if err != nil {
-		return fmt.Errorf("redis-benchmark: %w", err)
-	}
-	evUS := float64(ev.cpu) / float64(ev.calls) / 1e3
-	res.Raw["evalsha"] = map[string]any{"calls": ev.calls, "cpu_s": ev.cpu.Seconds(), "cpu_us_per_call": evUS, "rps": ev.rps}
-	res.add("admit_redis_efficiency", evUS/admitUS, "×", "≥ 1.0",
-		fmt.Sprintf("Redis CPU per EVALSHA of redis-benchmark -c 50 with the keys and arguments of one decision (%.1f µs) ÷ admit_redis_us_per_decision (%.1f µs)", evUS, admitUS))
-	res.add("admit_vs_evalsha", admitRPS/ev.rps, "×", "",
-		fmt.Sprintf("admit %.0f decisions/s (median) ÷ redis-benchmark EVALSHA of the same script %.0f/s", admitRPS, ev.rps))
-
 	// Latency at 50 % and 90 % of the median maximum, open loop (from each request's due
 	// time), the relay inside admit.
 	for _, frac := range []float64{0.5, 0.9} {
@@ -426,6 +415,17 @@ func (s *stack) admitThroughput(ctx context.Context, res *Results) error {
 		res.add("admit_p50_ms_at_"+pct, r.Latency.P50, "ms", "", against)
 		res.add("admit_p99_ms_at_"+pct, r.Latency.P99, "ms", "", against)
 	}
+
+	ev, err := s.evalsha(ctx)
+	if err != nil {
+		return fmt.Errorf("redis-benchmark: %w", err)
+	}
+	evUS := float64(ev.cpu) / float64(ev.calls) / 1e3
+	res.Raw["evalsha"] = map[string]any{"calls": ev.calls, "cpu_s": ev.cpu.Seconds(), "cpu_us_per_call": evUS, "rps": ev.rps}
+	res.add("admit_redis_efficiency", evUS/admitUS, "×", "≥ 1.0",
+		fmt.Sprintf("Redis CPU per EVALSHA of redis-benchmark -c 50 with the keys and arguments of one decision (%.1f µs) ÷ admit_redis_us_per_decision (%.1f µs)", evUS, admitUS))
+	res.add("admit_vs_evalsha", admitRPS/ev.rps, "×", "",
+		fmt.Sprintf("admit %.0f decisions/s (median) ÷ redis-benchmark EVALSHA of the same script %.0f/s", admitRPS, ev.rps))
 	return nil
 }
 
@@ -493,15 +493,16 @@ func (s *stack) evalsha(ctx context.Context) (evalshaResult, error) {
 	if err != nil {
 		return evalshaResult{}, err
 	}
-	// The script must have run, not failed: every call counted in commandstats, none
-	// failed (server-wide counters; other clients' script calls only add to calls).
+	// The script must have run, not failed: every call counted in commandstats, (almost)
+	// none failed. The counters are server-wide: other clients' scripts add calls, and a
+	// few failures of theirs may land in the window; a broken call fails every time.
 	cs1, err := s.commandStats(ctx)
 	if err != nil {
 		return evalshaResult{}, err
 	}
 	c0, f0 := scriptCalls(cs0)
 	c1, f1 := scriptCalls(cs1)
-	if c1-c0 < float64(s.cfg.EvalshaRequests) || f1 > f0 {
+	if c1-c0 < float64(s.cfg.EvalshaRequests) || f1-f0 > float64(s.cfg.EvalshaRequests)/100 {
 		return evalshaResult{}, fmt.Errorf("redis-benchmark: %.0f script calls, %.0f failed, for %d requests (the script failed?): %s",
 			c1-c0, f1-f0, s.cfg.EvalshaRequests, strings.TrimSpace(stderr.String()))
 	}
