@@ -41,6 +41,10 @@ var Outcome = mustScript("clock.lua", "outcome.lua")
 // forget_consumer.lua): the relay forgets the consumers of pods that are gone.
 var ForgetConsumer = mustScript("forget_consumer.lua")
 
+// RelayAck acknowledges outbox entries the relay produced and trims the stream below the
+// oldest entry any relay of the group still holds (see relay_ack.lua).
+var RelayAck = mustScript("relay_ack.lua")
+
 // Void voids a request no caller was told the decision of: it appends a usage.voided event
 // and releases the leases of the decision, once every attempt answered with it was voided
 // (see void.lua).

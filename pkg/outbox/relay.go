@@ -52,7 +52,8 @@ type RelayOptions struct {
 
 // Relay moves usage events from the Redis outbox streams to Kafka. Per shard it reads the
 // stream through a consumer group, produces the events synchronously with acks from every
-// in-sync replica, and only then acknowledges and deletes them. A crash between the two
+// in-sync replica, and only then acknowledges them and trims the stream below the oldest
+// entry still pending for any relay (lua/relay_ack.lua). A crash between the two
 // produces an event twice, which the meter deduplicates by event id; nothing is lost.
 type Relay struct {
 	rdb     redis.UniversalClient
@@ -232,7 +233,7 @@ func (r *Relay) next(ctx context.Context, stream string, pending *bool, lastClai
 }
 
 // deliver produces entries until Kafka acks them all (a timeout is an unknown outcome:
-// produce again, the meter deduplicates), then acknowledges and deletes them.
+// produce again, the meter deduplicates), then acknowledges them and trims the stream.
 func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, entries []redis.XMessage) {
 	msgs := make([]kafka.Message, 0, len(entries))
 	ids := make([]string, 0, len(entries))
@@ -266,11 +267,15 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		log.Warn("produce to kafka; retrying", "events", len(msgs), "err", err)
 		backoff.wait(ctx)
 	}
+	args := make([]any, 0, 2+len(ids))
+	args = append(args, r.opts.Group, nextID(ids))
+	for _, id := range ids {
+		args = append(args, id)
+	}
 	for ctx.Err() == nil {
-		pipe := r.rdb.TxPipeline() // one slot: the stream's
-		pipe.XAck(ctx, stream, r.opts.Group, ids...)
-		pipe.XDel(ctx, stream, ids...)
-		_, err := pipe.Exec(ctx)
+		// Acknowledge, and trim the stream below what any relay still holds (never an
+		// entry not produced): one call, far cheaper for Redis than XDEL of each id.
+		err := lua.RelayAck.Run(ctx, r.rdb, []string{stream}, args...).Err()
 		if err == nil {
 			return
 		}
@@ -279,6 +284,23 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		log.Warn("acknowledge relayed entries; retrying", "err", err)
 		backoff.wait(ctx)
 	}
+}
+
+// nextID returns the stream id just after the highest of ids ("<ms>-<seq>").
+func nextID(ids []string) string {
+	var hiMS, hiSeq uint64
+	for _, id := range ids {
+		m, s, _ := strings.Cut(id, "-")
+		ms, err1 := strconv.ParseUint(m, 10, 64)
+		seq, err2 := strconv.ParseUint(s, 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if ms > hiMS || ms == hiMS && seq >= hiSeq {
+			hiMS, hiSeq = ms, seq
+		}
+	}
+	return strconv.FormatUint(hiMS, 10) + "-" + strconv.FormatUint(hiSeq+1, 10)
 }
 
 // OldestAge returns how long the oldest entry of any outbox stream has waited (by Redis

@@ -499,3 +499,70 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// The relay trims its stream (XTRIM MINID) only below the oldest entry any relay of the
+// group still holds: entries a dead relay read and never acknowledged stay in the stream,
+// as do those after them, until they are claimed and produced; then the stream drains.
+func TestRelayTrimsOnlyWhatIsAcknowledged(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testenv.Redis(t))
+	ctx := testenv.Context(t, time.Minute)
+	first := b.admit(t, 24)
+	// A relay that dies holding the first 2 entries of every stream.
+	held := map[string]bool{}
+	for s := range b.keys.Shards {
+		stream := b.keys.Outbox(s)
+		require.NoError(t, b.rdb.XGroupCreateMkStream(ctx, stream, "relay", "0").Err())
+		res, err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "relay", Consumer: "dead",
+			Streams: []string{stream, ">"}, Count: 2}).Result()
+		require.NoError(t, err)
+		for _, m := range res[0].Messages {
+			_, v, err := admission.OutboxMessage(m.Values)
+			require.NoError(t, err)
+			var ev event.CloudEvent
+			require.NoError(t, json.Unmarshal(v, &ev))
+			held[ev.ID] = true
+		}
+	}
+	require.Len(t, held, 2*b.keys.Shards)
+	more := b.admit(t, 24)
+
+	stop := b.run(t, b.writer, outbox.RelayOptions{Consumer: "alive", ClaimAfter: time.Hour})
+	seen := b.consume(t, len(first)+len(more)-len(held))
+	for id := range held {
+		require.Zero(t, seen[id], "held by the dead relay")
+	}
+	stop()
+	require.Equal(t, int64(len(first)+len(more)), b.outboxLen(t), "nothing at or after a held entry is trimmed")
+
+	b.run(t, b.writer, outbox.RelayOptions{Consumer: "alive", ClaimAfter: 200 * time.Millisecond})
+	seen = b.consume(t, len(first)+len(more))
+	for id := range held {
+		require.Equal(t, 1, seen[id], "claimed and produced")
+	}
+	b.waitEmpty(t)
+}
+
+// Entries written before the compact outbox entry (the Kafka key in "k", the CloudEvent
+// JSON in "v"), still in the streams during a rolling upgrade, are relayed as they are,
+// beside compact ones.
+func TestRelayOldFormatEntries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testenv.Redis(t))
+	ctx := testenv.Context(t, time.Minute)
+	ids := b.admit(t, 8)
+	old := event.CloudEvent{SpecVersion: "1.0", ID: b.adm.NewEventID(b.org + "-0"), Source: "old-admit",
+		Type: event.TypeAdmitted, Subject: b.org + "-0", Time: time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC),
+		DataContentType: "application/json", Data: json.RawMessage(`{"org":"` + b.org + `-0","account":"` + b.org + `-0","path":[{"account":"` + b.org + `-0","kind":"org"}],"units":{"requests":1},"period":"2026-11","plan":""}`)}
+	raw, err := json.Marshal(old)
+	require.NoError(t, err)
+	require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.keys.Outbox(b.keys.Shard(b.org + "-0")),
+		Values: []string{"k", b.org + "-0", "v", string(raw)}}).Err())
+	b.run(t, b.writer, outbox.RelayOptions{})
+	seen := b.consume(t, len(ids)+1)
+	require.Equal(t, 1, seen[old.ID], "the old entry arrived")
+	for id := range ids {
+		require.Equal(t, 1, seen[id])
+	}
+	b.waitEmpty(t)
+}
