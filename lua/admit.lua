@@ -88,9 +88,7 @@ if now >= tonumber(m_next) then period, m_exp = m_next_label, m_next_expiry end
 local day, d_exp = d_label, d_expiry
 if now >= tonumber(d_next) then day, d_exp = d_next_label, d_next_expiry end
 lease_ttl = tonumber(lease_ttl)
-idem_w = tonumber(idem_w)
-local idem_b = floor(now / idem_w)
-local idem_cur, idem_prev = tag .. 'i:' .. idem_b, tag .. 'i:' .. (idem_b - 1)
+local idem_b, idem_cur, idem_prev -- the idempotency buckets, named at the first key
 local idem_written = false
 local stamp = sec .. '|' .. usec .. '|' .. period -- ends every usage event
 
@@ -102,9 +100,9 @@ local used = {}   -- quota counter key -> units used
 local qexp = {}   -- quota counter key written -> its expiry
 -- The current decision's limits, in arrays reused by every decision (no table per limit).
 local bf, bi, bw, bt = {}, {}, {}, {}     -- bucket: field, inc, win, new TAT
-local wk, wa, wp, wc, ws = {}, {}, {}, {}, {} -- window: key, amount, width, limit, entries
+local wk, wa, wp, wc, ws                  -- window: key, amount, width, limit, entries
 local qk, qa, qc, qd = {}, {}, {}, {}     -- quota: key, amount, quota, daily
-local ck, cc = {}, {}                     -- concurrency: key, cap
+local ck, cc                              -- concurrency: key, cap
 
 -- window returns the units in the sliding window at key and its entries (member, score)
 -- oldest first. A member is "<event id>:<amount>".
@@ -145,6 +143,7 @@ for dn = 1, tonumber(decisions) do
     local v = call('HMGET', hash, unpack(miss, 1, mn))
     for i = 1, mn do s[miss[i]] = tonumber(v[i]) or false end
   end
+  if n_window > 0 and not wk then wk, wa, wp, wc, ws = {}, {}, {}, {}, {} end
   for i = 1, n_window do
     -- layout: window
     local key, amount, width, limit = unpack(A, a, a + 3)
@@ -168,6 +167,7 @@ for dn = 1, tonumber(decisions) do
     local v = call('MGET', unpack(miss, 1, mn))
     for i = 1, mn do used[miss[i]] = tonumber(v[i]) or 0 end
   end
+  if n_conc > 0 and not ck then ck, cc = {}, {} end
   for i = 1, n_conc do
     -- layout: conc
     local key, cap = unpack(A, a, a + 1)
@@ -180,6 +180,11 @@ for dn = 1, tonumber(decisions) do
   -- unanswered: void.lua) is forgotten: the request is decided afresh.
   local code, ra, rb, replayed = 0, '', '', 0 -- 0: undecided while the checks run
   if idem ~= '' then
+    if not idem_b then
+      idem_w = tonumber(idem_w)
+      idem_b = floor(now / idem_w)
+      idem_cur, idem_prev = tag .. 'i:' .. idem_b, tag .. 'i:' .. (idem_b - 1)
+    end
     local where = idem_cur
     local rec = call('HGET', idem_cur, idem)
     if not rec then where = idem_prev; rec = call('HGET', idem_prev, idem) end

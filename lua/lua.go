@@ -31,7 +31,7 @@ var Adjust = mustScript("adjust.lua")
 
 // Admit takes one or more admission decisions, each all-or-nothing, and writes the usage
 // event of each admitted request to the shard's outbox (see admit.lua).
-var Admit = mustScript("clock.lua", "admit.lua")
+var Admit = mustScript("admit.lua")
 
 // Outcome releases a request's concurrency leases and appends its outcome event to the
 // outbox (see outcome.lua).
