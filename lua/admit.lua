@@ -34,12 +34,16 @@
 --
 -- Then per decision (a cursor walks ARGV):
 --   event_id, idem (field of the idempotency record, "" without a key), legacy (the key of
---   a record of the one-key-per-record layout to look up too, "" for none), fingerprint
---   (of the units and tool), n_bucket, n_window, n_quota, n_conc, ev (the compact usage
---   event up to its time, see pkg/admission/event.go)
+--   a record of the one-key-per-record layout to look up too, "" for none), legacy_fp (the
+--   fingerprint of the units and tool as such records hold it), fingerprint (its short
+--   hash, as bucket records hold it), id_tail (".<shard>.<org>": how event ids of the org
+--   end), n_bucket, n_window, n_quota, n_conc, ev (the compact usage event up to its
+--   time, see pkg/admission/event.go)
 --   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
 --   ids of the requests that were answered with this decision (the first and each replay)
---   and not voided since (void.lua). A record without "\n" (older) has one attempt, its own.
+--   and not voided since (void.lua). A record without "\n" has one attempt, its own. An
+--   event id written "~<uuid>" is "<uuid><id_tail>" (records are scoped by account, so
+--   by org: the tail is the reader's too).
 --   per token bucket:    field; inc = amount × emission interval, µs; win = burst ×
 --                        emission interval, µs (Go derives both from the policy)
 --   per sliding window:  key, amount, width (ms), limit
@@ -68,7 +72,7 @@
 local CLOCK_OFF, DECIDED = 0, 1
 local ALLOWED, RATE_LIMITED, OVER_QUOTA, IDEMPOTENCY_REUSED = 1, 2, 3, 4
 
-local A, K, call, tonumber, unpack, fmt, match = ARGV, KEYS, redis.call, tonumber, unpack, string.format, string.match
+local A, K, call, tonumber, unpack, fmt, match, sub = ARGV, KEYS, redis.call, tonumber, unpack, string.format, string.match, string.sub
 local floor, ceil, pairs = math.floor, math.ceil, pairs
 
 local time = call('TIME')
@@ -120,8 +124,9 @@ local out = {DECIDED, tonumber(sec), tonumber(usec)}
 
 for dn = 1, tonumber(decisions) do
   -- layout: decision
-  local event_id, idem, legacy, fingerprint, n_bucket, n_window, n_quota, n_conc, ev = unpack(A, a, a + 8)
-  a = a + 9
+  local event_id, idem, legacy, legacy_fp, fingerprint, id_tail, n_bucket, n_window, n_quota, n_conc,
+    ev = unpack(A, a, a + 10)
+  a = a + 11
   n_bucket, n_window, n_quota, n_conc = tonumber(n_bucket), tonumber(n_window), tonumber(n_quota), tonumber(n_conc)
   local hash = K[1 + dn]
 
@@ -192,9 +197,10 @@ for dn = 1, tonumber(decisions) do
     if rec then
       local head, attempts = match(rec, '^([^\n]*)\n?(.*)$')
       local id, p, fp = match(head, '^(%S+) (%S+) (.*)$')
+      if sub(id, 1, 1) == '~' then id = sub(id, 2) .. id_tail end
       if call('EXISTS', tag .. 'v:' .. id) == 1 then
         rec = false
-      elseif fp == fingerprint then
+      elseif fp == (where and fingerprint or legacy_fp) then
         code, ra, rb, replayed = ALLOWED, id, p, 1
         if attempts == '' then attempts = id end
         rec = head .. '\n' .. attempts .. ' ' .. event_id
@@ -300,7 +306,10 @@ for dn = 1, tonumber(decisions) do
       qexp[key] = qd[i] and d_exp or m_exp
     end
     if idem ~= '' then
-      call('HSET', idem_cur, idem, event_id .. ' ' .. period .. ' ' .. fingerprint .. '\n' .. event_id)
+      local n = #event_id - #id_tail
+      local id = event_id
+      if n > 0 and id_tail ~= '' and sub(event_id, n + 1) == id_tail then id = '~' .. sub(event_id, 1, n) end
+      call('HSET', idem_cur, idem, id .. ' ' .. period .. ' ' .. fingerprint)
       idem_written = true
     end
     call('XADD', K[1], '*', 'e', ev .. stamp)

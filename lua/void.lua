@@ -19,12 +19,14 @@
 --          key); ARGV[9] idem_w: the idempotency window, ms (admit.lua: the record is in
 --          "<tag>i:<floor(now / W)>" or the bucket before); ARGV[10] legacy: the key of a
 --          record of the one-key-per-record layout, looked up last ("": none)
+-- ARGV[11] id_tail: how the org's event ids end (".<shard>.<org>"): a record's event id
+--          "~<uuid>" is "<uuid><id_tail>" (admit.lua)
 --
 -- Returns 1 when a decision was voided (its event appended), 0 when another attempt of it
 -- may have been answered. Running it twice for one attempt voids nothing more: the event
 -- appended again has the same id, which the meter deduplicates.
 local outbox = KEYS[1]
-local attempt, tag, org, mark_ttl, after_id, after_time, rest, idem, idem_w, legacy = unpack(ARGV, 1, 10)
+local attempt, tag, org, mark_ttl, after_id, after_time, rest, idem, idem_w, legacy, id_tail = unpack(ARGV, 1, 11)
 local time = redis.call('TIME')
 local voided = attempt
 if idem ~= '' then
@@ -36,6 +38,7 @@ if idem ~= '' then
   if record then
     local head, attempts = string.match(record, '^([^\n]*)\n?(.*)$')
     local id = string.match(head, '^(%S+)')
+    if string.sub(id, 1, 1) == '~' then id = string.sub(id, 2) .. id_tail end
     if attempts == '' then attempts = id end
     local others, found = {}, false
     for a in string.gmatch(attempts, '%S+') do

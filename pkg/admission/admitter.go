@@ -2,6 +2,8 @@ package admission
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math"
@@ -382,7 +384,9 @@ const (
 	decEventID = iota
 	decIdem
 	decLegacy
+	decLegacyFP
 	decFingerprint
+	decIDTail
 	decBuckets
 	decWindows
 	decQuotas
@@ -431,8 +435,8 @@ var argNames = map[string][]string{
 		argLeaseTTL: "lease_ttl", argIdemW: "idem_w",
 	})[:],
 	"decision": (&[decisionLen]string{
-		decEventID: "event_id", decIdem: "idem", decLegacy: "legacy", decFingerprint: "fingerprint",
-		decBuckets: "n_bucket", decWindows: "n_window", decQuotas: "n_quota", decConcs: "n_conc", decEvent: "ev",
+		decEventID: "event_id", decIdem: "idem", decLegacy: "legacy", decLegacyFP: "legacy_fp",
+		decFingerprint: "fingerprint", decIDTail: "id_tail", decBuckets: "n_bucket", decWindows: "n_window", decQuotas: "n_quota", decConcs: "n_conc", decEvent: "ev",
 	})[:],
 	"bucket": (&[bucketLen]string{bucketField: "field", bucketInc: "inc", bucketWin: "win"})[:],
 	"window": (&[windowLen]string{windowKey: "key", windowAmount: "amount", windowWidth: "width", windowLimit: "limit"})[:],
@@ -510,14 +514,15 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request) *plan {
 
 	e.keys = append(e.keys, lim.state)
 	var d [decisionLen]any
-	d[decEventID], d[decIdem], d[decLegacy] = r.EventID, "", ""
+	d[decEventID], d[decIdem], d[decLegacy], d[decLegacyFP], d[decFingerprint] = r.EventID, "", "", "", ""
 	if r.IdempotencyKey != "" {
-		d[decIdem] = idempotencyField(pol.Account(), r.IdempotencyKey)
+		fp := fingerprint(r.Units, r.Tool)
+		d[decIdem], d[decFingerprint] = idempotencyField(pol.Account(), r.IdempotencyKey), shortFingerprint(fp)
 		if a.opts.IdempotencyLegacy {
-			d[decLegacy] = a.keys.idempotency(shard, pol.Account(), r.IdempotencyKey)
+			d[decLegacy], d[decLegacyFP] = a.keys.idempotency(shard, pol.Account(), r.IdempotencyKey), fp
 		}
 	}
-	d[decFingerprint] = fingerprint(r.Units, r.Tool)
+	d[decIDTail] = lim.idTail
 	d[decBuckets], d[decWindows] = strconv.Itoa(p.buckets), strconv.Itoa(windows)
 	d[decQuotas], d[decConcs] = strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs))
 	d[decEvent] = compactEvent(r, &lim.event)
@@ -554,6 +559,7 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request) *plan {
 type limits struct {
 	a        *Admitter
 	state    string      // the org's state hash
+	idTail   string      // ".<shard>.<org>", how the org's event ids end
 	checks   []limitArgs // by level, org first, then in policy.Units order
 	concs    []policy.Level
 	concKeys []string
@@ -589,7 +595,8 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 			return l
 		}
 	}
-	l := &limits{a: a, state: a.keys.state(shard, pol.Org), event: newEventStatic(pol)}
+	l := &limits{a: a, state: a.keys.state(shard, pol.Org), idTail: a.keys.eventIDTail(shard, pol.Org),
+		event: newEventStatic(pol)}
 	for _, lv := range pol.Path {
 		for _, u := range policy.Units {
 			lim, ok := lv.Limits[u]
@@ -639,6 +646,14 @@ func fingerprint(units map[policy.Unit]int64, tool string) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ",") + ";" + tool
+}
+
+// shortFingerprint is what an idempotency record keeps of a fingerprint: 72 bits of its
+// SHA-256, 12 characters (a retry with other units or tool is told apart but for a chance
+// of 2^-72).
+func shortFingerprint(fp string) string {
+	h := sha256.Sum256([]byte(fp))
+	return base64.RawURLEncoding.EncodeToString(h[:9])
 }
 
 // decision reads one decision's reply.

@@ -45,6 +45,13 @@ func TestIdempotencyAcrossBuckets(t *testing.T) {
 		n, err := b.rdb.HLen(ctx, b.keys.IdempotencyBucket(shard, first.Time, w)).Result()
 		require.NoError(t, err)
 		require.Equal(t, int64(1), n, "the record is in the bucket of the decision's Redis time")
+		records, err := b.rdb.HGetAll(ctx, b.keys.IdempotencyBucket(shard, first.Time, w)).Result()
+		require.NoError(t, err)
+		for field, record := range records {
+			require.Len(t, field, 16, "16 bytes of SHA-256 of the account and key")
+			require.Regexp(t, `^~[0-9a-f-]{36} \d{4}-\d{2} [A-Za-z0-9_-]{12}$`, record,
+				"compact: the event id less its org's tail, the period, a short fingerprint")
+		}
 		ttl, err := b.rdb.PTTL(ctx, b.keys.IdempotencyBucket(shard, first.Time, w)).Result()
 		require.NoError(t, err)
 		require.Greater(t, ttl, w, "the bucket outlives the next one's start")

@@ -135,7 +135,13 @@ func (k Keys) idempotency(shard int, account, key string) string {
 // NewEventID returns a new event id for a request of org: a UUIDv7 (time-ordered), the
 // shard and the org, "<uuid>.<shard>.<org>", so an outcome names its shard and org.
 func (k Keys) NewEventID(org string) string {
-	return uuid.Must(uuid.NewV7()).String() + "." + strconv.Itoa(k.Shard(org)) + "." + org
+	return uuid.Must(uuid.NewV7()).String() + k.eventIDTail(k.Shard(org), org)
+}
+
+// eventIDTail is how the event ids of org end: ".<shard>.<org>". Idempotency records keep
+// only what comes before it (lua/admit.lua).
+func (k Keys) eventIDTail(shard int, org string) string {
+	return "." + strconv.Itoa(shard) + "." + org
 }
 
 // ParseEventID returns the shard and org of an event id made by NewEventID, or
