@@ -11,11 +11,15 @@
 --
 -- KEYS[1]   the outbox stream
 -- ARGV[1]   group: the relays' consumer group
--- ARGV[2]   next: the id just after the highest id acknowledged here ("<ms>-<seq + 1>")
--- ARGV[3..] the ids produced
+-- ARGV[2]   next: the id just after the highest id acknowledged here ("<ms>-<seq + 1>"),
+--           or "0-0" when none is
+-- ARGV[3]   full: "1" to trim, when nothing is pending, up to the group's last delivered
+--           entry (XINFO GROUPS: entries other relays acknowledged above next); the relay
+--           asks for it when idle and after taking over entries, not per batch
+-- ARGV[4..] the ids produced (none: trim only)
 -- Returns the number of entries trimmed.
-local stream, group, bound = KEYS[1], ARGV[1], ARGV[2]
-redis.call('XACK', stream, group, unpack(ARGV, 3))
+local stream, group, bound, full = KEYS[1], ARGV[1], ARGV[2], ARGV[3] == '1'
+if #ARGV > 3 then redis.call('XACK', stream, group, unpack(ARGV, 4)) end
 local pending = redis.call('XPENDING', stream, group)
 if pending[1] > 0 then
   local low = pending[2]
@@ -23,7 +27,7 @@ if pending[1] > 0 then
   local bm, bs = string.match(bound, '^(%d+)-(%d+)$')
   lm, ls, bm, bs = tonumber(lm), tonumber(ls), tonumber(bm), tonumber(bs)
   if lm < bm or lm == bm and ls < bs then bound = low end
-else
+elseif full then
   -- Nothing pending: everything the group was delivered is acknowledged (other relays'
   -- entries above next included), so the bound is just past its last delivered entry.
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do

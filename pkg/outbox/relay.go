@@ -116,13 +116,16 @@ func (r *Relay) runShard(ctx context.Context, shard int) {
 	backoff := newBackoff(r.opts.MaxBackoff)
 	r.createGroup(ctx, log, stream, backoff)
 	pending := true // first what this consumer read before a restart and never acknowledged
+	// trimmed: no acknowledgement since the last full trim. A batch trims below itself;
+	// what other relays acknowledged above it goes at the next full trim, when idle.
+	trimmed := false
 	var lastClaim, lastForget time.Time
 	for ctx.Err() == nil {
 		if time.Since(lastForget) >= r.opts.ForgetAfter/4 {
 			lastForget = time.Now()
 			r.forgetConsumers(ctx, log, stream)
 		}
-		entries, err := r.next(ctx, stream, &pending, &lastClaim)
+		entries, recovered, err := r.next(ctx, stream, &pending, &lastClaim)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -140,8 +143,14 @@ func (r *Relay) runShard(ctx context.Context, shard int) {
 			continue
 		}
 		backoff.reset()
-		if len(entries) > 0 {
-			r.deliver(ctx, log, stream, entries)
+		switch {
+		case len(entries) > 0:
+			r.deliver(ctx, log, stream, entries, recovered)
+			trimmed = recovered
+		case !trimmed:
+			if err := r.ackAndTrim(ctx, stream, nil, true); err == nil {
+				trimmed = true
+			}
 		}
 	}
 }
@@ -192,8 +201,9 @@ func isNoGroup(err error) bool {
 
 // next returns the next entries to produce: entries another relay left unacknowledged for
 // ClaimAfter (checked every ClaimAfter/2), then this consumer's own pending entries, then
-// new ones (waiting up to Block for them).
-func (r *Relay) next(ctx context.Context, stream string, pending *bool, lastClaim *time.Time) ([]redis.XMessage, error) {
+// new ones (waiting up to Block for them). recovered tells the first two.
+func (r *Relay) next(ctx context.Context, stream string, pending *bool, lastClaim *time.Time) (
+	msgs []redis.XMessage, recovered bool, err error) {
 	if time.Since(*lastClaim) >= r.opts.ClaimAfter/2 {
 		*lastClaim = time.Now()
 		msgs, _, err := r.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
@@ -201,11 +211,11 @@ func (r *Relay) next(ctx context.Context, stream string, pending *bool, lastClai
 			MinIdle: r.opts.ClaimAfter, Start: "0-0", Count: int64(r.opts.Batch),
 		}).Result()
 		if err != nil {
-			return nil, fmt.Errorf("claim idle entries: %w", err)
+			return nil, false, fmt.Errorf("claim idle entries: %w", err)
 		}
 		if len(msgs) > 0 {
 			r.metrics.claimed.Add(float64(len(msgs)))
-			return msgs, nil
+			return msgs, true, nil
 		}
 	}
 	args := &redis.XReadGroupArgs{
@@ -218,23 +228,23 @@ func (r *Relay) next(ctx context.Context, stream string, pending *bool, lastClai
 	res, err := r.rdb.XReadGroup(ctx, args).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return nil, nil
+		return nil, false, nil
 	case err != nil:
-		return nil, fmt.Errorf("read new entries: %w", err)
+		return nil, false, fmt.Errorf("read new entries: %w", err)
 	}
-	var msgs []redis.XMessage
 	for _, s := range res {
 		msgs = append(msgs, s.Messages...)
 	}
+	recovered = *pending
 	if *pending && len(msgs) == 0 {
 		*pending = false
 	}
-	return msgs, nil
+	return msgs, recovered, nil
 }
 
 // deliver produces entries until Kafka acks them all (a timeout is an unknown outcome:
 // produce again, the meter deduplicates), then acknowledges them and trims the stream.
-func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, entries []redis.XMessage) {
+func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, entries []redis.XMessage, full bool) {
 	msgs := make([]kafka.Message, 0, len(entries))
 	ids := make([]string, 0, len(entries))
 	for _, e := range entries {
@@ -267,15 +277,10 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		log.Warn("produce to kafka; retrying", "events", len(msgs), "err", err)
 		backoff.wait(ctx)
 	}
-	args := make([]any, 0, 2+len(ids))
-	args = append(args, r.opts.Group, nextID(ids))
-	for _, id := range ids {
-		args = append(args, id)
-	}
 	for ctx.Err() == nil {
 		// Acknowledge, and trim the stream below what any relay still holds (never an
 		// entry not produced): one call, far cheaper for Redis than XDEL of each id.
-		err := lua.RelayAck.Run(ctx, r.rdb, []string{stream}, args...).Err()
+		err := r.ackAndTrim(ctx, stream, ids, full)
 		if err == nil {
 			return
 		}
@@ -286,7 +291,27 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 	}
 }
 
-// nextID returns the stream id just after the highest of ids ("<ms>-<seq>").
+// ackAndTrim acknowledges ids and trims the stream below the oldest entry any relay of the
+// group holds (lua/relay_ack.lua); full also trims what other relays acknowledged above
+// ids when nothing is pending (no ids: trim only).
+func (r *Relay) ackAndTrim(ctx context.Context, stream string, ids []string, full bool) error {
+	args := make([]any, 0, 3+len(ids))
+	flag := "0"
+	if full {
+		flag = "1"
+	}
+	args = append(args, r.opts.Group, nextID(ids), flag)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	if err := lua.RelayAck.Run(ctx, r.rdb, []string{stream}, args...).Err(); err != nil {
+		return fmt.Errorf("acknowledge and trim: %w", err)
+	}
+	return nil
+}
+
+// nextID returns the stream id just after the highest of ids ("<ms>-<seq>"), "0-0" for
+// none.
 func nextID(ids []string) string {
 	var hiMS, hiSeq uint64
 	for _, id := range ids {
@@ -299,6 +324,9 @@ func nextID(ids []string) string {
 		if ms > hiMS || ms == hiMS && seq >= hiSeq {
 			hiMS, hiSeq = ms, seq
 		}
+	}
+	if len(ids) == 0 {
+		return "0-0"
 	}
 	return strconv.FormatUint(hiMS, 10) + "-" + strconv.FormatUint(hiSeq+1, 10)
 }
