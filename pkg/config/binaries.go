@@ -86,7 +86,7 @@ func (c *Admission) Register(l *Loader) {
 	l.Duration(&c.RelayClaimAfter, "ADMIT_RELAY_CLAIM_AFTER", 30*time.Second, "how long entries read and not acknowledged by another relay wait before this one takes them over")
 	l.Duration(&c.OutboxMaxAge, "ADMIT_OUTBOX_MAX_AGE", time.Minute, "age of the oldest unrelayed event past which /readyz reports the outbox degraded")
 	l.Int(&c.MaxBatch, "ADMIT_MAX_BATCH", 16, "most decisions of one shard per script call (1 = no grouping)")
-	l.Int(&c.Pipeline, "ADMIT_PIPELINE", 4, "most script calls in flight per shard")
+	l.Int(&c.Pipeline, "ADMIT_PIPELINE", admission.DefaultPipeline, "most script calls in flight per shard")
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
 }
 
