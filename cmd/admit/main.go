@@ -174,11 +174,11 @@ func runRelay(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 }
 
 // newRelay builds the relay producing through w, with a Redis client of its own: every
-// shard blocks one connection while it waits for entries, which must not starve the
-// decisions' pool.
+// outbox stream (two per shard: Keys.Outboxes) blocks one connection while it waits for
+// entries, which must not starve the decisions' pool.
 func newRelay(cfg config.Admit, log *slog.Logger, reg prometheus.Registerer, w *outbox.Writer) (*outbox.Relay, func(), error) {
 	a := cfg.Admission
-	rdb, err := cfg.Redis.OpenPool(a.Shards + 4)
+	rdb, err := cfg.Redis.OpenPool(2*a.Shards + 4)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -397,7 +397,7 @@ func TestIdempotency(t *testing.T) {
 
 // stateHash is the hash of the test org's token buckets (lua/admit.lua).
 func (b *testBundle) stateHash() string {
-	return strings.TrimSuffix(b.keys.Outbox(b.keys.Shard(b.org)), "outbox") + "s:" + b.org
+	return strings.TrimSuffix(b.keys.LegacyOutbox(b.keys.Shard(b.org)), "outbox") + "s:" + b.org
 }
 
 // bucketFields lists the fields of the account's buckets in the state hash, requests
@@ -532,6 +532,17 @@ func TestOutboxEvents(t *testing.T) {
 		for _, bad := range []string{"", "x", req.EventID + " ", req.EventID + "/x", strings.Replace(req.EventID, ".", ".99.", 1), "not-a-uuid-at-all-but-36-chars-long.1." + b.org} {
 			require.ErrorIs(t, b.adm.Outcome(ctx, admission.Outcome{EventID: bad, Status: 200}), admission.ErrUnknownEvent, bad)
 		}
+
+		// Nothing goes to the legacy stream: relays of the earlier version read only that
+		// one, and would send a compact entry on as an empty message (a dead letter).
+		shard := b.keys.Shard(b.org)
+		n, err := b.rdb.XLen(ctx, b.keys.LegacyOutbox(shard)).Result()
+		require.NoError(t, err)
+		require.Zero(t, n, "entries in the legacy stream")
+		n, err = b.rdb.XLen(ctx, b.keys.Outbox(shard)).Result()
+		require.NoError(t, err)
+		require.Equal(t, int64(2), n, "the admission and the outcome in the shard's stream")
+		require.NotEqual(t, b.keys.Outbox(shard), b.keys.LegacyOutbox(shard))
 	})
 }
 

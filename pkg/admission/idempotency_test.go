@@ -92,7 +92,7 @@ func TestIdempotencyLegacyRecord(t *testing.T) {
 				units := map[policy.Unit]int64{policy.Requests: 1}
 				ctx := testenv.Context(t, 10*time.Second)
 				old := b.adm.NewEventID(b.org)
-				key := b.keys.Outbox(b.keys.Shard(b.org))
+				key := b.keys.LegacyOutbox(b.keys.Shard(b.org))
 				key = key[:len(key)-len("outbox")] + "i:" + b.org + ":k-old"
 				record := old + " 2026-10 requests=1;\n" + old
 				require.NoError(t, b.rdb.Set(ctx, key, record, time.Hour).Err())

@@ -49,8 +49,20 @@ func (k Keys) tag(shard int) string {
 	return k.Prefix + "{" + strconv.Itoa(shard) + "}:"
 }
 
-// Outbox is the stream of a shard that the admission script appends usage events to.
-func (k Keys) Outbox(shard int) string { return k.tag(shard) + "outbox" }
+// Outbox is the stream of a shard that the admission script appends usage events to, in
+// the compact form only this version's relay renders (OutboxMessage).
+func (k Keys) Outbox(shard int) string { return k.tag(shard) + "events" }
+
+// LegacyOutbox is the stream of a shard that versions before the compact events wrote
+// whole CloudEvents to. Their relays read only it, so they never meet an entry they cannot
+// render; this version's relay reads it too, so that what nodes of the earlier version
+// write during a rolling upgrade is relayed.
+func (k Keys) LegacyOutbox(shard int) string { return k.tag(shard) + "outbox" }
+
+// Outboxes are the streams of a shard the relay reads: Outbox and LegacyOutbox.
+func (k Keys) Outboxes(shard int) []string {
+	return []string{k.Outbox(shard), k.LegacyOutbox(shard)}
+}
 
 // Quota is the counter of what account (of org) used of unit in the period labelled label
 // ("YYYY-MM" for monthly quotas, "YYYY-MM-DD" for daily ones): a plain integer string.

@@ -41,7 +41,7 @@ func (m *scriptMetrics) observe(batch int, took time.Duration) {
 type outboxCollector struct{ a *Admitter }
 
 var outboxLength = prometheus.NewDesc("metergate_outbox_length",
-	"Usage events in the shard's Redis outbox stream (not yet relayed to Kafka, or relayed and not yet trimmed).",
+	"Usage events in the shard's Redis outbox streams (Keys.Outboxes: not yet relayed to Kafka, or relayed and not yet trimmed).",
 	[]string{"shard"}, nil)
 
 var outboxUp = prometheus.NewDesc("metergate_outbox_scrape_ok",
@@ -54,16 +54,22 @@ func (c *outboxCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	k := c.a.keys
 	pipe := c.a.rdb.Pipeline()
-	lens := make([]interface{ Val() int64 }, k.Shards)
+	lens := make([][]interface{ Val() int64 }, k.Shards)
 	for s := range k.Shards {
-		lens[s] = pipe.XLen(ctx, k.Outbox(s))
+		for _, stream := range k.Outboxes(s) {
+			lens[s] = append(lens[s], pipe.XLen(ctx, stream))
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		ch <- prometheus.MustNewConstMetric(outboxUp, prometheus.GaugeValue, 0)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(outboxUp, prometheus.GaugeValue, 1)
-	for s, l := range lens {
-		ch <- prometheus.MustNewConstMetric(outboxLength, prometheus.GaugeValue, float64(l.Val()), strconv.Itoa(s))
+	for s, ls := range lens {
+		var n int64
+		for _, l := range ls {
+			n += l.Val()
+		}
+		ch <- prometheus.MustNewConstMetric(outboxLength, prometheus.GaugeValue, float64(n), strconv.Itoa(s))
 	}
 }

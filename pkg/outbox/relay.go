@@ -63,7 +63,7 @@ type Relay struct {
 }
 
 // NewRelay returns a relay from the outbox streams in rdb to out. rdb should have a
-// connection pool of its own, of at least Keys.Shards + 2 connections: every shard blocks
+// connection pool of its own, of at least 2 × Keys.Shards + 2 connections: every stream blocks
 // one connection while it waits for entries.
 func NewRelay(rdb redis.UniversalClient, out Producer, o RelayOptions) *Relay {
 	if o.Group == "" {
@@ -100,18 +100,19 @@ func NewRelay(rdb redis.UniversalClient, out Producer, o RelayOptions) *Relay {
 func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for shard := range r.opts.Keys.Shards {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.runShard(ctx, shard)
-		}()
+		for _, stream := range r.opts.Keys.Outboxes(shard) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.runStream(ctx, stream)
+			}()
+		}
 	}
 	wg.Wait()
 	return nil
 }
 
-func (r *Relay) runShard(ctx context.Context, shard int) {
-	stream := r.opts.Keys.Outbox(shard)
+func (r *Relay) runStream(ctx context.Context, stream string) {
 	log := r.opts.Log.With("stream", stream)
 	backoff := newBackoff(r.opts.MaxBackoff)
 	r.createGroup(ctx, log, stream, backoff)
@@ -351,25 +352,29 @@ func (r *Relay) OldestAge(ctx context.Context) (time.Duration, error) {
 
 func (r *Relay) ages(ctx context.Context, now time.Time) ([]time.Duration, error) {
 	pipe := r.rdb.Pipeline()
-	cmds := make([]*redis.XMessageSliceCmd, r.opts.Keys.Shards)
+	cmds := make([][]*redis.XMessageSliceCmd, r.opts.Keys.Shards) // per shard, per stream
 	for s := range cmds {
-		cmds[s] = pipe.XRangeN(ctx, r.opts.Keys.Outbox(s), "-", "+", 1)
+		for _, stream := range r.opts.Keys.Outboxes(s) {
+			cmds[s] = append(cmds[s], pipe.XRangeN(ctx, stream, "-", "+", 1))
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read the oldest outbox entries: %w", err)
 	}
-	ages := make([]time.Duration, len(cmds))
-	for s, c := range cmds {
-		msgs := c.Val()
-		if len(msgs) == 0 {
-			continue
+	ages := make([]time.Duration, len(cmds)) // per shard: the oldest of its streams
+	for s, cs := range cmds {
+		for _, c := range cs {
+			msgs := c.Val()
+			if len(msgs) == 0 {
+				continue
+			}
+			ms, _, _ := strings.Cut(msgs[0].ID, "-")
+			t, err := strconv.ParseInt(ms, 10, 64)
+			if err != nil {
+				continue
+			}
+			ages[s] = max(ages[s], now.Sub(time.UnixMilli(t)))
 		}
-		ms, _, _ := strings.Cut(msgs[0].ID, "-")
-		t, err := strconv.ParseInt(ms, 10, 64)
-		if err != nil {
-			continue
-		}
-		ages[s] = max(0, now.Sub(time.UnixMilli(t)))
 	}
 	return ages, nil
 }

@@ -109,9 +109,11 @@ func (b *testBundle) outboxLen(t *testing.T) int64 {
 	t.Helper()
 	var n int64
 	for s := range b.keys.Shards {
-		l, err := b.rdb.XLen(testenv.Context(t, 10*time.Second), b.keys.Outbox(s)).Result()
-		require.NoError(t, err)
-		n += l
+		for _, stream := range b.keys.Outboxes(s) {
+			l, err := b.rdb.XLen(testenv.Context(t, 10*time.Second), stream).Result()
+			require.NoError(t, err)
+			n += l
+		}
 	}
 	return n
 }
@@ -556,7 +558,9 @@ func TestRelayOldFormatEntries(t *testing.T) {
 		DataContentType: "application/json", Data: json.RawMessage(`{"org":"` + b.org + `-0","account":"` + b.org + `-0","path":[{"account":"` + b.org + `-0","kind":"org"}],"units":{"requests":1},"period":"2026-11","plan":""}`)}
 	raw, err := json.Marshal(old)
 	require.NoError(t, err)
-	require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.keys.Outbox(b.keys.Shard(b.org + "-0")),
+	// Written as a node of the earlier version writes during a rolling upgrade: to the
+	// legacy stream, which only relays of this version read beside the new one.
+	require.NoError(t, b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.keys.LegacyOutbox(b.keys.Shard(b.org + "-0")),
 		Values: []string{"k", b.org + "-0", "v", string(raw)}}).Err())
 	b.run(t, b.writer, outbox.RelayOptions{})
 	seen := b.consume(t, len(ids)+1)
