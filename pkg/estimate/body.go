@@ -162,7 +162,6 @@ type anthropicBlock struct {
 		Type      string `json:"type"`
 		MediaType string `json:"media_type"`
 		Data      string `json:"data"`
-		URL       string `json:"url"`
 	} `json:"source"`
 }
 
@@ -238,7 +237,7 @@ func anthropicContent(raw json.RawMessage, where string, depth int, c *counter, 
 				return invalid("%s block %d: image.source is required", where, j)
 			}
 			var n int64
-			n, err = anthropicImage(bl.Source.Type, bl.Source.MediaType, bl.Source.Data, bl.Source.URL)
+			n, err = anthropicImage(bl.Source.Type, bl.Source.MediaType, bl.Source.Data)
 			if err != nil {
 				return invalid("%s block %d: %v", where, j, err)
 			}

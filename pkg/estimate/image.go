@@ -71,7 +71,7 @@ func openAIImage(url, detail string) (int64, error) {
 	return OpenAIImageTokens(w, h, detail), nil
 }
 
-func anthropicImage(kind, media, data, url string) (int64, error) {
+func anthropicImage(kind, media, data string) (int64, error) {
 	switch kind {
 	case "base64":
 		w, h, known, err := imageSize(media, data)
