@@ -30,6 +30,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/config"
+	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/outbox"
 	"github.com/metergate/metergate/pkg/policy"
@@ -99,7 +100,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		Log: log, Policies: cache, Admin: policy.NewStore(pool), Decider: admitter, Recorder: recorder,
 		ServiceToken: a.ServiceToken, AdminToken: a.AdminToken, Source: a.Node, Tools: a.ToolCredits,
 		RedisDownRateOnly: api.FailPolicy(a.RedisDownRateOnly), RedisDownQuota: api.FailPolicy(a.RedisDownQuota),
-		Registerer: reg,
+		Registerer: reg, Estimate: estimate.Options{DefaultOutput: int64(a.EstimateDefaultOutput)},
 	})
 
 	probes := &ops.Probes{}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
@@ -24,11 +25,13 @@ type admitReply struct {
 	FailOpen     bool               `json:"fail_open,omitempty"`
 	BlockedBy    *admission.Blocker `json:"blocked_by,omitempty"`
 	RetryAfterMS *int64             `json:"retry_after_ms,omitempty"`
+	// Estimated is the estimate charged as the request's tokens, when it sent one.
+	Estimated *estimate.Estimate `json:"estimated,omitempty"`
 }
 
 func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	in, e := parseAdmit(r.Body, s.cfg.Tools)
+	in, e := parseAdmit(r.Body, s.cfg.Tools, s.cfg.Estimate)
 	if e != nil {
 		s.metrics.rejected(e.Code)
 		writeError(w, e)
@@ -80,12 +83,12 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &Error{Status: 422, Code: "idempotency_key_reused", Message: "this idempotency key was used with different units or another tool"})
 		return
 	case err != nil:
-		s.redisDown(w, r, req, err)
+		s.redisDown(w, r, req, in.Estimated, err)
 		return
 	}
 	s.metrics.decided(d, pol, time.Since(start))
 	setRateLimitHeaders(w.Header(), d.Limits)
-	reply := admitReply{Decision: d.Result, Account: pol.Account(), Org: pol.Org}
+	reply := admitReply{Decision: d.Result, Account: pol.Account(), Org: pol.Org, Estimated: in.Estimated}
 	switch d.Result {
 	case admission.Allow:
 		reply.EventID, reply.Period, reply.Replayed = d.EventID, d.Period, d.Replayed
@@ -107,7 +110,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 // redisDown answers a decision Redis could not take: rate-only accounts fail open (their
 // event goes straight to Kafka, synchronously; if that fails too, deny), quota-bearing
 // accounts fail closed; both as configured.
-func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission.Request, cause error) {
+func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission.Request, est *estimate.Estimate, cause error) {
 	pol := req.Policy
 	policyFor := s.cfg.RedisDownRateOnly
 	if pol.HasQuota() {
@@ -133,7 +136,7 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 			log.Warn("redis unavailable: admitted fail-open, event written to kafka", "event_id", req.EventID)
 			s.metrics.failOpen.Inc()
 			writeJSON(w, http.StatusOK, admitReply{Decision: admission.Allow, EventID: req.EventID, Account: pol.Account(),
-				Org: pol.Org, Period: data.Period, FailOpen: true})
+				Org: pol.Org, Period: data.Period, FailOpen: true, Estimated: est})
 			return
 		}
 		log.Error("redis unavailable and the fail-open event could not be recorded: denying", "record_err", err)
@@ -201,4 +204,14 @@ func ceilSeconds(d time.Duration) int64 {
 		return 0
 	}
 	return int64((d + time.Second - 1) / time.Second)
+}
+
+// estimate answers POST /v1/estimate: the tokens of a model request, charged to nobody.
+func (s *Server) estimate(w http.ResponseWriter, r *http.Request) {
+	est, e := parseEstimate(r.Body, s.cfg.Estimate)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, est)
 }

@@ -1,5 +1,5 @@
 // Package api is admit's HTTP interface: the decision API for calling services
-// (POST /v1/admit, POST /v1/outcomes, GET /v1/usage/{account}) and the admin API for
+// (POST /v1/admit, POST /v1/estimate, POST /v1/outcomes, GET /v1/usage/{account}) and the admin API for
 // accounts and API keys, described by the OpenAPI document served at /openapi.yaml.
 package api
 
@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
@@ -93,6 +94,8 @@ type Config struct {
 	Registerer          prometheus.Registerer
 	// Clock gives the period of a fail-open decision and a void (nil: the system clock).
 	Clock period.Clock
+	// Estimate configures token estimation (POST /v1/estimate, admit's estimate).
+	Estimate estimate.Options
 }
 
 // Server serves the API.
@@ -128,6 +131,7 @@ func New(cfg Config) *Server {
 // Routes lists every route the server answers, as "METHOD /path" patterns.
 var Routes = []string{
 	"POST /v1/admit",
+	"POST /v1/estimate",
 	"POST /v1/outcomes",
 	"GET /v1/usage/{account}",
 	"POST /v1/admin/accounts",
@@ -141,6 +145,7 @@ var Routes = []string{
 func (s *Server) routes() {
 	handlers := map[string]http.HandlerFunc{
 		"POST /v1/admit":                 s.service(s.admit),
+		"POST /v1/estimate":              s.service(s.estimate),
 		"POST /v1/outcomes":              s.service(s.outcome),
 		"GET /v1/usage/{account}":        s.service(s.usage),
 		"POST /v1/admin/accounts":        s.admin(s.createAccount),
@@ -173,7 +178,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, &Error{Status: 500, Code: "internal", Message: "internal error"})
 		}
 	}()
-	r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes+1)
+	r.Body = http.MaxBytesReader(w, r.Body, int64(bodyLimit(r.URL.Path))+1)
 	if _, pattern := s.mux.Handler(r); pattern == "" {
 		s.noRoute(w, r)
 		return

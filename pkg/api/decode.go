@@ -9,11 +9,29 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
-// MaxBodyBytes bounds every request body.
+// MaxBodyBytes bounds every request body but those that carry a model request to estimate.
 const MaxBodyBytes = 64 << 10
+
+// MaxEstimateBodyBytes bounds the bodies that carry a model request to estimate: POST
+// /v1/estimate, and POST /v1/admit with an estimate (without one, admit's body is still
+// bounded by MaxBodyBytes).
+const MaxEstimateBodyBytes = 1 << 20
+
+// bodyLimit is the most bytes a request to path may send.
+func bodyLimit(path string) int {
+	if path == "/v1/admit" || path == "/v1/estimate" {
+		return MaxEstimateBodyBytes
+	}
+	return MaxBodyBytes
+}
+
+func bodyTooLarge(limit int) *Error {
+	return &Error{Status: 400, Code: "body_too_large", Message: fmt.Sprintf("the body is larger than %d bytes", limit)}
+}
 
 // MaxIdempotencyKey is the longest idempotency key accepted, in bytes.
 const MaxIdempotencyKey = 255
@@ -34,13 +52,23 @@ func badRequest(code, format string, args ...any) *Error {
 // decodeJSON reads one JSON object from body into v: unknown fields, trailing data and
 // bodies over MaxBodyBytes are refused.
 func decodeJSON(body io.Reader, v any) *Error {
-	raw, err := io.ReadAll(io.LimitReader(body, MaxBodyBytes+1))
+	_, e := decodeJSONMax(body, v, MaxBodyBytes)
+	return e
+}
+
+// decodeJSONMax is decodeJSON for bodies of up to limit bytes; it returns the body's size.
+func decodeJSONMax(body io.Reader, v any, limit int) (int, *Error) {
+	raw, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
 	if err != nil {
-		return badRequest("unreadable_body", "could not read the request body")
+		return 0, badRequest("unreadable_body", "could not read the request body")
 	}
-	if len(raw) > MaxBodyBytes {
-		return &Error{Status: 400, Code: "body_too_large", Message: fmt.Sprintf("the body is larger than %d bytes", MaxBodyBytes)}
+	if len(raw) > limit {
+		return len(raw), bodyTooLarge(limit)
 	}
+	return len(raw), decodeRaw(raw, v)
+}
+
+func decodeRaw(raw []byte, v any) *Error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
@@ -102,6 +130,35 @@ func validIdempotencyKey(k string) *Error {
 	return nil
 }
 
+// estimateBody is the body of POST /v1/estimate and the estimate of POST /v1/admit: a
+// model request whose tokens are estimated (pkg/estimate).
+type estimateBody struct {
+	Model    string          `json:"model"`
+	Provider string          `json:"provider"`
+	Request  json.RawMessage `json:"request"`
+}
+
+// count estimates b's tokens.
+func (b estimateBody) count(opt estimate.Options) (estimate.Estimate, *Error) {
+	est, err := estimate.Count(estimate.Input{Model: b.Model, Provider: estimate.Provider(b.Provider), Request: b.Request}, opt)
+	switch {
+	case errors.Is(err, estimate.ErrInvalid):
+		return est, badRequest("invalid_estimate", "%s", err.Error())
+	case err != nil:
+		return est, &Error{Status: 500, Code: "internal", Message: "the estimator failed"}
+	}
+	return est, nil
+}
+
+// parseEstimate decodes the body of POST /v1/estimate and estimates it.
+func parseEstimate(body io.Reader, opt estimate.Options) (estimate.Estimate, *Error) {
+	var b estimateBody
+	if _, e := decodeJSONMax(body, &b, MaxEstimateBodyBytes); e != nil {
+		return estimate.Estimate{}, e
+	}
+	return b.count(opt)
+}
+
 // admitBody is the body of POST /v1/admit.
 type admitBody struct {
 	APIKey         string                     `json:"api_key"`
@@ -109,6 +166,7 @@ type admitBody struct {
 	IdempotencyKey string                     `json:"idempotency_key"`
 	Units          map[string]json.RawMessage `json:"units"`
 	Tool           string                     `json:"tool"`
+	Estimate       *estimateBody              `json:"estimate"`
 }
 
 // admitInput is a validated admitBody.
@@ -118,13 +176,20 @@ type admitInput struct {
 	IdempotencyKey string
 	Units          map[policy.Unit]int64
 	Tool           string
+	// Estimated is the estimate that gave Units' tokens, if the body had one.
+	Estimated *estimate.Estimate
 }
 
 // parseAdmit decodes and validates the body of POST /v1/admit. tools prices tool calls in
-// credits: a known tool adds its credits unless the request names credits itself.
-func parseAdmit(body io.Reader, tools map[string]int64) (admitInput, *Error) {
+// credits: a known tool adds its credits unless the request names credits itself. An
+// estimate's total becomes the tokens units; a body without one is bounded by MaxBodyBytes.
+func parseAdmit(body io.Reader, tools map[string]int64, opt estimate.Options) (admitInput, *Error) {
 	var b admitBody
-	if e := decodeJSON(body, &b); e != nil {
+	n, e := decodeJSONMax(body, &b, MaxEstimateBodyBytes)
+	if e == nil && n > MaxBodyBytes && b.Estimate == nil {
+		e = bodyTooLarge(MaxBodyBytes) // only a model request to estimate may take a body past it
+	}
+	if e != nil {
 		return admitInput{}, e
 	}
 	in := admitInput{APIKey: b.APIKey, Account: b.Account, IdempotencyKey: b.IdempotencyKey, Tool: b.Tool}
@@ -144,6 +209,16 @@ func parseAdmit(body io.Reader, tools map[string]int64) (admitInput, *Error) {
 	units, e := decodeUnits(b.Units)
 	if e != nil {
 		return in, e
+	}
+	if b.Estimate != nil {
+		if _, set := units[policy.Tokens]; set {
+			return in, badRequest("ambiguous_tokens", "give units.tokens or estimate, not both")
+		}
+		est, e := b.Estimate.count(opt)
+		if e != nil {
+			return in, e
+		}
+		units[policy.Tokens], in.Estimated = est.Total, &est
 	}
 	if _, set := units[policy.Requests]; !set {
 		units[policy.Requests] = 1 // every call is a request unless the caller says otherwise

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -47,7 +48,7 @@ func TestParseAdmit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in, e := parseAdmit(strings.NewReader(tt.body), policy.ToolCredits)
+			in, e := parseAdmit(strings.NewReader(tt.body), policy.ToolCredits, estimate.Options{})
 			if tt.code == "" {
 				require.Nil(t, e)
 				require.Equal(t, tt.want, in.Units)
@@ -87,11 +88,13 @@ func FuzzParseAdmit(f *testing.F) {
 	for _, s := range []string{
 		`{"api_key":"k"}`, `{"account":"a","units":{"requests":1,"tokens":2500},"tool":"llm_call","idempotency_key":"x"}`,
 		`{"units":{"tokens":-1}}`, `nope`, `{"api_key":"k"} 1`, `{"units":{"tokens":1e99}}`, `null`, `{"units":null}`,
+		`{"api_key":"k","estimate":{"model":"gpt-4o","request":{"messages":[{"role":"user","content":"hi"}],"max_tokens":5}}}`,
+		`{"api_key":"k","estimate":{"provider":"anthropic","request":{"model":"claude-x","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}}}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		in, e := parseAdmit(strings.NewReader(string(body)), policy.ToolCredits)
+		in, e := parseAdmit(strings.NewReader(string(body)), policy.ToolCredits, estimate.Options{})
 		if e != nil {
 			if e.Status < 400 || e.Status > 499 || e.Code == "" {
 				t.Fatalf("refusal %+v is not a coded 4xx", e)
@@ -109,7 +112,70 @@ func FuzzParseAdmit(f *testing.F) {
 				t.Fatalf("accepted bad unit %s=%d", u, v)
 			}
 		}
+		if in.Estimated != nil && in.Units[policy.Tokens] != in.Estimated.Total {
+			t.Fatalf("charged %d tokens for an estimate of %d", in.Units[policy.Tokens], in.Estimated.Total)
+		}
+		if in.Estimated == nil && len(body) > MaxBodyBytes {
+			t.Fatalf("accepted a %d-byte body without an estimate", len(body))
+		}
 	})
+}
+
+// FuzzParseEstimate: no body makes POST /v1/estimate's decoder panic or answer other than a
+// coded 400; an estimate's parts add up and are not negative.
+func FuzzParseEstimate(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"gpt-4o","request":{"messages":[{"role":"user","content":"hello world"}],"max_tokens":10}}`,
+		`{"provider":"anthropic","request":{"model":"claude-x","max_tokens":5,"system":"s","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}}`,
+		`{"request":{"model":"gpt-4","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo=","detail":"high"}}]}]}}`,
+		`{"model":"gpt-4o","request":[]}`, `{"request":null}`, `{}`, `{"model":"o3","provider":"google","request":{}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		est, e := parseEstimate(strings.NewReader(string(body)), estimate.Options{})
+		if e != nil {
+			if e.Status != 400 || e.Code == "" {
+				t.Fatalf("refusal %+v is not a coded 400", e)
+			}
+			return
+		}
+		b := est.Breakdown
+		if b.Text < 0 || b.Images < 0 || est.Output < 0 || b.Text+b.Overhead+b.Images != est.Input || est.Input+est.Output != est.Total {
+			t.Fatalf("estimate does not add up: %+v", est)
+		}
+	})
+}
+
+func TestParseAdmitEstimate(t *testing.T) {
+	req := `{"model":"gpt-4","request":{"messages":[{"role":"user","content":"hello world"}],"max_tokens":10}}`
+	in, e := parseAdmit(strings.NewReader(`{"api_key":"k","units":{"credits":2},"estimate":`+req+`}`), policy.ToolCredits, estimate.Options{})
+	require.Nil(t, e)
+	require.NotNil(t, in.Estimated)
+	require.Equal(t, int64(19), in.Estimated.Total) // 9 in (see pkg/estimate) + 10 out
+	require.Equal(t, map[policy.Unit]int64{policy.Requests: 1, policy.Credits: 2, policy.Tokens: 19}, in.Units)
+
+	// A model request may take admit's body past MaxBodyBytes, up to MaxEstimateBodyBytes.
+	long := strings.Repeat("a ", MaxBodyBytes)
+	in, e = parseAdmit(strings.NewReader(`{"api_key":"k","estimate":{"model":"llama","request":{"messages":[{"role":"user","content":"`+long+`"}],"max_tokens":0}}}`),
+		policy.ToolCredits, estimate.Options{})
+	require.Nil(t, e)
+	require.Equal(t, int64((len(long)+len("user"))*2+6)/7+6, in.Units[policy.Tokens])
+
+	for name, tc := range map[string]struct{ body, code string }{
+		"tokens and estimate": {`{"api_key":"k","units":{"tokens":5},"estimate":` + req + `}`, "ambiguous_tokens"},
+		"not a model request": {`{"api_key":"k","estimate":{"model":"gpt-4o","request":{"prompt":"x"}}}`, "invalid_estimate"},
+		"no request":          {`{"api_key":"k","estimate":{"model":"gpt-4o"}}`, "invalid_estimate"},
+		"unknown provider":    {`{"api_key":"k","estimate":{"provider":"google","request":{"model":"g","messages":[{"role":"user","content":"x"}]}}}`, "invalid_estimate"},
+		"unknown field":       {`{"api_key":"k","estimate":{"model":"gpt-4o","request":{},"n":1}}`, "unknown_field"},
+		"over 64 KiB without": {`{"api_key":"k","tool":"` + long + `"}`, "body_too_large"},
+		"over 1 MiB":          {`{"api_key":"k","estimate":{"model":"x","request":{"messages":[{"role":"user","content":"` + strings.Repeat("a", MaxEstimateBodyBytes) + `"}]}}}`, "body_too_large"},
+	} {
+		_, e := parseAdmit(strings.NewReader(tc.body), policy.ToolCredits, estimate.Options{})
+		require.NotNil(t, e, name)
+		require.Equal(t, tc.code, e.Code, "%s: %s", name, e.Message)
+		require.Equal(t, 400, e.Status, name)
+	}
 }
 
 // FuzzParseOutcome: no input makes the outcome decoder panic; every acceptance has an

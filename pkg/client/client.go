@@ -41,6 +41,36 @@ type Request struct {
 	IdempotencyKey string           `json:"idempotency_key,omitempty"`
 	Units          map[string]int64 `json:"units,omitempty"`
 	Tool           string           `json:"tool,omitempty"`
+	// Estimate, instead of Units["tokens"], has admit charge the estimated tokens of the
+	// model request.
+	Estimate *EstimateRequest `json:"estimate,omitempty"`
+}
+
+// EstimateRequest is a model request whose tokens admit estimates: an OpenAI
+// chat-completions or Anthropic messages body, as sent to the provider.
+type EstimateRequest struct {
+	// Model picks the encoding; the body's model when empty.
+	Model string `json:"model,omitempty"`
+	// Provider is "openai" or "anthropic"; inferred from the model and body when empty.
+	Provider string          `json:"provider,omitempty"`
+	Request  json.RawMessage `json:"request"`
+}
+
+// Estimate is admit's token estimate of a model request.
+type Estimate struct {
+	Model        string `json:"model"`
+	Provider     string `json:"provider"`
+	Method       string `json:"method"` // o200k_base, cl100k_base or chars/3.5
+	InputTokens  int64  `json:"input_tokens"`
+	OutputTokens int64  `json:"output_tokens"`
+	TotalTokens  int64  `json:"total_tokens"`
+	OutputFrom   string `json:"output_from"` // max_tokens, max_completion_tokens or default
+	Breakdown    struct {
+		Text       int64 `json:"text"`
+		Overhead   int64 `json:"overhead"`
+		Images     int64 `json:"images"`
+		ImageCount int64 `json:"image_count"`
+	} `json:"breakdown"`
 }
 
 // Blocker names the limit that denied a request.
@@ -61,6 +91,8 @@ type Decision struct {
 	Replayed     bool     `json:"replayed"`
 	BlockedBy    *Blocker `json:"blocked_by"`
 	RetryAfterMS *int64   `json:"retry_after_ms"`
+	// Estimated is what was charged as tokens when the request sent an Estimate.
+	Estimated *Estimate `json:"estimated"`
 	// Header holds the reply's RateLimit, RateLimit-Policy and Retry-After fields.
 	Header http.Header `json:"-"`
 	// Body is the raw reply.
@@ -174,6 +206,22 @@ func apiError(resp *http.Response, body []byte) error {
 	}
 	_ = json.Unmarshal(body, &e) // a non-JSON reply keeps the status alone
 	return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message, Header: resp.Header, Body: body}
+}
+
+// Estimate asks admit for the tokens of a model request, charging nothing.
+func (c *Client) Estimate(ctx context.Context, r EstimateRequest) (Estimate, error) {
+	resp, body, err := c.post(ctx, "/v1/estimate", r)
+	if err != nil {
+		return Estimate{}, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return Estimate{}, apiError(resp, body)
+	}
+	var e Estimate
+	if err := json.Unmarshal(body, &e); err != nil {
+		return Estimate{}, fmt.Errorf("decode estimate reply: %w", err)
+	}
+	return e, nil
 }
 
 // Outcome reports how an admitted request ended upstream (its HTTP status and, optionally,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/invoice"
 )
 
@@ -62,6 +63,9 @@ type Admission struct {
 	// ToolCredits prices tools in credits, "name=credits,...".
 	ToolCredits map[string]int64
 	toolsRaw    []string
+	// EstimateDefaultOutput is the output tokens an estimate assumes for a model request
+	// that bounds none (pkg/estimate).
+	EstimateDefaultOutput int
 }
 
 // Register adds the ADMIT_* decision settings.
@@ -88,6 +92,7 @@ func (c *Admission) Register(l *Loader) {
 	l.Int(&c.MaxBatch, "ADMIT_MAX_BATCH", 16, "most decisions of one shard per script call (1 = no grouping)")
 	l.Int(&c.Pipeline, "ADMIT_PIPELINE", admission.DefaultPipeline, "most script calls in flight per shard")
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
+	l.Int(&c.EstimateDefaultOutput, "ADMIT_ESTIMATE_DEFAULT_OUTPUT", estimate.DefaultOutput, "output tokens an estimate assumes for an OpenAI request without max_tokens or max_completion_tokens")
 }
 
 // Validate reports every bad decision setting.
@@ -124,6 +129,9 @@ func (c *Admission) Validate() error {
 		if v < 1 || v > 1024 {
 			errs = append(errs, fmt.Errorf("%s=%d: want 1-1024", name, v))
 		}
+	}
+	if c.EstimateDefaultOutput < 1 || c.EstimateDefaultOutput > 10_000_000 {
+		errs = append(errs, fmt.Errorf("ADMIT_ESTIMATE_DEFAULT_OUTPUT=%d: want 1-10000000", c.EstimateDefaultOutput))
 	}
 	for name, v := range map[string]string{"ADMIT_REDIS_DOWN_RATE_ONLY": c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_QUOTA": c.RedisDownQuota} {
 		if v != "open" && v != "closed" {

@@ -42,7 +42,9 @@ var Inexpressible = []struct {
 	Why      string
 }{
 	{"body_too_large", nil,
-		"OpenAPI bounds values, not a body's bytes: white space alone can take a body past 64 KiB"},
+		"OpenAPI bounds values, not a body's bytes: white space alone can take a body past 64 KiB (1 MiB with an estimate)"},
+	{"invalid_estimate", nil,
+		"the model request inside an estimate is the providers' body, described by their documents, not this one"},
 	{"invalid_json", []string{"data after the JSON object"},
 		"the validator reads a body's first JSON value and ignores what follows"},
 	{"invalid_units", []string{"whole number"},
