@@ -25,6 +25,8 @@ type Report struct {
 	Requests  int
 	Decisions map[int]int
 	Replays   int
+	// Estimated: 200s charged the tokens admit estimated from the model request.
+	Estimated int
 	Errors    map[string]int
 	// Blocked: the 429s and 402s by the limit that refused (blocked_by).
 	Blocked []Blocked
@@ -97,9 +99,16 @@ func (r *Report) Print(w io.Writer) {
 	sort.Ints(statuses[3:])
 	names := map[int]string{200: "allow", 429: "rate_limited", 402: "quota_exceeded"}
 	for _, s := range statuses {
-		note := ""
+		var notes []string
 		if s == 200 && r.Replays > 0 {
-			note = fmt.Sprintf("   (%d of them replays of an idempotency key: same event id, charged once)", r.Replays)
+			notes = append(notes, fmt.Sprintf("%d of them replays of an idempotency key: same event id, charged once", r.Replays))
+		}
+		if s == 200 && r.Estimated > 0 {
+			notes = append(notes, fmt.Sprintf("%d charged the tokens admit estimated from the model request", r.Estimated))
+		}
+		note := ""
+		if len(notes) > 0 {
+			note = "   (" + strings.Join(notes, "; ") + ")"
 		}
 		fmt.Fprintf(w, "  %-24s %8s%s\n", fmt.Sprintf("%d %s", s, names[s]), num(int64(r.Decisions[s])), note)
 	}

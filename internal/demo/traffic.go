@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,6 +33,7 @@ type stats struct {
 	requests  int
 	byStatus  map[int]int
 	replays   int
+	estimated int // 200s whose tokens admit estimated from the model request
 	errors    map[string]int
 	blocked   map[Blocked]int // Count 0 in the key
 	ids       map[string]bool // event ids of the 200s
@@ -101,6 +103,9 @@ func (t *traffic) admit(ctx context.Context, account string, r client.Request) (
 		t.st.periods[d.Period] = true
 		if d.Replayed {
 			t.st.replays++
+		}
+		if d.Estimated != nil && !d.Replayed {
+			t.st.estimated++
 		}
 	case d.BlockedBy != nil:
 		t.st.blocked[Blocked{Status: d.Status, Level: d.BlockedBy.Level, Account: d.BlockedBy.Account, Unit: d.BlockedBy.Unit}]++
@@ -220,6 +225,12 @@ func (t *traffic) agent2(ctx context.Context, rng *rand.Rand) {
 func (t *traffic) bob(ctx context.Context, rng *rand.Rand) {
 	for t.running(ctx) {
 		r := client.Request{Units: map[string]int64{"tokens": int64(200 + rng.IntN(600))}}
+		if rng.IntN(4) == 0 { // a quarter send the model request for admit to estimate
+			r.Units = nil
+			r.Estimate = &client.EstimateRequest{Request: json.RawMessage(fmt.Sprintf(
+				`{"model":"gpt-4o-mini","max_tokens":%d,"messages":[{"role":"user","content":%q}]}`,
+				100+rng.IntN(400), strings.Repeat("Summarise this week's usage. ", 5+rng.IntN(40))))}
+		}
 		if rng.IntN(5) == 0 {
 			r.Tool = "web_search"
 		}
@@ -234,8 +245,12 @@ func (t *traffic) bob(ctx context.Context, rng *rand.Rand) {
 		if ok {
 			status := upstream(rng, 0.07)
 			var units map[string]int64
+			charged := r.Units["tokens"]
+			if d.Estimated != nil {
+				charged = d.Estimated.TotalTokens
+			}
 			if status < 500 && rng.IntN(2) == 0 {
-				units = map[string]int64{"tokens": r.Units["tokens"] * int64(50+rng.IntN(51)) / 100}
+				units = map[string]int64{"tokens": charged * int64(50+rng.IntN(51)) / 100}
 			}
 			t.outcome(ctx, d.EventID, status, units)
 		}
@@ -379,6 +394,7 @@ func (st *stats) snapshot(r *Report) {
 		r.Decisions[k] = v
 	}
 	r.Replays = st.replays
+	r.Estimated = st.estimated
 	r.Errors = map[string]int{}
 	for k, v := range st.errors {
 		r.Errors[k] = v
