@@ -59,8 +59,12 @@ func (b *testBundle) waitMetric(t *testing.T, name string, labels map[string]str
 func (b *testBundle) outboxEvents(t *testing.T) []event.CloudEvent {
 	t.Helper()
 	ctx := testenv.Context(t, 10*time.Second)
-	keys, err := b.rdb.Keys(ctx, "*outbox").Result()
-	require.NoError(t, err)
+	var keys []string
+	for _, pattern := range []string{"*:events", "*:outbox"} { // admission.Keys.Outboxes
+		ks, err := b.rdb.Keys(ctx, pattern).Result()
+		require.NoError(t, err)
+		keys = append(keys, ks...)
+	}
 	var out []event.CloudEvent
 	for _, k := range keys {
 		entries, err := b.rdb.XRange(ctx, k, "-", "+").Result()
