@@ -3,9 +3,9 @@ package main
 import (
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"sync/atomic"
+
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // Failpoints of the test build of the meter (go test -c, run as the command with
@@ -18,20 +18,14 @@ import (
 // there: the test arms the failpoint when it wants the kill, and the meter runs as usual
 // until then.
 const (
-	FailpointEnv    = "METERGATE_FAILPOINT"
+	FailpointEnv    = testenv.FailpointEnv
 	FailpointArmEnv = "METERGATE_FAILPOINT_ARM"
 )
 
 func init() {
-	v := os.Getenv(FailpointEnv)
-	if v == "" {
+	point, n, set := testenv.Failpoint()
+	if !set {
 		return
-	}
-	point, nth, ok := strings.Cut(v, ":")
-	n, err := strconv.Atoi(nth)
-	if !ok || err != nil || n < 1 {
-		fmt.Fprintf(os.Stderr, "%s=%q: want <point>:<n>\n", FailpointEnv, v)
-		os.Exit(2)
 	}
 	arm := os.Getenv(FailpointArmEnv)
 	var hits atomic.Int64
@@ -45,7 +39,7 @@ func init() {
 			}
 		}
 		if hits.Add(1) == int64(n) {
-			fmt.Fprintf(os.Stderr, "failpoint %s reached: holding until killed\n", v)
+			fmt.Fprintf(os.Stderr, "failpoint %s:%d reached: holding until killed\n", point, n)
 			select {} // the caller (a writer or the committer of the meter) never goes on
 		}
 	}

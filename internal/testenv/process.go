@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -234,4 +236,24 @@ func WithSearchPath(tb testing.TB, dbURL, schema string) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// FailpointEnv names the failpoint of a command's test build (its failpoint_test.go, run
+// through StartMain): "<point>:<n>", the n-th time the command reaches point.
+const FailpointEnv = "METERGATE_FAILPOINT"
+
+// Failpoint reads FailpointEnv: set is false when it is empty. A malformed value ends the
+// process with status 2, as a bad flag would.
+func Failpoint() (point string, n int, set bool) {
+	v := os.Getenv(FailpointEnv)
+	if v == "" {
+		return "", 0, false
+	}
+	point, nth, ok := strings.Cut(v, ":")
+	n, err := strconv.Atoi(nth)
+	if !ok || err != nil || n < 1 {
+		fmt.Fprintf(os.Stderr, "%s=%q: want <point>:<n>\n", FailpointEnv, v)
+		os.Exit(2)
+	}
+	return point, n, true
 }
