@@ -140,6 +140,12 @@ type Limit struct {
 	WindowS     int64       `json:"window_s,omitempty"`
 	Quota       *int64      `json:"quota,omitempty"`
 	QuotaPeriod QuotaPeriod `json:"quota_period,omitempty"`
+	// Ceiling, on a token bucket below the org, makes RatePerS and Burst a guarantee:
+	// capacity of the parent reserved for this node, which its siblings cannot borrow.
+	// Beyond its guarantee the node may borrow the parent's spare capacity up to Ceiling
+	// per the same window (a second bucket of Ceiling at RatePerS × Ceiling / Burst).
+	// 0: no ceiling (the limit is a cap, not a guarantee). Part of the rate group.
+	Ceiling int64 `json:"ceiling,omitempty"`
 }
 
 // HasRate reports whether the limit has a rate part.
@@ -148,6 +154,20 @@ func (l Limit) HasRate() bool {
 		return l.Limit > 0
 	}
 	return l.Burst > 0
+}
+
+// Guaranteed reports whether the limit is a guarantee: a token bucket with a ceiling.
+func (l Limit) Guaranteed() bool {
+	return l.Ceiling > 0 && l.Algorithm == TokenBucket && l.Burst > 0
+}
+
+// CeilingRate is the rate of the ceiling's bucket: the guarantee's rate scaled to the
+// ceiling, so that both buckets refill over the same window.
+func (l Limit) CeilingRate() float64 {
+	if !l.Guaranteed() {
+		return 0
+	}
+	return l.RatePerS * float64(l.Ceiling) / float64(l.Burst)
 }
 
 // HasQuota reports whether the limit has a quota that can run out.
@@ -189,6 +209,16 @@ func (l Limit) Validate() error {
 		}
 	default:
 		errs = append(errs, fmt.Errorf("unknown algorithm %q (want token_bucket or sliding_window)", l.Algorithm))
+	}
+	if l.Ceiling != 0 {
+		switch {
+		case l.Ceiling < 0:
+			errs = append(errs, errors.New("ceiling must not be negative"))
+		case l.Algorithm != TokenBucket || l.Burst <= 0:
+			errs = append(errs, errors.New("a ceiling needs a token bucket (rate_per_s and burst, or limit and window_s)"))
+		case l.Ceiling < l.Burst:
+			errs = append(errs, errors.New("ceiling must be at least the burst (the guarantee)"))
+		}
 	}
 	if l.Quota != nil && *l.Quota < Uncapped {
 		errs = append(errs, errors.New("quota must be -1 (uncapped) or at least 0"))
@@ -252,6 +282,17 @@ type Level struct {
 	Plan        string         `json:"plan,omitempty"`
 	Limits      map[Unit]Limit `json:"limits"`
 	Concurrency int            `json:"concurrency"`
+	// Reserved is, per unit, the guarantees of this node's children (their limits with a
+	// ceiling): capacity of this node that only those children use. What is left of the
+	// node's own token bucket, its spare, is what its other traffic and borrowing children
+	// share. nil when no child has a guarantee.
+	Reserved map[Unit]Reservation `json:"reserved,omitempty"`
+}
+
+// Reservation is the sum of some guarantees: a token bucket's rate and burst.
+type Reservation struct {
+	RatePerS float64 `json:"rate_per_s"`
+	Burst    int64   `json:"burst"`
 }
 
 // Resolved is the effective policy of one account: the path from its org down to it, each
@@ -260,6 +301,9 @@ type Resolved struct {
 	Org  string  `json:"org"`
 	Plan string  `json:"plan"`
 	Path []Level `json:"path"` // org first, the account itself last
+	// Priority orders requests waiting for the same limit (max_wait_ms): higher first. It
+	// is the account's own priority, else its nearest ancestor's, else its org's plan's.
+	Priority int `json:"priority"`
 	// Memo is this policy's slot for what a consumer derives from it (nil when the policy
 	// was not made by a Cache).
 	Memo *Memo `json:"-"`

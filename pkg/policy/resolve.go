@@ -15,6 +15,7 @@ type node struct {
 	id, parent, org, plan string
 	kind                  Kind
 	concurrency           *int
+	priority              *int
 	limits                []unitLimit // overrides, sorted by unit
 }
 

@@ -49,6 +49,9 @@ type Plan struct {
 	Rank        int            `json:"rank"`
 	Limits      map[Unit]Limit `json:"limits"`
 	Concurrency int            `json:"concurrency"`
+	// Priority is the waiting priority of the plan's orgs (0-100, higher first; see
+	// Resolved.Priority).
+	Priority int `json:"priority"`
 }
 
 // Account is one node of the account tree as stored: its own plan, overrides and
@@ -63,7 +66,10 @@ type Account struct {
 	// Limits are the node's overrides, normalized.
 	Limits map[Unit]Limit `json:"limits,omitempty"`
 	// Concurrency is the node's own cap; nil means its plan's (if it names one), else none.
-	Concurrency *int      `json:"concurrency,omitempty"`
+	Concurrency *int `json:"concurrency,omitempty"`
+	// Priority is the node's waiting priority (0-100, higher first); nil means its
+	// parent's, up to its org's plan's (see Resolved.Priority).
+	Priority  *int      `json:"priority,omitempty"`
 	CreatedAt   time.Time `json:"created_at"`
 	UpdatedAt   time.Time `json:"updated_at"`
 }
