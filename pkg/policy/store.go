@@ -70,8 +70,8 @@ type Account struct {
 	// Priority is the node's waiting priority (0-100, higher first); nil means its
 	// parent's, up to its org's plan's (see Resolved.Priority).
 	Priority  *int      `json:"priority,omitempty"`
-	CreatedAt   time.Time `json:"created_at"`
-	UpdatedAt   time.Time `json:"updated_at"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // APIKey is an end-customer key of one account node. The secret is not part of it: only
