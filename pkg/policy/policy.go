@@ -25,6 +25,12 @@
 //     Every Limit in a Resolved is normalized.
 //   - Concurrency. A node's own cap if set, else its plan's if it has a plan, else 0 (no
 //     cap).
+//   - Guarantees. A token bucket with a ceiling, below the org, is a guarantee: its rate
+//     and burst are added to the parent's Level.Reserved for that unit (an org's ceilings
+//     are dropped: it has no parent). Admission gives a guarantee's traffic the parent's
+//     reserved capacity and everything else the rest (docs/admission.md).
+//   - Priority. The account's own if set, else the plan's it names, else its parent's; an
+//     org without one takes its plan's.
 //
 // Unknown plans are refused when written through the Store; they reach the cache only if
 // a plan is deleted or a row is written by hand, and then clamp as above. A node whose

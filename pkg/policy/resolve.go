@@ -68,16 +68,16 @@ func (ps planSet) clamp(id string) *Plan {
 // rateSet reports whether an override sets the rate part of a limit. Algorithm alone does
 // not count: Normalize fills it in on every limit.
 func (l Limit) rateSet() bool {
-	return l.RatePerS != 0 || l.Burst != 0 || l.Limit != 0 || l.WindowS != 0
+	return l.RatePerS != 0 || l.Burst != 0 || l.Limit != 0 || l.WindowS != 0 || l.Ceiling != 0
 }
 
 // overlay lays an override over a plan's limit field group by field group: the rate part
-// (algorithm, rate_per_s, burst, limit, window_s) is replaced as a whole when the override
+// (algorithm, rate_per_s, burst, limit, window_s, ceiling) is replaced as a whole when the override
 // sets any of it, the quota part (quota, quota_period) when the override sets a quota.
 func overlay(base, over Limit) Limit {
 	out := base
 	if over.rateSet() {
-		out.Algorithm, out.RatePerS, out.Burst, out.Limit, out.WindowS = over.Algorithm, over.RatePerS, over.Burst, over.Limit, over.WindowS
+		out.Algorithm, out.RatePerS, out.Burst, out.Limit, out.WindowS, out.Ceiling = over.Algorithm, over.RatePerS, over.Burst, over.Limit, over.WindowS, over.Ceiling
 	}
 	if over.Quota != nil {
 		out.Quota, out.QuotaPeriod = over.Quota, over.QuotaPeriod
@@ -117,6 +117,9 @@ func (b *levelBuilder) level(n *node) Level {
 	}
 
 	b.key = appendLevelKey(b.key[:0], lv.Plan, n.limits)
+	if n.kind == Org {
+		b.key = append(b.key, 0xff) // an org's limits have no ceiling: another map
+	}
 	if m, ok := b.shared[string(b.key)]; ok {
 		lv.Limits = m
 		return lv
@@ -133,6 +136,13 @@ func (b *levelBuilder) level(n *node) Level {
 	}
 	for _, o := range n.limits {
 		m[o.unit] = overlay(m[o.unit], o.limit)
+	}
+	if n.kind == Org {
+		// An org has no parent to borrow from: a plan's ceiling means nothing there.
+		for u, l := range m {
+			l.Ceiling = 0
+			m[u] = l
+		}
 	}
 	b.shared[string(b.key)] = m
 	lv.Limits = m
@@ -152,6 +162,7 @@ func appendLevelKey(key []byte, plan string, limits []unitLimit) []byte {
 		key = binary.LittleEndian.AppendUint64(key, uint64(l.Burst))   //nolint:gosec // the bits, as a cache key, not a number
 		key = binary.LittleEndian.AppendUint64(key, uint64(l.Limit))   //nolint:gosec // the bits, as a cache key, not a number
 		key = binary.LittleEndian.AppendUint64(key, uint64(l.WindowS)) //nolint:gosec // the bits, as a cache key, not a number
+		key = binary.LittleEndian.AppendUint64(key, uint64(l.Ceiling)) //nolint:gosec // the bits, as a cache key, not a number
 		if l.Quota != nil {
 			key = append(key, 1)
 			key = binary.LittleEndian.AppendUint64(key, uint64(*l.Quota)) //nolint:gosec // the bits, as a cache key, not a number
@@ -173,6 +184,8 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 	resolved = make(map[string]Resolved, len(nodes))
 	bad = make(map[string]error)
 	b := newLevelBuilder(plans)
+	reserved := reservations(nodes, b)
+	priority := make(map[string]int, len(nodes))
 	byDepth := make([][]*node, maxDepth)
 	for i := range nodes {
 		n := &nodes[i]
@@ -209,12 +222,49 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 			}
 			start := len(arena)
 			arena = append(arena, parent...)
-			arena = append(arena, b.level(n))
+			lv := b.level(n)
+			lv.Reserved = reserved[n.id]
+			arena = append(arena, lv)
 			path := arena[start:len(arena):len(arena)] // capped: an append by a reader copies
-			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path, Memo: new(Memo)}
+			prio := priority[n.parent]
+			switch {
+			case n.priority != nil:
+				prio = *n.priority
+			case lv.Plan != "":
+				prio = plans.clamp(lv.Plan).Priority
+			}
+			priority[n.id] = prio
+			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path, Priority: prio, Memo: new(Memo)}
 		}
 	}
 	return resolved, bad
+}
+
+// reservations sums, per parent and unit, the guarantees of its children: their token
+// buckets with a ceiling (Limit.Guaranteed). Orgs guarantee nothing (they have no parent).
+func reservations(nodes []node, b *levelBuilder) map[string]map[Unit]Reservation {
+	out := make(map[string]map[Unit]Reservation)
+	for i := range nodes {
+		n := &nodes[i]
+		if n.kind == Org || n.parent == "" || n.kind.Depth() < 0 {
+			continue
+		}
+		for u, l := range b.level(n).Limits {
+			if !l.Guaranteed() {
+				continue
+			}
+			m := out[n.parent]
+			if m == nil {
+				m = make(map[Unit]Reservation)
+				out[n.parent] = m
+			}
+			r := m[u]
+			r.RatePerS += l.RatePerS
+			r.Burst += l.Burst
+			m[u] = r
+		}
+	}
+	return out
 }
 
 // maxDepth is the number of kinds, the longest possible path: org, team, user, agent.
