@@ -270,16 +270,16 @@ func reservations(nodes []node, b *levelBuilder) map[string]map[Unit]Reservation
 // maxDepth is the number of kinds, the longest possible path: org, team, user, agent.
 const maxDepth = 4
 
-// loadPlans reads every plan with its limits.
+// loadPlans reads every plan with its limits and priority.
 func loadPlans(ctx context.Context, tx pgx.Tx) (map[string]*Plan, error) {
 	byID := make(map[string]*Plan)
-	rows, err := tx.Query(ctx, `SELECT id, rank, concurrency FROM plans`)
+	rows, err := tx.Query(ctx, `SELECT id, rank, concurrency, priority FROM plans`)
 	if err != nil {
 		return nil, fmt.Errorf("read plans: %w", err)
 	}
 	for rows.Next() {
 		p := &Plan{Limits: make(map[Unit]Limit)}
-		if err := rows.Scan(&p.ID, &p.Rank, &p.Concurrency); err != nil {
+		if err := rows.Scan(&p.ID, &p.Rank, &p.Concurrency, &p.Priority); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read plans: %w", err)
 		}

@@ -31,7 +31,7 @@ var (
 // InvalidError is returned (possibly wrapped) for every input the store refuses, so the
 // HTTP layer can answer 400 with a code derived from Field.
 type InvalidError struct {
-	Field   string // the input at fault: id, kind, parent, org, plan, limits, concurrency
+	Field   string // the input at fault: id, kind, parent, org, plan, limits, concurrency, priority
 	Message string
 }
 
@@ -133,6 +133,11 @@ func (s *Store) CreateAccount(ctx context.Context, a Account) (Account, error) {
 	if err != nil {
 		return Account{}, err
 	}
+	if a.Kind == Org {
+		if err := checkOrgOverrides(limits); err != nil {
+			return Account{}, err
+		}
+	}
 	a.Limits = limits
 
 	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
@@ -167,11 +172,11 @@ func (s *Store) CreateAccount(ctx context.Context, a Account) (Account, error) {
 			parent = &a.Parent
 		}
 		err := tx.QueryRow(ctx, `
-			INSERT INTO accounts (id, kind, parent, org, plan, concurrency)
-			VALUES ($1, $2, $3, $4, $5, $6)
+			INSERT INTO accounts (id, kind, parent, org, plan, concurrency, priority)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)
 			ON CONFLICT (id) DO NOTHING
 			RETURNING created_at, updated_at`,
-			a.ID, string(a.Kind), parent, a.Org, nullString(a.Plan), a.Concurrency).Scan(&a.CreatedAt, &a.UpdatedAt)
+			a.ID, string(a.Kind), parent, a.Org, nullString(a.Plan), a.Concurrency, a.Priority).Scan(&a.CreatedAt, &a.UpdatedAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("account %q: %w", a.ID, ErrExists)
 		}
@@ -186,8 +191,8 @@ func (s *Store) CreateAccount(ctx context.Context, a Account) (Account, error) {
 	return a, nil
 }
 
-// UpdateAccount replaces the plan, overrides and concurrency of an existing account and
-// returns it as stored. Kind and parent cannot change: an *InvalidError if a differs in
+// UpdateAccount replaces the plan, overrides, concurrency and priority of an existing
+// account and returns it as stored. Kind and parent cannot change: an *InvalidError if a differs in
 // them (empty means "unchanged"). ErrNotFound if the account does not exist.
 func (s *Store) UpdateAccount(ctx context.Context, a Account) (Account, error) {
 	if !ValidID(a.ID) {
@@ -215,15 +220,20 @@ func (s *Store) UpdateAccount(ctx context.Context, a Account) (Account, error) {
 		if a.Org != "" && a.Org != cur.Org {
 			return invalid("org", "cannot change from %q to %q", cur.Org, a.Org)
 		}
+		if cur.Kind == Org {
+			if err := checkOrgOverrides(limits); err != nil {
+				return err
+			}
+		}
 		if err := checkPlan(ctx, tx, a.Plan); err != nil {
 			return err
 		}
 		out = cur
-		out.Plan, out.Limits, out.Concurrency = a.Plan, limits, a.Concurrency
+		out.Plan, out.Limits, out.Concurrency, out.Priority = a.Plan, limits, a.Concurrency, a.Priority
 		err = tx.QueryRow(ctx, `
-			UPDATE accounts SET plan = $2, concurrency = $3, updated_at = now()
+			UPDATE accounts SET plan = $2, concurrency = $3, priority = $4, updated_at = now()
 			WHERE id = $1 RETURNING updated_at`,
-			a.ID, nullString(a.Plan), a.Concurrency).Scan(&out.UpdatedAt)
+			a.ID, nullString(a.Plan), a.Concurrency, a.Priority).Scan(&out.UpdatedAt)
 		if err != nil {
 			return fmt.Errorf("update account %q: %w", a.ID, err)
 		}
@@ -238,8 +248,8 @@ func (s *Store) UpdateAccount(ctx context.Context, a Account) (Account, error) {
 	return out, nil
 }
 
-// GetAccount returns an account as stored (its own plan, overrides and concurrency), or
-// ErrNotFound.
+// GetAccount returns an account as stored (its own plan, overrides, concurrency and
+// priority), or ErrNotFound.
 func (s *Store) GetAccount(ctx context.Context, id string) (Account, error) {
 	if !ValidID(id) {
 		return Account{}, fmt.Errorf("account %q: %w", id, ErrNotFound)
@@ -312,12 +322,16 @@ func (s *Store) RevokeAPIKey(ctx context.Context, id string) error {
 	return nil
 }
 
-// checkOverrides validates what a write may set besides the tree position: concurrency and
-// the override of each unit, which it returns normalized.
+// checkOverrides validates what a write may set besides the tree position: concurrency,
+// priority and the override of each unit, which it returns normalized (each checked with
+// Limit.Validate, ceiling included).
 func checkOverrides(a Account) (map[Unit]Limit, error) {
 	// The column is an integer: a larger cap would fail in PostgreSQL's driver, not as bad input.
 	if a.Concurrency != nil && (*a.Concurrency < 0 || *a.Concurrency > math.MaxInt32) {
 		return nil, invalid("concurrency", "must be 0 (no cap) to %d", math.MaxInt32)
+	}
+	if a.Priority != nil && (*a.Priority < 0 || *a.Priority > 100) { // as the accounts_priority constraint
+		return nil, invalid("priority", "must be 0 to 100 (higher waits first), or left out for the parent's")
 	}
 	if a.Plan != "" && !ValidID(a.Plan) {
 		return nil, invalid("plan", "unknown plan %q", a.Plan)
@@ -338,6 +352,17 @@ func checkOverrides(a Account) (map[Unit]Limit, error) {
 		out[u] = l
 	}
 	return out, nil
+}
+
+// checkOrgOverrides refuses what an org's overrides cannot hold: a ceiling, which borrows
+// from the parent.
+func checkOrgOverrides(limits map[Unit]Limit) error {
+	for _, u := range sortedUnits(limits) {
+		if limits[u].Ceiling != 0 {
+			return invalid("limits", "%s: an org cannot have a ceiling: an org has no parent to borrow from", u)
+		}
+	}
+	return nil
 }
 
 // checkLimit is Limit.Validate plus what the table constraints refuse beyond it: forms
@@ -406,9 +431,9 @@ func insertOverrides(ctx context.Context, tx pgx.Tx, account string, limits map[
 	for _, u := range sortedUnits(limits) {
 		l := limits[u]
 		_, err := tx.Exec(ctx, `
-			INSERT INTO account_limits (account, unit, algorithm, rate_per_s, burst, "limit", window_s, quota, quota_period)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-			account, string(u), string(l.Algorithm), l.RatePerS, l.Burst, l.Limit, l.WindowS, l.Quota, nullString(string(l.QuotaPeriod)))
+			INSERT INTO account_limits (account, unit, algorithm, rate_per_s, burst, "limit", window_s, quota, quota_period, ceiling)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+			account, string(u), string(l.Algorithm), l.RatePerS, l.Burst, l.Limit, l.WindowS, l.Quota, nullString(string(l.QuotaPeriod)), l.Ceiling)
 		if err != nil {
 			return fmt.Errorf("insert override %s of %q: %w", u, account, err)
 		}
@@ -417,12 +442,12 @@ func insertOverrides(ctx context.Context, tx pgx.Tx, account string, limits map[
 }
 
 func getAccount(ctx context.Context, tx pgx.Tx, id string, forUpdate bool) (Account, error) {
-	q := `SELECT id, kind, coalesce(parent, ''), org, coalesce(plan, ''), concurrency, created_at, updated_at FROM accounts WHERE id = $1`
+	q := `SELECT id, kind, coalesce(parent, ''), org, coalesce(plan, ''), concurrency, priority, created_at, updated_at FROM accounts WHERE id = $1`
 	if forUpdate {
 		q += ` FOR UPDATE`
 	}
 	var a Account
-	err := tx.QueryRow(ctx, q, id).Scan(&a.ID, &a.Kind, &a.Parent, &a.Org, &a.Plan, &a.Concurrency, &a.CreatedAt, &a.UpdatedAt)
+	err := tx.QueryRow(ctx, q, id).Scan(&a.ID, &a.Kind, &a.Parent, &a.Org, &a.Plan, &a.Concurrency, &a.Priority, &a.CreatedAt, &a.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Account{}, fmt.Errorf("account %q: %w", id, ErrNotFound)
 	}
@@ -455,7 +480,7 @@ func getAccount(ctx context.Context, tx pgx.Tx, id string, forUpdate bool) (Acco
 
 // limitColumns are the columns of a limit in plan_limits and account_limits, in the
 // order limitRow.dest scans them.
-const limitColumns = `algorithm, rate_per_s, burst, "limit", window_s, quota, quota_period`
+const limitColumns = `algorithm, rate_per_s, burst, "limit", window_s, quota, quota_period, ceiling`
 
 // limitRow is a limit as scanned from the database.
 type limitRow struct {
@@ -466,14 +491,15 @@ type limitRow struct {
 	windowS     int64
 	quota       *int64
 	quotaPeriod *string
+	ceiling     int64
 }
 
 func (r *limitRow) dest() []any {
-	return []any{&r.algorithm, &r.ratePerS, &r.burst, &r.limit, &r.windowS, &r.quota, &r.quotaPeriod}
+	return []any{&r.algorithm, &r.ratePerS, &r.burst, &r.limit, &r.windowS, &r.quota, &r.quotaPeriod, &r.ceiling}
 }
 
 func (r *limitRow) toLimit() Limit {
-	l := Limit{Algorithm: Algorithm(r.algorithm), RatePerS: r.ratePerS, Burst: r.burst, Limit: r.limit, WindowS: r.windowS, Quota: r.quota}
+	l := Limit{Algorithm: Algorithm(r.algorithm), RatePerS: r.ratePerS, Burst: r.burst, Limit: r.limit, WindowS: r.windowS, Quota: r.quota, Ceiling: r.ceiling}
 	if r.quotaPeriod != nil {
 		l.QuotaPeriod = QuotaPeriod(*r.quotaPeriod)
 	}
@@ -497,8 +523,11 @@ func dbError(err error) error {
 	switch pgErr.Code {
 	case "23514", "23502", "22001", "22003": // check, not null, too long, out of range
 		field := "account"
-		if strings.HasPrefix(pgErr.ConstraintName, "account_limits") {
+		switch {
+		case strings.HasPrefix(pgErr.ConstraintName, "account_limits"):
 			field = "limits"
+		case pgErr.ConstraintName == "accounts_priority":
+			field = "priority"
 		}
 		return fmt.Errorf("%w (%w)", invalid(field, "%s", pgErr.Message), err)
 	case "23503": // a parent or plan that went away while the write ran
