@@ -15,7 +15,8 @@ import (
 )
 
 // Shape of the large tree: 1,000 orgs × 9 teams × 10 users = 100,000 accounts, an override
-// on every team and every user, and 10,000 API keys.
+// on every team (a guarantee with a ceiling) and every user, a priority on every user, and
+// 10,000 API keys.
 const (
 	bigOrgs          = 1000
 	bigTeamsPerOrg   = 9
@@ -38,11 +39,11 @@ func seedBig(tb testing.TB) *pgxpool.Pool {
 		INSERT INTO accounts (id, kind, parent, org)
 			SELECT 'o' || o || '.t' || t, 'team', 'o' || o, 'o' || o
 			FROM generate_series(1, %[1]d) o, generate_series(1, %[2]d) t;
-		INSERT INTO accounts (id, kind, parent, org, concurrency)
-			SELECT 'o' || o || '.t' || t || '.u' || u, 'user', 'o' || o || '.t' || t, 'o' || o, u %% 3
+		INSERT INTO accounts (id, kind, parent, org, concurrency, priority)
+			SELECT 'o' || o || '.t' || t || '.u' || u, 'user', 'o' || o || '.t' || t, 'o' || o, u %% 3, u %% 3 * 50
 			FROM generate_series(1, %[1]d) o, generate_series(1, %[2]d) t, generate_series(1, %[3]d) u;
-		INSERT INTO account_limits (account, unit, "limit", window_s, burst, rate_per_s)
-			SELECT id, 'tokens', 500000, 3600, 500000, 500000 / 3600.0 FROM accounts WHERE kind = 'team';
+		INSERT INTO account_limits (account, unit, "limit", window_s, burst, rate_per_s, ceiling)
+			SELECT id, 'tokens', 500000, 3600, 500000, 500000 / 3600.0, 1000000 FROM accounts WHERE kind = 'team';
 		INSERT INTO account_limits (account, unit, quota, quota_period)
 			SELECT id, 'requests', 1000, 'day' FROM accounts WHERE kind = 'user';
 		INSERT INTO api_keys (id, account, hash)
@@ -82,6 +83,8 @@ func TestLoad100k(t *testing.T) {
 	require.Equal(t, "enterprise", r.Plan) // 1 + 2 % 3 = 3
 	require.Equal(t, []string{"o2", "o2.t9", "o2.t9.u10"}, accounts(r))
 	require.Equal(t, int64(500_000), r.Path[1].Limits[policy.Tokens].Burst)
+	require.Equal(t, int64(1_000_000), r.Path[1].Limits[policy.Tokens].Ceiling)
+	require.Equal(t, 10%3*50, r.Priority)
 	require.Equal(t, policy.Day, r.Path[2].Limits[policy.Requests].QuotaPeriod)
 	require.Equal(t, 10%3, r.Path[2].Concurrency)
 

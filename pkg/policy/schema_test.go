@@ -97,6 +97,43 @@ func TestSmallestPlanIsLowestRank(t *testing.T) {
 	require.Equal(t, "trial", r.Plan)
 }
 
+// A plan's priority and a plan limit's ceiling, set in SQL (there is no admin API for
+// plans), reach Plans and the cache.
+func TestPlanPriorityAndCeiling(t *testing.T) {
+	t.Parallel()
+	pool := migratedSchema(t)
+	ctx := testenv.Context(t, time.Minute)
+	_, err := pool.Exec(ctx, `
+		UPDATE plans SET priority = 60 WHERE id = 'pro';
+		INSERT INTO plans (id, rank, priority) VALUES ('team-gold', 10, 90);
+		INSERT INTO plan_limits (plan, unit, rate_per_s, burst, ceiling) VALUES ('team-gold', 'tokens', 10, 100, 400);
+		INSERT INTO accounts (id, kind, org, plan) VALUES ('acme', 'org', 'acme', 'pro');
+		INSERT INTO accounts (id, kind, parent, org, plan) VALUES ('gold', 'team', 'acme', 'acme', 'team-gold');
+		INSERT INTO accounts (id, kind, parent, org, priority) VALUES ('batch', 'team', 'acme', 'acme', 5);`)
+	require.NoError(t, err)
+
+	plans, err := policy.NewStore(pool).Plans(ctx)
+	require.NoError(t, err)
+	priorities := map[string]int{}
+	for _, p := range plans {
+		priorities[p.ID] = p.Priority
+	}
+	require.Equal(t, map[string]int{"free": 0, "pro": 60, "enterprise": 0, "team-gold": 90}, priorities)
+	require.Equal(t, policy.Limit{Algorithm: policy.TokenBucket, RatePerS: 10, Burst: 100, Ceiling: 400}, plans[len(plans)-1].Limits[policy.Tokens])
+
+	c := policy.NewCache(pool, quietLog(), time.Minute)
+	require.NoError(t, c.Reload(ctx))
+	r, err := c.Resolve("acme")
+	require.NoError(t, err)
+	require.Equal(t, 60, r.Priority, "the org's plan's")
+	r, err = c.Resolve("gold")
+	require.NoError(t, err)
+	require.Equal(t, int64(400), r.Path[1].Limits[policy.Tokens].Ceiling)
+	r, err = c.Resolve("batch")
+	require.NoError(t, err)
+	require.Equal(t, 5, r.Priority, "its own")
+}
+
 // The table constraints refuse what the store refuses, for rows written by hand.
 func TestConstraints(t *testing.T) {
 	t.Parallel()
@@ -128,6 +165,16 @@ func TestConstraints(t *testing.T) {
 		{"empty limit", `INSERT INTO account_limits (account, unit) VALUES ($1, 'tokens')`, []any{org}},
 		{"hash not SHA-256", `INSERT INTO api_keys (id, account, hash) VALUES ($1, $2, '\x00')`, []any{x, org}},
 		{"plan limit without plan", `INSERT INTO plan_limits (plan, unit, quota, quota_period) VALUES ($1, 'tokens', 1, 'month')`, []any{x}},
+		{"ceiling below the burst", `INSERT INTO account_limits (account, unit, rate_per_s, burst, ceiling) VALUES ($1, 'tokens', 1, 10, 9)`, []any{org}},
+		{"negative ceiling", `INSERT INTO account_limits (account, unit, rate_per_s, burst, ceiling) VALUES ($1, 'tokens', 1, 10, -1)`, []any{org}},
+		{"ceiling on a sliding window", `INSERT INTO account_limits (account, unit, algorithm, "limit", window_s, ceiling) VALUES ($1, 'tokens', 'sliding_window', 5, 60, 10)`, []any{org}},
+		{"ceiling on a quota alone", `INSERT INTO account_limits (account, unit, quota, quota_period, ceiling) VALUES ($1, 'tokens', 5, 'month', 10)`, []any{org}},
+		{"plan ceiling below the burst", `INSERT INTO plan_limits (plan, unit, rate_per_s, burst, ceiling) VALUES ('free', 'tokens', 1, 10, 9)`, nil},
+		{"plan ceiling on a sliding window", `INSERT INTO plan_limits (plan, unit, algorithm, "limit", window_s, ceiling) VALUES ('free', 'tokens', 'sliding_window', 5, 60, 10)`, nil},
+		{"priority above 100", `UPDATE accounts SET priority = 101 WHERE id = $1`, []any{org}},
+		{"negative priority", `UPDATE accounts SET priority = -1 WHERE id = $1`, []any{org}},
+		{"plan priority above 100", `UPDATE plans SET priority = 101 WHERE id = 'free'`, nil},
+		{"plan priority null", `UPDATE plans SET priority = NULL WHERE id = 'free'`, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			// Inside a transaction rolled back, so a constraint that let a row through

@@ -334,6 +334,13 @@ func TestCreateAccountInvalid(t *testing.T) {
 		{"unknown quota period", policy.Account{ID: newID, Kind: policy.Org, Limits: limit(policy.Limit{Quota: ptr[int64](5), QuotaPeriod: "week"})}, "limits", "quota_period"},
 		{"quota period without quota", policy.Account{ID: newID, Kind: policy.Org, Limits: limit(policy.Limit{RatePerS: 1, Burst: 1, QuotaPeriod: policy.Day})}, "limits", "needs a quota"},
 		{"empty limit", policy.Account{ID: newID, Kind: policy.Org, Limits: limit(policy.Limit{})}, "limits", "neither"},
+		{"ceiling on an org", policy.Account{ID: newID, Kind: policy.Org, Limits: limit(policy.Limit{RatePerS: 1, Burst: 10, Ceiling: 20})}, "limits", "no parent to borrow from"},
+		{"ceiling below the burst", policy.Account{ID: newID, Kind: policy.Team, Parent: org, Limits: limit(policy.Limit{RatePerS: 1, Burst: 10, Ceiling: 5})}, "limits", "at least the burst"},
+		{"negative ceiling", policy.Account{ID: newID, Kind: policy.Team, Parent: org, Limits: limit(policy.Limit{RatePerS: 1, Burst: 10, Ceiling: -1})}, "limits", "must not be negative"},
+		{"ceiling on a sliding window", policy.Account{ID: newID, Kind: policy.Team, Parent: org, Limits: limit(policy.Limit{Algorithm: policy.SlidingWindow, Limit: 10, WindowS: 60, Ceiling: 20})}, "limits", "needs a token bucket"},
+		{"ceiling on a quota alone", policy.Account{ID: newID, Kind: policy.Team, Parent: org, Limits: limit(policy.Limit{Quota: ptr[int64](5), Ceiling: 20})}, "limits", "needs a token bucket"},
+		{"priority above 100", policy.Account{ID: newID, Kind: policy.Team, Parent: org, Priority: ptr(101)}, "priority", "0 to 100"},
+		{"negative priority", policy.Account{ID: newID, Kind: policy.Org, Priority: ptr(-1)}, "priority", "0 to 100"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -399,6 +406,9 @@ func TestUpdateAccount(t *testing.T) {
 		{"unknown plan", policy.Account{ID: team, Plan: "platinum"}, "plan"},
 		{"bad limit", policy.Account{ID: team, Limits: map[policy.Unit]policy.Limit{policy.Tokens: {Burst: 3}}}, "limits"},
 		{"negative concurrency", policy.Account{ID: team, Concurrency: ptr(-5)}, "concurrency"},
+		{"ceiling below the burst", policy.Account{ID: team, Limits: map[policy.Unit]policy.Limit{policy.Tokens: {RatePerS: 1, Burst: 10, Ceiling: 9}}}, "limits"},
+		{"ceiling on an org (kind left out)", policy.Account{ID: org, Limits: map[policy.Unit]policy.Limit{policy.Tokens: {RatePerS: 1, Burst: 10, Ceiling: 20}}}, "limits"},
+		{"priority above 100", policy.Account{ID: team, Priority: ptr(101)}, "priority"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := b.store.UpdateAccount(b.ctx, tt.account)
@@ -412,6 +422,57 @@ func TestUpdateAccount(t *testing.T) {
 	require.ErrorIs(t, err, policy.ErrNotFound)
 	_, err = b.store.UpdateAccount(b.ctx, policy.Account{ID: "not an id"})
 	require.ErrorIs(t, err, policy.ErrNotFound)
+}
+
+// A ceiling and a priority go through the store and the cache as written; an update
+// replaces them like the rest.
+func TestCeilingAndPriority(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	org, team, user := b.id("org"), b.id("team"), b.id("user")
+	guarantee := policy.Limit{Limit: 1000, WindowS: 60, Ceiling: 3000}
+	b.create(t, policy.Account{ID: org, Kind: policy.Org, Plan: "pro", Priority: ptr(0),
+		Limits: map[policy.Unit]policy.Limit{policy.Tokens: perHour(1_000_000)}})
+	created := b.create(t, policy.Account{ID: team, Kind: policy.Team, Parent: org, Priority: ptr(80),
+		Limits: map[policy.Unit]policy.Limit{policy.Tokens: guarantee}})
+	b.create(t, policy.Account{ID: user, Kind: policy.User, Parent: team})
+	require.Equal(t, ptr(80), created.Priority)
+	require.Equal(t, guarantee.Normalize(), created.Limits[policy.Tokens])
+
+	want := policy.Limit{Algorithm: policy.TokenBucket, RatePerS: 1000.0 / 60, Burst: 1000, Limit: 1000, WindowS: 60, Ceiling: 3000}
+	got, err := b.store.GetAccount(b.ctx, team)
+	require.NoError(t, err)
+	require.Equal(t, created, got)
+	require.Equal(t, want, got.Limits[policy.Tokens])
+	require.True(t, got.Limits[policy.Tokens].Guaranteed())
+	got, err = b.store.GetAccount(b.ctx, org)
+	require.NoError(t, err)
+	require.Equal(t, ptr(0), got.Priority, "0 is a priority, not none")
+	got, err = b.store.GetAccount(b.ctx, user)
+	require.NoError(t, err)
+	require.Nil(t, got.Priority)
+
+	b.reload(t)
+	r := b.resolve(t, user)
+	require.Equal(t, want, r.Path[1].Limits[policy.Tokens])
+	require.Equal(t, 80, r.Priority, "the team's priority, inherited")
+	require.Equal(t, 0, b.resolve(t, org).Priority)
+
+	// An update replaces the priority and the ceiling: left out, they are gone.
+	up, err := b.store.UpdateAccount(b.ctx, policy.Account{ID: team, Limits: map[policy.Unit]policy.Limit{policy.Tokens: perHour(1000)}})
+	require.NoError(t, err)
+	require.Nil(t, up.Priority)
+	require.Zero(t, up.Limits[policy.Tokens].Ceiling)
+	got, err = b.store.GetAccount(b.ctx, team)
+	require.NoError(t, err)
+	require.Equal(t, up, got)
+	up, err = b.store.UpdateAccount(b.ctx, policy.Account{ID: user, Priority: ptr(100), Limits: map[policy.Unit]policy.Limit{policy.Requests: {RatePerS: 1, Burst: 5, Ceiling: 5}}})
+	require.NoError(t, err)
+	require.Equal(t, ptr(100), up.Priority)
+	b.reload(t)
+	r = b.resolve(t, user)
+	require.Equal(t, 100, r.Priority)
+	require.Equal(t, int64(5), r.Path[2].Limits[policy.Requests].Ceiling, "a ceiling equal to the burst")
 }
 
 func TestAPIKeys(t *testing.T) {
