@@ -31,6 +31,8 @@
 --   idem_w                        the idempotency window W, ms: a record lives in the hash
 --                                 "<tag>i:<floor(now / W)>", looked up there and in the
 --                                 previous one, which expires 2 W after its start
+--   qchan                         the channel told (PUBLISH <queue key>) when a waiter
+--                                 leaves a queue: the next one may go
 --
 -- Then per decision (a cursor walks ARGV):
 --   event_id, idem (field of the idempotency record, "" without a key), legacy (the key of
@@ -38,25 +40,54 @@
 --   fingerprint of the units and tool as such records hold it), fingerprint (its short
 --   hash, as bucket records hold it), id_tail (".<shard>.<org>": how event ids of the org
 --   end), n_bucket, n_window, n_quota, n_conc, ev (the compact usage event up to its
---   time, see pkg/admission/event.go)
+--   time, see pkg/admission/event.go), prio (the request's priority, 0-100), n_tier (0,
+--   or n_bucket when a level has a ceiling: a tier record follows each bucket record),
+--   n_wait (1 when a wait record follows the limits)
 --   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
 --   ids of the requests that were answered with this decision (the first and each replay)
 --   and not voided since (void.lua). A record without "\n" has one attempt, its own. An
 --   event id written "~<uuid>" is "<uuid><id_tail>" (records are scoped by account, so
 --   by org: the tail is the reader's too).
 --   per token bucket:    field; inc = amount × emission interval, µs; win = burst ×
---                        emission interval, µs (Go derives both from the policy)
+--                        emission interval, µs (Go derives both from the policy). The
+--                        bucket is the level's spare: its limit less what it reserves
+--                        for its children's guarantees.
+--   then per token bucket when n_tier > 0 (buckets come unit by unit, each unit's from
+--   the account up to the org, a "chain"):
+--                        up: 0 the chain's last, 1 the next bucket is the level above,
+--                        2 and this level's guaranteed traffic is reserved there;
+--                        cfield, cinc, cwin: the ceiling's bucket ("" for none); borrow:
+--                        "<account>:<unit>=<amount>", what the event records when the
+--                        level borrows
 --   per sliding window:  key, amount, width (ms), limit
 --   per quota:           prefix (the counter's key but for its period label), amount,
 --                        quota (-1 counts without capping), kind: period ('m' or 'd')
 --   per concurrency:     key (lease sorted set), cap
+--   wait record:         wait (ms the request may still wait), ticket (its id), member
+--                        and tq (its place in a queue and that queue's key, "" when not
+--                        queued)
+--
+-- Guarantees (docs/admission.md "Guarantees and borrowing"): a chain is walked from the
+-- account up. Traffic a child sends within its guarantee arrives reserved and passes the
+-- parent's spare unchecked; other traffic takes the level's spare bucket or, past it and
+-- when the level has a ceiling, the ceiling's bucket: the level borrows and its traffic
+-- arrives unreserved at the level above, which must have spare for it.
+--
+-- Queues (docs/admission.md "Waiting for capacity"): each limit has a queue, a sorted set
+-- ("<tag>k:<bucket field>", "<window key>|q", "<lease set>|q") scored class × 2^40 + seq
+-- (class = 100 - priority, seq from "<tag>kn"), members "<seq>:<deadline ms>:<ticket>". The state hash's field "q"
+-- holds the latest deadline of a waiter of the org: before it, every limit's queue is
+-- consulted, and a request behind a live waiter is refused by that limit. A request that
+-- may wait and is refused joins (or keeps its place in) the refusing limit's queue.
 --
 -- Reply: {CLOCK_OFF, sec, usec} when TIME is outside the bounds given (the caller's clock
 -- is off: it recomputes the bounds from sec and calls again); otherwise
--- {DECIDED, sec, usec, d_1, ...} with per decision {code, a, b, replayed, state...}:
+-- {DECIDED, sec, usec, d_1, ...} with per decision {code, a, b, replayed, queued, state...}
+-- (queued: "" or "<queue key> <member> <1 at the head, else 0>"):
 --   ALLOWED:            a = event id, b = period label charged
 --   RATE_LIMITED:       a = index of the blocking limit (buckets, then windows, then
---                       concurrency), b = retry after, ms (-1: never at this size)
+--                       concurrency), b = retry after, ms (-1: never at this size; 1000
+--                       when a waiter is ahead)
 --   OVER_QUOTA:         a = index of the blocking quota, b = its period label
 --   IDEMPOTENCY_REUSED: the idempotency key was used before with other units
 -- state, integers: per bucket µs until it is full, per window {remaining, ms until clear},
@@ -82,8 +113,8 @@ local now = now_us / 1000 -- ms
 
 -- layout: call
 local decisions, lo, hi, m_next, m_label, m_next_label, m_expiry, m_next_expiry, d_next, d_label,
-  d_next_label, d_expiry, d_next_expiry, tag, lease_ttl, idem_w = unpack(A, 1, 16)
-local a = 17 -- cursor into ARGV: the first decision's
+  d_next_label, d_expiry, d_next_expiry, tag, lease_ttl, idem_w, qchan = unpack(A, 1, 17)
+local a = 18 -- cursor into ARGV: the first decision's
 if now < tonumber(lo) or now >= tonumber(hi) then
   return {CLOCK_OFF, tonumber(sec), tonumber(usec)}
 end
@@ -107,6 +138,21 @@ local bf, bi, bw, bt = {}, {}, {}, {}     -- bucket: field, inc, win, new TAT
 local wk, wa, wp, wc, ws                  -- window: key, amount, width, limit, entries
 local qk, qa, qc, qd = {}, {}, {}, {}     -- quota: key, amount, quota, daily
 local ck, cc                              -- concurrency: key, cap
+local tu, tcf, tci, tcw, tb, ct, bb       -- tier: up, ceiling field, inc, win, borrow, new TAT, borrowed
+local CLASS = 2 ^ 40                      -- a queue score's class unit
+
+-- head returns the first live member of queue qkey and its score, dropping (and telling)
+-- waiters whose deadline has passed.
+local function head(qkey)
+  for _ = 1, 16 do
+    local h = call('ZRANGE', qkey, 0, 0, 'WITHSCORES')
+    if not h[1] then return nil end
+    if tonumber(match(h[1], '^%d+:(%d+):')) >= now then return h[1], tonumber(h[2]) end
+    call('ZREM', qkey, h[1])
+    call('PUBLISH', qchan, qkey)
+  end
+  return nil
+end
 
 -- window returns the units in the sliding window at key and its entries (member, score)
 -- oldest first. A member is "<event id>:<amount>".
@@ -125,15 +171,16 @@ local out = {DECIDED, tonumber(sec), tonumber(usec)}
 for dn = 1, tonumber(decisions) do
   -- layout: decision
   local event_id, idem, legacy, legacy_fp, fingerprint, id_tail, n_bucket, n_window, n_quota, n_conc,
-    ev = unpack(A, a, a + 10)
-  a = a + 11
+    ev, prio, n_tier, n_wait = unpack(A, a, a + 13)
+  a = a + 14
   n_bucket, n_window, n_quota, n_conc = tonumber(n_bucket), tonumber(n_window), tonumber(n_quota), tonumber(n_conc)
+  n_tier = tonumber(n_tier)
   local hash = K[1 + dn]
 
   -- Read the limits; fetch the state not read yet by this call.
   local s = st[hash]
-  if not s then s = {}; st[hash] = s end
   local miss, mn = nil, 0
+  if not s then s = {q = false}; st[hash] = s; miss, mn = {'q'}, 1 end
   for i = 1, n_bucket do
     -- layout: bucket
     local field, inc, win = unpack(A, a, a + 2)
@@ -142,6 +189,17 @@ for dn = 1, tonumber(decisions) do
     if s[field] == nil then
       if not miss then miss = {} end
       mn = mn + 1; miss[mn] = field; s[field] = false
+    end
+  end
+  if n_tier > 0 and not tu then tu, tcf, tci, tcw, tb, ct, bb = {}, {}, {}, {}, {}, {}, {} end
+  for i = 1, n_tier do
+    -- layout: tier
+    local up, cfield, cinc, cwin, borrow = unpack(A, a, a + 4)
+    a = a + 5
+    tu[i], tcf[i], tci[i], tcw[i], tb[i], bb[i] = tonumber(up), cfield, tonumber(cinc), tonumber(cwin), borrow, false
+    if cfield ~= '' and s[cfield] == nil then
+      if not miss then miss = {} end
+      mn = mn + 1; miss[mn] = cfield; s[cfield] = false
     end
   end
   if mn > 0 then
@@ -179,6 +237,13 @@ for dn = 1, tonumber(decisions) do
     a = a + 2
     ck[i], cc[i] = key, tonumber(cap)
   end
+  local wait, ticket, member, tq = 0, '', '', ''
+  if n_wait == '1' then
+    -- layout: wait
+    local w, t, m, q = unpack(A, a, a + 3)
+    a = a + 4
+    wait, ticket, member, tq = tonumber(w), t, m, q
+  end
 
   -- Idempotency: a key seen before returns the first decision and charges nothing, and
   -- this request becomes one more attempt of it. A decision voided since (every attempt
@@ -213,19 +278,46 @@ for dn = 1, tonumber(decisions) do
 
   -- Check every limit before consuming anything: rate limits and concurrency (429, the
   -- longest wait wins), then quotas (402, the highest level wins).
+  local mine -- this request's score in its queue, if it is in one
+  local queued, behind = '', false -- behind: refused for a waiter ahead
   if code == 0 then
     local worst, worst_retry = 0, 0
+    local reserved = false -- the traffic arriving at bucket i is a child's guarantee
     for i = 1, n_bucket do
       local tat, inc, win = s[bf[i]] or now_us, bi[i], bw[i]
       if tat < now_us then tat = now_us end
       tat = tat + inc
       bt[i] = tat
-      if tat - now_us > win then
-        local retry = inc > win and -1 or ceil((tat - now_us - win) / 1000)
-        if worst == 0 or worst_retry >= 0 and (retry < 0 or retry > worst_retry) then
-          worst, worst_retry = i, retry
+      local up, cf = 0, ''
+      if n_tier > 0 then
+        up, cf = tu[i], tcf[i]
+        if cf ~= '' then
+          local c = s[cf] or now_us
+          if c < now_us then c = now_us end
+          ct[i] = c + tci[i]
         end
       end
+      local pass, borrowed = true, false
+      if reserved then
+        bt[i] = false -- reserved for the child: the spare is not touched
+      elseif tat - now_us > win then
+        if cf ~= '' and ct[i] - now_us <= tcw[i] then
+          bt[i], borrowed = false, true -- past the guarantee, within the ceiling: borrow
+        else
+          pass = false
+          local retry = inc > win and -1 or ceil((tat - now_us - win) / 1000)
+          if cf ~= '' then
+            local cinc, cwin = tci[i], tcw[i]
+            local cretry = cinc > cwin and -1 or ceil((ct[i] - now_us - cwin) / 1000)
+            if retry < 0 or cretry >= 0 and cretry < retry then retry = cretry end
+          end
+          if worst == 0 or worst_retry >= 0 and (retry < 0 or retry > worst_retry) then
+            worst, worst_retry = i, retry
+          end
+        end
+      end
+      if n_tier > 0 then bb[i] = borrowed end
+      reserved = pass and not borrowed and up == 2
     end
     for i = 1, n_window do
       local sum, entries = window(wk[i], wp[i])
@@ -259,6 +351,27 @@ for dn = 1, tonumber(decisions) do
         end
       end
     end
+    -- Queues: while the org has waiters, a request behind a live waiter of one of its
+    -- limits is refused by that limit, whatever its capacity.
+    local q = s.q
+    if q and q >= now then
+      if member ~= '' then mine = tonumber(call('ZSCORE', tq, member)) end
+      -- Behind a head scored below limit: below its own score for a request in a queue,
+      -- else below the next class (any waiter of its priority or higher).
+      local limit = mine or (101 - tonumber(prio)) * CLASS
+      local n = n_bucket + n_window + n_conc
+      for i = 1, n do
+        local qkey
+        if i <= n_bucket then qkey = tag .. 'k:' .. bf[i]
+        elseif i <= n_bucket + n_window then qkey = wk[i - n_bucket] .. '|q'
+        else qkey = ck[i - n_bucket - n_window] .. '|q' end
+        local hm, hs = head(qkey)
+        if hm and hm ~= member and hs < limit then
+          if worst == 0 then worst, worst_retry, behind = i, 1000, true end
+          break
+        end
+      end
+    end
     if worst > 0 then
       code, ra, rb = RATE_LIMITED, worst, worst_retry
     else
@@ -281,8 +394,13 @@ for dn = 1, tonumber(decisions) do
       local top = idle[hash] or 0
       for i = 1, n_bucket do
         local f = bf[i]
-        s[f] = bt[i]; dh[f] = true
+        if bt[i] then s[f] = bt[i]; dh[f] = true end
         if bw[i] > top then top = bw[i] end
+        if n_tier > 0 and tcf[i] ~= '' then
+          local cf = tcf[i]
+          s[cf] = ct[i]; dh[cf] = true
+          if tcw[i] > top then top = tcw[i] end
+        end
       end
       idle[hash] = top
     end
@@ -312,10 +430,50 @@ for dn = 1, tonumber(decisions) do
       call('HSET', idem_cur, idem, id .. ' ' .. period .. ' ' .. fingerprint)
       idem_written = true
     end
-    call('XADD', K[1], '*', 'e', ev .. stamp)
+    local borrowed = ''
+    for i = 1, n_tier do
+      if bb[i] then borrowed = borrowed .. (borrowed == '' and '|' or ',') .. tb[i] end
+    end
+    call('XADD', K[1], '*', 'e', ev .. stamp .. borrowed)
   end
 
-  local d, n = {code, ra, rb, replayed}, 4
+  -- Waiting: a request that may wait and was refused by a rate or concurrency limit
+  -- takes (or keeps) its place in that limit's queue, unless the wait cannot be enough.
+  -- Any other end leaves the queue, and the next waiter is told.
+  if wait > 0 and code == RATE_LIMITED and (behind or rb >= 0 and rb < wait) then
+    local i = ra
+    local qkey
+    if i <= n_bucket then qkey = tag .. 'k:' .. bf[i]
+    elseif i <= n_bucket + n_window then qkey = wk[i - n_bucket] .. '|q'
+    else qkey = ck[i - n_bucket - n_window] .. '|q' end
+    if member ~= '' and mine == nil then mine = tonumber(call('ZSCORE', tq, member)) end
+    local deadline = ceil(now + wait)
+    if mine == nil then
+      mine = (100 - tonumber(prio)) * CLASS + call('INCR', tag .. 'kn')
+      member = fmt('%d:%d:%s', mine % CLASS, deadline, ticket)
+    elseif qkey ~= tq then
+      call('ZREM', tq, member)
+      call('PUBLISH', qchan, tq)
+      member = fmt('%d:%d:%s', mine % CLASS, deadline, ticket)
+    end
+    call('ZADD', qkey, fmt('%d', mine), member)
+    local at = fmt('%d', deadline + 1000)
+    if call('PEXPIREAT', qkey, at, 'GT') == 0 then call('PEXPIREAT', qkey, at, 'NX') end
+    if not s.q or s.q < deadline + 1000 then
+      s.q = deadline + 1000
+      local dh = dirty[hash]
+      if not dh then dh = {}; dirty[hash] = dh end
+      dh.q = true
+      local w = (deadline + 1000 - now) * 1000
+      if w > (idle[hash] or 0) then idle[hash] = w end
+    end
+    local h = call('ZRANGE', qkey, 0, 0)
+    queued = qkey .. ' ' .. member .. ' ' .. (h[1] == member and 1 or 0)
+  elseif member ~= '' then
+    if call('ZREM', tq, member) == 1 then call('PUBLISH', qchan, tq) end
+  end
+
+  local d, n = {code, ra, rb, replayed, queued}, 5
   if code ~= IDEMPOTENCY_REUSED then
     for i = 1, n_bucket do
       local tat = s[bf[i]] or 0

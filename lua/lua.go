@@ -33,6 +33,10 @@ var Adjust = mustScript("adjust.lua")
 // event of each admitted request to the shard's outbox (see admit.lua).
 var Admit = mustScript("admit.lua")
 
+// QueueLeave takes a waiting request out of its limit's queue and tells the next waiter
+// (see queue_leave.lua).
+var QueueLeave = mustScript("queue_leave.lua")
+
 // Outcome releases a request's concurrency leases and appends its outcome event to the
 // outbox (see outcome.lua).
 var Outcome = mustScript("clock.lua", "outcome.lua")

@@ -25,6 +25,9 @@ type Request struct {
 	Tool     string
 	// Source names the admit node (the CloudEvents source).
 	Source string
+	// MaxWait, when positive, lets a request refused by a rate or concurrency limit wait
+	// in that limit's queue, in Redis, for up to this long (Admitter.Decide).
+	MaxWait time.Duration
 }
 
 // Result is the outcome of a decision.
@@ -56,6 +59,9 @@ type LimitState struct {
 	Window    time.Duration // time for an empty bucket to fill, the window, or the quota period
 	Remaining int64
 	Reset     time.Duration // until the limit is whole again (bucket full, window clear, period end)
+	// Ceiling is what a token bucket with a guarantee may reach by borrowing, per Window of
+	// its guarantee (0: no ceiling).
+	Ceiling int64
 }
 
 // Decision is the answer to a Request.
@@ -68,6 +74,8 @@ type Decision struct {
 	Replayed   bool          // the idempotency key was seen: nothing was charged now
 	Limits     []LimitState
 	Time       time.Time // Redis time of the decision
+	// place is where a refused request that may wait stands in its limit's queue.
+	place place
 }
 
 // ErrIdempotencyKeyReused is returned when an idempotency key comes back with other units

@@ -94,6 +94,7 @@ type Admitter struct {
 	keys                     Keys
 	queues                   []queue
 	metrics                  *scriptMetrics
+	waiters                  waiters
 }
 
 // queue holds one shard's decisions waiting for a script call.
@@ -105,6 +106,7 @@ type queue struct {
 
 type call struct {
 	req  Request
+	wait *waiting    // nil when the request may not wait
 	done chan result // buffered: delivery never blocks
 	sent atomic.Bool
 }
@@ -164,11 +166,29 @@ func (a *Admitter) NewEventID(org string) string { return a.keys.NewEventID(org)
 // Decide takes one decision. Concurrent decisions of one shard share script calls; each
 // stays atomic. An error means no decision was taken that the caller can know of (Redis
 // unavailable or too slow): the request follows the Redis-down policy.
+//
+// A request with a MaxWait that a rate or concurrency limit refuses waits in that limit's
+// queue for up to MaxWait (see wait.go): Decide returns when it is admitted, with the
+// refusal of its last attempt when the wait runs out, or with ctx's error.
 func (a *Admitter) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err := r.validate(); err != nil {
 		return Decision{}, err
 	}
-	c := &call{req: r, done: make(chan result, 1)}
+	if r.MaxWait > 0 {
+		return a.decideWaiting(ctx, r)
+	}
+	c := a.submit(r, nil)
+	select {
+	case res := <-c.done:
+		return res.d, res.err
+	case <-ctx.Done():
+		return Decision{}, fmt.Errorf("decide: %w", ctx.Err())
+	}
+}
+
+// submit queues r's decision for its shard's next script call.
+func (a *Admitter) submit(r Request, w *waiting) *call {
+	c := &call{req: r, wait: w, done: make(chan result, 1)}
 	shard := a.keys.Shard(r.Policy.Org)
 	q := &a.queues[shard]
 	q.mu.Lock()
@@ -181,12 +201,7 @@ func (a *Admitter) Decide(ctx context.Context, r Request) (Decision, error) {
 	if run {
 		a.drain(shard, c)
 	}
-	select {
-	case res := <-c.done:
-		return res.d, res.err
-	case <-ctx.Done():
-		return Decision{}, fmt.Errorf("decide: %w", ctx.Err())
-	}
+	return c
 }
 
 // ScriptCall returns the keys and arguments of the script call (lua.Admit) that would
@@ -294,7 +309,7 @@ const (
 	codeIdempotencyReused = 4 // IDEMPOTENCY_REUSED
 
 	replyHeaderLen    = 3 // status, sec, usec
-	decisionHeaderLen = 4 // code, a, b, replayed; the limits' state follows
+	decisionHeaderLen = 5 // code, a, b, replayed, queued; the limits' state follows
 )
 
 // replyCodes names the reply codes as the script does (TestScriptLayout).
@@ -348,6 +363,7 @@ type plan struct {
 	// rates are the token buckets (the first buckets of them), then the sliding windows.
 	rates   []check
 	buckets int
+	order   []int // the place of each bucket's state in Decision.Limits
 	quotas  []check
 	concs   []policy.Level
 }
@@ -382,6 +398,7 @@ const (
 	argTag
 	argLeaseTTL
 	argIdemW
+	argQueueChannel
 	callLen
 )
 
@@ -397,6 +414,9 @@ const (
 	decQuotas
 	decConcs
 	decEvent
+	decPriority
+	decTiers
+	decWait
 	decisionLen
 )
 
@@ -405,6 +425,23 @@ const (
 	bucketInc   // amount × emission interval, µs
 	bucketWin   // burst × emission interval, µs
 	bucketLen
+)
+
+const (
+	tierUp           = iota // 0 the chain's last, 1 the level above follows, 2 and reserves for this one
+	tierCeilingField        // "" when the level has no ceiling
+	tierCeilingInc
+	tierCeilingWin
+	tierBorrow // "<account>:<unit>=<amount>"
+	tierLen
+)
+
+const (
+	waitMS     = iota // ms the request may still wait
+	waitTicket        // the request's ticket
+	waitMember        // its member in the queue tq, "" when in none
+	waitQueue
+	waitLen
 )
 
 const (
@@ -437,13 +474,16 @@ var argNames = map[string][]string{
 		argMonthExpiry: "m_expiry", argMonthNextExpiry: "m_next_expiry",
 		argDayNext: "d_next", argDayLabel: "d_label", argDayNextLabel: "d_next_label",
 		argDayExpiry: "d_expiry", argDayNextExpiry: "d_next_expiry", argTag: "tag",
-		argLeaseTTL: "lease_ttl", argIdemW: "idem_w",
+		argLeaseTTL: "lease_ttl", argIdemW: "idem_w", argQueueChannel: "qchan",
 	})[:],
 	"decision": (&[decisionLen]string{
 		decEventID: "event_id", decIdem: "idem", decLegacy: "legacy", decLegacyFP: "legacy_fp",
 		decFingerprint: "fingerprint", decIDTail: "id_tail", decBuckets: "n_bucket", decWindows: "n_window", decQuotas: "n_quota", decConcs: "n_conc", decEvent: "ev",
+		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait",
 	})[:],
 	"bucket": (&[bucketLen]string{bucketField: "field", bucketInc: "inc", bucketWin: "win"})[:],
+	"tier":   (&[tierLen]string{tierUp: "up", tierCeilingField: "cfield", tierCeilingInc: "cinc", tierCeilingWin: "cwin", tierBorrow: "borrow"})[:],
+	"wait":   (&[waitLen]string{waitMS: "w", waitTicket: "t", waitMember: "m", waitQueue: "q"})[:],
 	"window": (&[windowLen]string{windowKey: "key", windowAmount: "amount", windowWidth: "width", windowLimit: "limit"})[:],
 	"quota":  (&[quotaLen]string{quotaPrefix: "prefix", quotaAmount: "amount", quotaCap: "quota", quotaKind: "kind"})[:],
 	"conc":   (&[concLen]string{concKey: "key", concCap: "cap"})[:],
@@ -473,6 +513,7 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	h[argDayLabel], h[argDayNextLabel] = period.DayLabel(dCur), period.DayLabel(dNext)
 	h[argDayExpiry], h[argDayNextExpiry] = ms(dNext.Add(keep)), ms(dEnd.Add(keep))
 	h[argTag], h[argLeaseTTL], h[argIdemW] = a.keys.tag(shard), a.leaseTTL, a.idemW
+	h[argQueueChannel] = a.keys.QueueChannel()
 	e := encoded{
 		keys:  make([]string, 1, 1+len(batch)),
 		args:  append(args, h[:]...),
@@ -480,7 +521,7 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	}
 	e.keys[0] = a.keys.Outbox(shard)
 	for i, c := range batch {
-		e.plans[i] = a.encodeOne(&e, shard, c.req)
+		e.plans[i] = a.encodeOne(&e, shard, c.req, c.wait)
 	}
 	return e
 }
@@ -489,18 +530,27 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 // integer in Lua's doubles.
 const maxMicros = 1e15
 
-func (a *Admitter) encodeOne(e *encoded, shard int, r Request) *plan {
+func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan {
 	pol := r.Policy
 	lim := a.limitsOf(shard, pol)
 	p := &plan{req: r, rates: make([]check, 0, len(lim.checks))}
-	windows := 0
-	for i := range lim.checks {
-		c := &lim.checks[i]
-		if amount := r.Units[c.unit]; amount != 0 && c.field != "" {
+	windows, tiered := 0, false
+	for i := range lim.buckets {
+		c := &lim.buckets[i]
+		if amount := r.Units[c.unit]; amount != 0 {
 			p.rates = append(p.rates, check{limitArgs: c, amount: amount})
+			tiered = tiered || lim.tiered[c.unit]
 		}
 	}
 	p.buckets = len(p.rates)
+	p.order = make([]int, p.buckets)
+	for i := range p.order {
+		for _, c := range p.rates[:p.buckets] {
+			if c.index < p.rates[i].index {
+				p.order[i]++
+			}
+		}
+	}
 	for i := range lim.checks {
 		c := &lim.checks[i]
 		amount := r.Units[c.unit]
@@ -531,12 +581,32 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request) *plan {
 	d[decBuckets], d[decWindows] = strconv.Itoa(p.buckets), strconv.Itoa(windows)
 	d[decQuotas], d[decConcs] = strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs))
 	d[decEvent] = compactEvent(r, &lim.event)
+	d[decPriority], d[decTiers], d[decWait] = strconv.Itoa(pol.Priority), "0", "0"
+	if tiered {
+		d[decTiers] = strconv.Itoa(p.buckets)
+	}
+	if w != nil {
+		d[decWait] = "1"
+	}
 	e.args = append(e.args, d[:]...)
 	for _, c := range p.rates[:p.buckets] {
 		var rec [bucketLen]any
 		rec[bucketField], rec[bucketWin] = c.field, c.win
-		rec[bucketInc] = strconv.FormatInt(int64(min(math.Ceil(float64(c.amount)*c.emission), maxMicros)), 10)
+		rec[bucketInc] = micros(c.amount, c.emission)
 		e.args = append(e.args, rec[:]...)
+	}
+	if tiered {
+		for _, c := range p.rates[:p.buckets] {
+			var rec [tierLen]any
+			rec[tierUp], rec[tierCeilingField], rec[tierCeilingInc], rec[tierCeilingWin], rec[tierBorrow] = c.up, "", "0", "0", ""
+			if c.ceilingField != "" {
+				amount := strconv.FormatInt(c.amount, 10)
+				rec[tierCeilingField], rec[tierCeilingWin] = c.ceilingField, c.ceilingWin
+				rec[tierCeilingInc] = micros(c.amount, c.ceilingEmission)
+				rec[tierBorrow] = c.level.Account + ":" + string(c.unit) + "=" + amount
+			}
+			e.args = append(e.args, rec[:]...)
+		}
 	}
 	for _, c := range p.rates[p.buckets:] {
 		var rec [windowLen]any
@@ -555,17 +625,33 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request) *plan {
 		rec[concKey], rec[concCap] = lim.concKeys[i], strconv.Itoa(lv.Concurrency)
 		e.args = append(e.args, rec[:]...)
 	}
+	if w != nil {
+		var rec [waitLen]any
+		rec[waitMS], rec[waitTicket], rec[waitMember], rec[waitQueue] = strconv.FormatInt(w.left(), 10), w.ticket, w.member, w.queue
+		e.args = append(e.args, rec[:]...)
+	}
 	return p
+}
+
+// micros is amount × emission µs, rounded up and bounded, as the script takes a bucket's
+// inc.
+func micros(amount int64, emission float64) string {
+	return strconv.FormatInt(int64(min(math.Ceil(float64(amount)*emission), maxMicros)), 10)
 }
 
 // limits is what the script call of a decision needs from its policy, apart from the
 // amounts: each limit's keys and constant arguments, and the event's constant parts. It is
 // derived once per policy and Admitter and kept in the policy's Memo.
 type limits struct {
-	a        *Admitter
-	state    string      // the org's state hash
-	idTail   string      // ".<shard>.<org>", how the org's event ids end
-	checks   []limitArgs // by level, org first, then in policy.Units order
+	a      *Admitter
+	state  string      // the org's state hash
+	idTail string      // ".<shard>.<org>", how the org's event ids end
+	checks []limitArgs // by level, org first, then in policy.Units order
+	// buckets are the token buckets, unit by unit (policy.Units order), each unit's from
+	// the account up to the org: the chains the script walks (lua/admit.lua).
+	buckets []limitArgs
+	// tiered marks the units whose chain has a ceiling: their decisions send tier records.
+	tiered   map[policy.Unit]bool
 	concs    []policy.Level
 	concKeys []string
 	event    eventStatic
@@ -578,10 +664,18 @@ type limitArgs struct {
 	limit policy.Limit
 	// field names a token bucket in the org's state hash; emission is its emission
 	// interval (µs per unit) and win its burst × emission interval (µs), as the script
-	// takes it. Empty: no token bucket.
-	field    string
-	emission float64
-	win      string
+	// takes it. Empty: no token bucket. The bucket is the level's spare: its limit less its
+	// children's guarantees (Level.Reserved), spareRate per second up to spareBurst.
+	field           string
+	emission        float64
+	win             string
+	spareRate       float64
+	spareBurst      int64
+	up              string // the tier record's up (lua/admit.lua)
+	index           int    // the place in limits.checks
+	ceilingField    string // the ceiling's bucket, "" when the limit has none
+	ceilingEmission float64
+	ceilingWin      string
 	// windowKey is a sliding window's sorted set, width its width (ms) and limitN its
 	// limit. Empty: no sliding window.
 	windowKey, width, limitN string
@@ -614,14 +708,9 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 				c.windowKey = a.keys.window(shard, lv.Account, u)
 				c.width, c.limitN = strconv.FormatInt(lim.WindowS*1000, 10), strconv.FormatInt(lim.Limit, 10)
 			case lim.HasRate():
-				letter := unitLetter[u]
-				if letter == "" {
-					letter = string(u)
-				}
-				c.field = lv.Account + ":" + letter
-				c.emission = 1e6 / lim.RatePerS
-				c.win = strconv.FormatInt(int64(min(math.Floor(float64(lim.Burst)*c.emission), maxMicros)), 10)
+				a.bucketArgs(&c, lv)
 			}
+			c.index = len(l.checks)
 			if lim.Quota != nil {
 				c.quotaKey = a.keys.quota(shard, lv.Account, u, "")
 				c.quota, c.quotaKind = strconv.FormatInt(*lim.Quota, 10), "m"
@@ -636,10 +725,78 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 			l.concKeys = append(l.concKeys, a.keys.leases(shard, lv.Account))
 		}
 	}
+	l.buckets, l.tiered = bucketChains(pol, l.checks)
 	if pol.Memo != nil {
 		pol.Memo.Store(l)
 	}
 	return l
+}
+
+// bucketArgs fills in c's token bucket: the spare of the level's limit (its limit less its
+// children's guarantees) and the ceiling's bucket if the limit has one.
+func (a *Admitter) bucketArgs(c *limitArgs, lv policy.Level) {
+	lim := c.limit
+	letter := unitLetter[c.unit]
+	if letter == "" {
+		letter = string(c.unit)
+	}
+	c.field = lv.Account + ":" + letter
+	c.spareRate, c.spareBurst = lim.RatePerS, lim.Burst
+	if r, ok := lv.Reserved[c.unit]; ok {
+		c.spareRate, c.spareBurst = lim.RatePerS-r.RatePerS, lim.Burst-r.Burst
+	}
+	if c.spareRate <= 0 || c.spareBurst <= 0 {
+		// Guarantees take all of it: nothing else passes, ever (the script's "never").
+		c.spareRate, c.spareBurst = 0, 0
+		c.emission, c.win = maxMicros, "0"
+	} else {
+		c.emission = 1e6 / c.spareRate
+		c.win = strconv.FormatInt(int64(min(math.Floor(float64(c.spareBurst)*c.emission), maxMicros)), 10)
+	}
+	if lim.Guaranteed() {
+		c.ceilingField = c.field + "^"
+		c.ceilingEmission = 1e6 / lim.CeilingRate()
+		c.ceilingWin = strconv.FormatInt(int64(min(math.Floor(float64(lim.Ceiling)*c.ceilingEmission), maxMicros)), 10)
+	}
+}
+
+// bucketChains orders the token buckets of checks unit by unit, each unit's from the
+// account up to the org, and sets each one's up: whether the next is the level above in
+// the same unit's chain, and whether that level reserves this one's guarantee (it is the
+// direct parent). It reports the units whose chain has a ceiling.
+func bucketChains(pol policy.Resolved, checks []limitArgs) ([]limitArgs, map[policy.Unit]bool) {
+	depth := make(map[string]int, len(pol.Path))
+	for i, lv := range pol.Path {
+		depth[lv.Account] = i
+	}
+	var out []limitArgs
+	var tiered map[policy.Unit]bool
+	for _, u := range policy.Units {
+		start := len(out)
+		for i := len(checks) - 1; i >= 0; i-- {
+			if c := checks[i]; c.unit == u && c.field != "" {
+				out = append(out, c)
+			}
+		}
+		chain := out[start:]
+		for i := range chain {
+			c := &chain[i]
+			c.up = "0"
+			if i+1 < len(chain) {
+				c.up = "1"
+				if c.limit.Guaranteed() && depth[chain[i+1].level.Account] == depth[c.level.Account]-1 {
+					c.up = "2"
+				}
+			}
+			if c.ceilingField != "" {
+				if tiered == nil {
+					tiered = make(map[policy.Unit]bool)
+				}
+				tiered[u] = true
+			}
+		}
+	}
+	return out, tiered
 }
 
 // fingerprint identifies a request's units and tool, to tell a retry from a reuse of its
@@ -669,6 +826,13 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 	}
 	code, _ := d[0].(int64)
 	out := Decision{Time: now}
+	if q, _ := d[4].(string); q != "" {
+		place, err := parsePlace(q)
+		if err != nil {
+			return Decision{}, err
+		}
+		out.place = place
+	}
 	switch code {
 	case codeAllowed:
 		out.Result = Allow
@@ -713,10 +877,12 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		return Decision{}, fmt.Errorf("admission script: %d state values for %d buckets, %d windows and %d quotas",
 			len(state), p.buckets, windows, len(p.quotas))
 	}
-	out.Limits = make([]LimitState, 0, len(p.rates)+len(p.quotas))
+	out.Limits = make([]LimitState, p.buckets, len(p.rates)+len(p.quotas))
+	// The script has the buckets unit by unit from the account up; the state lists them
+	// as the policy does, level by level from the org down.
 	for i, c := range p.rates[:p.buckets] {
 		full, _ := state[i].(int64) // µs until the bucket is full
-		out.Limits = append(out.Limits, bucketState(c.limitArgs, full))
+		out.Limits[p.order[i]] = bucketState(c.limitArgs, full)
 	}
 	for i, c := range p.rates[p.buckets:] {
 		remaining, _ := state[p.buckets+2*i].(int64)
@@ -741,13 +907,21 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 // bucketState is a token bucket's RateLimit state from the µs until it is full (GCRA: the
 // theoretical arrival time less now): the tokens owed are that time over the emission
 // interval.
+//
+// The bucket is the level's spare (its limit less its children's guarantees), and so are
+// the limit and window reported; a limit with a ceiling reports it too.
 func bucketState(c *limitArgs, fullUS int64) LimitState {
-	burst := c.limit.Burst
+	burst := c.spareBurst
 	owed := float64(max(0, fullUS)) / c.emission
 	// The 1e-3 absorbs the rounding up of inc to whole µs, at most 1 µs per charge.
 	remaining := int64(math.Floor(float64(burst) - owed + 1e-3))
+	window := c.limit.Window()
+	if c.spareRate > 0 {
+		window = time.Duration(float64(burst) / c.spareRate * float64(time.Second))
+	}
 	return LimitState{Account: c.level.Account, Unit: string(c.unit), Limit: burst,
-		Window:    time.Duration(float64(burst) / c.limit.RatePerS * float64(time.Second)),
+		Window:    window,
 		Remaining: min(burst, max(0, remaining)),
-		Reset:     time.Duration((fullUS+999)/1000) * time.Millisecond}
+		Reset:     time.Duration((fullUS+999)/1000) * time.Millisecond,
+		Ceiling:   c.limit.Ceiling}
 }

@@ -11,6 +11,8 @@ import (
 type scriptMetrics struct {
 	latency prometheus.Histogram
 	batch   prometheus.Histogram
+	waiting prometheus.Gauge
+	leaves  prometheus.Counter
 }
 
 func newScriptMetrics(reg prometheus.Registerer, a *Admitter) *scriptMetrics {
@@ -25,12 +27,22 @@ func newScriptMetrics(reg prometheus.Registerer, a *Admitter) *scriptMetrics {
 			Help:    "Decisions taken per admission script call.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "metergate_admit_waiting_requests",
+			Help: "Requests waiting on this node for capacity (max_wait_ms) in a limit's queue.",
+		}),
+		leaves: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_admit_queue_leave_errors_total",
+			Help: "Waiting requests whose place could not be taken out of its queue (it stays until its deadline).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.latency, m.batch, &outboxCollector{a: a})
+		reg.MustRegister(m.latency, m.batch, m.waiting, m.leaves, &outboxCollector{a: a})
 	}
 	return m
 }
+
+func (m *scriptMetrics) leaveFailed() { m.leaves.Inc() }
 
 func (m *scriptMetrics) observe(batch int, took time.Duration) {
 	m.latency.Observe(took.Seconds())

@@ -162,6 +162,15 @@ func (l Limit) HasRate() bool {
 	return l.Burst > 0
 }
 
+// Window is the time a token bucket takes to fill from empty, Burst / RatePerS (0 without
+// a rate).
+func (l Limit) Window() time.Duration {
+	if l.RatePerS <= 0 {
+		return 0
+	}
+	return time.Duration(float64(l.Burst) / l.RatePerS * float64(time.Second))
+}
+
 // Guaranteed reports whether the limit is a guarantee: a token bucket with a ceiling.
 func (l Limit) Guaranteed() bool {
 	return l.Ceiling > 0 && l.Algorithm == TokenBucket && l.Burst > 0
