@@ -62,8 +62,11 @@ var Inexpressible = []struct {
 		"which accounts exist, their kinds and parents are data"},
 	{"invalid_plan", []string{"unknown plan"}, "which plans exist is data (seeded, written by the operator)"},
 	{"invalid_limits", []string{"needs both", "needs limit", "at most 31 days", "go together", "give either",
-		"are for token_bucket", "quota_period needs a quota", "neither a rate nor a quota"},
+		"are for token_bucket", "quota_period needs a quota", "neither a rate nor a quota",
+		"a ceiling needs a token bucket", "ceiling must be at least the burst"},
 		"how a limit's fields combine is the store's check (docs/admission.md, \"Writing limits\"); the document bounds each field alone"},
+	{"invalid_limits", []string{"no parent to borrow from"},
+		"a ceiling is refused on an org's limits, and a PUT does not repeat the stored account's kind"},
 }
 
 // Unchecked lists the paths served beside the API that the document does not describe.
