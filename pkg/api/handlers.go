@@ -81,6 +81,12 @@ type accountBody struct {
 	Plan        string                       `json:"plan"`
 	Limits      map[policy.Unit]policy.Limit `json:"limits"`
 	Concurrency *int                         `json:"concurrency"`
+	Priority    *int                         `json:"priority"`
+}
+
+// account is the node the body describes, id aside.
+func (b accountBody) account(id string) policy.Account {
+	return policy.Account{ID: id, Kind: b.Kind, Parent: b.Parent, Plan: b.Plan, Limits: b.Limits, Concurrency: b.Concurrency, Priority: b.Priority}
 }
 
 type accountReply struct {
@@ -120,7 +126,7 @@ func (s *Server) createAccount(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	a, err := s.cfg.Admin.CreateAccount(r.Context(), policy.Account{ID: b.ID, Kind: b.Kind, Parent: b.Parent, Plan: b.Plan, Limits: b.Limits, Concurrency: b.Concurrency})
+	a, err := s.cfg.Admin.CreateAccount(r.Context(), b.account(b.ID))
 	if err != nil {
 		s.adminError(w, "create account", err)
 		return
@@ -140,7 +146,7 @@ func (s *Server) updateAccount(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("invalid_id", "the body's id %q differs from the path's %q", b.ID, id))
 		return
 	}
-	a, err := s.cfg.Admin.UpdateAccount(r.Context(), policy.Account{ID: id, Kind: b.Kind, Parent: b.Parent, Plan: b.Plan, Limits: b.Limits, Concurrency: b.Concurrency})
+	a, err := s.cfg.Admin.UpdateAccount(r.Context(), b.account(id))
 	if err != nil {
 		s.adminError(w, "update account", err)
 		return
