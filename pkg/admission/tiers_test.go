@@ -17,6 +17,12 @@ import (
 
 // secondNode is another admit node on the same Redis: its own Admitter and connections.
 func (b *testBundle) secondNode(t *testing.T) *admission.Admitter {
+	adm, _ := b.secondNodeMetrics(t)
+	return adm
+}
+
+// secondNodeMetrics is secondNode with its metrics' registry.
+func (b *testBundle) secondNodeMetrics(t *testing.T) (*admission.Admitter, *prometheus.Registry) {
 	t.Helper()
 	var rdb redis.UniversalClient
 	switch c := b.rdb.(type) {
@@ -28,9 +34,10 @@ func (b *testBundle) secondNode(t *testing.T) *admission.Admitter {
 		t.Fatalf("unknown client %T", b.rdb)
 	}
 	t.Cleanup(func() { _ = rdb.Close() })
-	adm := admission.New(rdb, admission.Options{KeyPrefix: b.keys.Prefix, Registerer: prometheus.NewRegistry()})
+	reg := prometheus.NewRegistry()
+	adm := admission.New(rdb, admission.Options{KeyPrefix: b.keys.Prefix, Registerer: reg})
 	t.Cleanup(adm.Close)
-	return adm
+	return adm, reg
 }
 
 // slow is a token bucket that refills a unit an hour per hour of burst: within a test it
@@ -54,7 +61,9 @@ func reserve(limits ...policy.Limit) map[policy.Unit]policy.Reservation {
 	return map[policy.Unit]policy.Reservation{policy.Tokens: r}
 }
 
-func tokens(l policy.Limit) map[policy.Unit]policy.Limit { return map[policy.Unit]policy.Limit{policy.Tokens: l} }
+func tokens(l policy.Limit) map[policy.Unit]policy.Limit {
+	return map[policy.Unit]policy.Limit{policy.Tokens: l}
+}
 
 // fill sends requests of n tokens for pol from adm until one is refused, and returns the
 // tokens admitted and the refusal.
