@@ -4,13 +4,16 @@ import (
 	"bufio"
 	"encoding/json"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -70,11 +73,93 @@ func TestOutboxMessageOtherEntries(t *testing.T) {
 	require.Empty(t, v)
 
 	for _, e := range []string{"", "2|a", "1|e|s|||||acme|pro|acme:org|x|1|2026-11", "1|e|s||||r=x|acme|pro|acme:org|1|1|2026-11",
-		"1|e|s|||||acme|pro||1|1|2026-11", "1|e|s|||||acme|pro|acme:org|1|1000000|2026-11"} {
+		"1|e|s|||||acme|pro||1|1|2026-11", "1|e|s|||||acme|pro|acme:org|1|1000000|2026-11",
+		"1|e|s|||||acme|pro|acme:org|1|1|", "1|e|s|||||acme|pro|acme:org|1|1|2026-11\"", "1|e|s|||||acme|pro|acme:org|1|1|2026-11-03",
+		"1|e|s|||||acme|pro|acme:org|253402300800|0|2026-11", "1|e|s|||||acme|pro|acme:org|-1|0|2026-11"} {
 		_, v, err = OutboxMessage(map[string]any{"e": e})
 		require.ErrorIs(t, err, ErrMalformedEntry, e)
 		require.Equal(t, e, string(v))
 	}
+}
+
+// A borrowed field the script should not have written is refused, never relayed as an
+// event that charges a lender the path does not hold or an amount it did not lend.
+func TestOutboxMessageMalformedBorrowings(t *testing.T) {
+	const entry = "1|e1|n|||||acme|pro|acme:org/team-a:team/user-1:user|1|2|2026-11"
+	_, _, err := OutboxMessage(map[string]any{"e": entry + "|team-a:tokens=1,user-1:requests=2"})
+	require.NoError(t, err)
+	// An id both the org's and a team's: the first node of the id is the one that counts,
+	// as in the meter.
+	_, _, err = OutboxMessage(map[string]any{"e": "1|e1|n|||||acme|pro|acme:org/acme:team|1|2|2026-11|acme:tokens=1"})
+	require.ErrorIs(t, err, ErrMalformedEntry)
+	for name, field := range map[string]string{
+		"account not in the path":  "bob:tokens=1",
+		"the org (no lender)":      "acme:tokens=1",
+		"account a prefix":         "team:tokens=1",
+		"no unit":                  "team-a=1",
+		"no number":                "team-a:tokens",
+		"empty number":             "team-a:tokens=",
+		"zero":                     "team-a:tokens=0",
+		"negative":                 "team-a:tokens=-1",
+		"plus sign":                "team-a:tokens=+1",
+		"leading zero":             "team-a:tokens=01",
+		"fraction":                 "team-a:tokens=1.5",
+		"too large":                "team-a:tokens=9223372036854775808",
+		"unknown unit":             "team-a:token=1",
+		"unit in capitals":         "team-a:Tokens=1",
+		"duplicate":                "team-a:tokens=1,user-1:tokens=1,team-a:tokens=2",
+		"empty entry":              "team-a:tokens=1,",
+		"space":                    "team-a:tokens=1, user-1:tokens=1",
+		"a fifteenth field":        "team-a:tokens=1|x",
+		"an empty fifteenth field": "team-a:tokens=1|",
+		"escaped":                  "team-a%7C:tokens=1",
+	} {
+		e := entry + "|" + field
+		_, v, err := OutboxMessage(map[string]any{"e": e})
+		require.ErrorIs(t, err, ErrMalformedEntry, name)
+		require.Equal(t, e, string(v), name)
+	}
+}
+
+// FuzzOutboxMessage: no entry makes OutboxMessage panic, and whatever compact entry it
+// renders is a usage.admitted CloudEvent that encoding/json reads back and, for UTF-8
+// entries, writes again to the same bytes, so the meter's fast decoder and encoding/json see one event.
+func FuzzOutboxMessage(f *testing.F) {
+	for _, r := range goldenRequests() {
+		st := newEventStatic(r.Policy)
+		e := compactEvent(r, &st) + "1795430400|1|2026-11"
+		f.Add(e)
+		f.Add(e + "|")
+		if len(r.Policy.Path) > 1 {
+			f.Add(e + "|" + r.Policy.Path[1].Account + ":tokens=300," + r.Policy.Path[len(r.Policy.Path)-1].Account + ":requests=1")
+		}
+	}
+	f.Add("1|e1|n|||||acme|pro|acme:org/team-a:team|1|2|2026-11|team-a:tokens=1,team-a:tokens=2")
+	f.Fuzz(func(t *testing.T, e string) {
+		_, v, err := OutboxMessage(map[string]any{"e": e})
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformedEntry)
+			require.Equal(t, e, string(v))
+			return
+		}
+		var ce event.CloudEvent
+		require.NoError(t, json.Unmarshal(v, &ce), "%q renders %q", e, v)
+		require.Equal(t, event.TypeAdmitted, ce.Type)
+		var a event.Admitted
+		require.NoError(t, json.Unmarshal(ce.Data, &a), "%q renders %q", e, v)
+		if utf8.ValidString(e) { // else encoding/json replaced the invalid bytes
+			data, err := json.Marshal(a)
+			require.NoError(t, err)
+			require.Equal(t, string(data), string(ce.Data), "%q", e)
+		}
+		for _, b := range a.Borrowed {
+			require.Positive(t, b.Units)
+			require.True(t, policy.Unit(b.Unit).Valid(), b.Unit)
+			i := slices.IndexFunc(a.Path, func(n event.PathNode) bool { return n.Account == b.Account })
+			require.Positive(t, i, "borrower %q below the org", b.Account)
+			require.Equal(t, a.Path[i-1].Account, b.From)
+		}
+	})
 }
 
 // Go's rendering of Redis TIME is clock.lua's rfc3339, at the edges of days, months, leap

@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -139,9 +141,15 @@ func appendQuoted(b []byte, s string) []byte {
 //
 //	1|<event id>|<source>|<api key id>|<idempotency key>|<tool>|<units>|<org>|<plan>|<path>|<sec>|<usec>|<period>
 //
+//	1|…|<period>|<borrowed>
+//
 // units: "<unit>=<n>,…" sorted; path: "<account>:<kind>/…" org first; sec and usec: Redis
 // TIME; period: the month charged. Go writes up to the path and its "|"; the script
-// appends the last three. Entries of other shapes (void.lua's, and admitted events written
+// appends the last three, and a fourteenth field when accounts borrowed capacity from
+// their parents beyond their guaranteed rate (a limit's ceiling): borrowed is
+// "<account>:<unit>=<n>,…", an account of the path other than the org (its lender is the
+// node before it), a unit's full name and n > 0, each account and unit at most once. An
+// entry of 13 fields, or an empty fourteenth, borrowed nothing. Entries of other shapes (void.lua's, and admitted events written
 // by earlier versions) carry the Kafka key in "k" and the CloudEvent JSON in "v".
 const compactVersion = "1"
 
@@ -230,20 +238,26 @@ func OutboxMessage(values map[string]any) (key string, value []byte, err error) 
 	return org, v, nil
 }
 
+// compactFields is the number of fields of a compact entry without borrowings; one with
+// borrowings has one more.
 const compactFields = 13
 
 func renderCompact(e string) (org string, value []byte, err error) {
-	var f [compactFields]string
-	rest := e
-	for i := range f {
-		if i == compactFields-1 {
-			f[i] = rest
+	var f [compactFields + 1]string
+	n := 0 // fields
+	for rest := e; ; {
+		if n == len(f) {
+			return "", nil, fmt.Errorf("more than %d fields", len(f))
+		}
+		var more bool
+		f[n], rest, more = strings.Cut(rest, "|")
+		n++
+		if !more {
 			break
 		}
-		var ok bool
-		if f[i], rest, ok = strings.Cut(rest, "|"); !ok {
-			return "", nil, fmt.Errorf("%d fields, want %d", i+1, compactFields)
-		}
+	}
+	if n < compactFields {
+		return "", nil, fmt.Errorf("%d fields, want %d or %d", n, compactFields, compactFields+1)
 	}
 	if f[0] != compactVersion {
 		return "", nil, fmt.Errorf("version %q", f[0])
@@ -269,20 +283,91 @@ func renderCompact(e string) (org string, value []byte, err error) {
 	}
 	sec, err1 := strconv.ParseInt(f[10], 10, 64)
 	usec, err2 := strconv.ParseInt(f[11], 10, 64)
-	if err1 != nil || err2 != nil || usec < 0 || usec >= 1e6 {
+	// Redis TIME; RFC 3339 ends with the year 9999.
+	if err1 != nil || err2 != nil || sec < 0 || sec >= 253402300800 || usec < 0 || usec >= 1e6 {
 		return "", nil, fmt.Errorf("time %q.%q", f[10], f[11])
+	}
+	// Written into the JSON as it is: only a month label may be.
+	if _, err := period.ParseMonth(f[12]); err != nil {
+		return "", nil, fmt.Errorf("period %q", f[12])
+	}
+	borrowed, err := appendBorrowed(nil, f[13], pol.Path)
+	if err != nil {
+		return "", nil, err
 	}
 	r := Request{EventID: unescape(f[1]), Source: unescape(f[2]), APIKeyID: unescape(f[3]),
 		IdempotencyKey: unescape(f[4]), Tool: unescape(f[5]), Units: units, Policy: pol}
 	st := newEventStatic(pol)
 	head, middle, tail := admittedEvent(r, &st)
-	b := make([]byte, 0, len(head)+len(middle)+len(tail)+40)
+	b := make([]byte, 0, len(head)+len(middle)+len(tail)+len(borrowed)+40)
 	b = append(b, head...)
 	b = time.Unix(sec, usec*1000).UTC().AppendFormat(b, rfc3339Micro)
 	b = append(b, middle...)
 	b = append(b, f[12]...)
-	b = append(b, tail...)
+	// "borrowed" is the last member of the data (no fail_open after it: the script never
+	// fails open), before the data's and the envelope's closing braces.
+	b = append(b, tail[:len(tail)-2]...)
+	b = append(b, borrowed...)
+	b = append(b, "}}"...)
 	return pol.Org, b, nil
+}
+
+// appendBorrowed appends the "borrowed" member of an admitted event's data, as encoding/json
+// writes event.Admitted.Borrowed, for the borrowed field of a compact entry (see
+// compactVersion) of an event charged to path: nothing if the field is empty.
+func appendBorrowed(b []byte, field string, path []policy.Level) ([]byte, error) {
+	if field == "" {
+		return b, nil
+	}
+	b = append(b, `,"borrowed":[`...)
+	seen := make(map[string]bool, 2)
+	for i, entry := range strings.Split(field, ",") {
+		account, rest, ok1 := strings.Cut(entry, ":")
+		unit, n, ok2 := strings.Cut(rest, "=")
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("borrowed %q: want <account>:<unit>=<n>", entry)
+		}
+		// The first node of that id, as the meter finds it: the org has no lender.
+		lender := slices.IndexFunc(path, func(l policy.Level) bool { return l.Account == account }) - 1
+		if lender < 0 {
+			return nil, fmt.Errorf("borrowed %q: account not below the org in the path", entry)
+		}
+		if !policy.Unit(unit).Valid() {
+			return nil, fmt.Errorf("borrowed %q: unknown unit", entry)
+		}
+		if !positiveInt(n) {
+			return nil, fmt.Errorf("borrowed %q: want a positive integer", entry)
+		}
+		key := account + ":" + unit
+		if seen[key] {
+			return nil, fmt.Errorf("borrowed %q: repeated", entry)
+		}
+		seen[key] = true
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendQuoted(append(b, `{"account":`...), account)
+		b = appendQuoted(append(b, `,"from":`...), path[lender].Account)
+		b = appendQuoted(append(b, `,"unit":`...), unit)
+		b = append(append(b, `,"units":`...), n...)
+		b = append(b, '}')
+	}
+	return append(b, ']'), nil
+}
+
+// positiveInt reports whether s is an integer from 1 to MaxInt64 written as encoding/json
+// writes one: digits only, no sign, no leading zero.
+func positiveInt(s string) bool {
+	if s == "" || s[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	_, err := strconv.ParseInt(s, 10, 64)
+	return err == nil
 }
 
 // rfc3339Micro is clock.lua's rfc3339: RFC 3339 UTC with microseconds.

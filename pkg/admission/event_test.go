@@ -2,7 +2,9 @@ package admission
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -37,6 +39,58 @@ func TestAdmittedEventIsJSON(t *testing.T) {
 			`,"time":"2026-11-23T10:00:00.000000Z","datacontenttype":"application/json","data":` + string(data) + `}`
 		require.Equal(t, want, got)
 		require.True(t, json.Valid([]byte(got)), got)
+	}
+}
+
+// A compact entry with borrowings renders, byte for byte, what encoding/json makes of the
+// event with event.Admitted.Borrowed, in the order the script recorded them, each lent by
+// the account's parent in the path.
+func TestBorrowedEventIsJSON(t *testing.T) {
+	pol := policy.Resolved{Org: "acme", Plan: "pro", Path: []policy.Level{
+		{Account: "acme", Kind: policy.Org}, {Account: "team-a", Kind: policy.Team},
+		{Account: "user-1", Kind: policy.User}, {Account: "agent.x_1", Kind: policy.Agent}}}
+	r := Request{EventID: "e1.3.acme", Source: "node-1", Policy: pol, APIKeyID: "k1", Tool: "llm_call",
+		Units: map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 2500}}
+	at := time.Date(2026, 11, 23, 10, 47, 20, 294404000, time.UTC)
+	for _, tc := range []struct {
+		field string // the fourteenth field, after the period ("-": none)
+		want  []event.Borrowing
+	}{
+		{"-", nil},
+		{"", nil},
+		{"team-a:tokens=300", []event.Borrowing{{Account: "team-a", From: "acme", Unit: "tokens", Units: 300}}},
+		{"team-a:tokens=300,user-1:requests=1,agent.x_1:tokens=9223372036854775807,team-a:requests=2", []event.Borrowing{
+			{Account: "team-a", From: "acme", Unit: "tokens", Units: 300},
+			{Account: "user-1", From: "team-a", Unit: "requests", Units: 1},
+			{Account: "agent.x_1", From: "user-1", Unit: "tokens", Units: 9223372036854775807},
+			{Account: "team-a", From: "acme", Unit: "requests", Units: 2}}},
+		{"user-1:credits=5,user-1:cost_micros=7", []event.Borrowing{
+			{Account: "user-1", From: "team-a", Unit: "credits", Units: 5},
+			{Account: "user-1", From: "team-a", Unit: "cost_micros", Units: 7}}},
+	} {
+		st := newEventStatic(pol)
+		e := compactEvent(r, &st) + strconv.FormatInt(at.Unix(), 10) + "|294404|2026-11"
+		if tc.field != "-" {
+			e += "|" + tc.field
+		}
+		key, got, err := OutboxMessage(map[string]any{"e": e})
+		require.NoError(t, err, e)
+		require.Equal(t, "acme", key)
+
+		a := r.Admitted("2026-11")
+		a.Borrowed = tc.want
+		data, err := json.Marshal(a)
+		require.NoError(t, err)
+		want := `{"specversion":"1.0","id":"e1.3.acme","source":"node-1","type":` + quote(event.TypeAdmitted) +
+			`,"subject":"acme/team-a/user-1/agent.x_1","time":"2026-11-23T10:47:20.294404Z","datacontenttype":"application/json","data":` +
+			string(data) + `}`
+		require.Equal(t, want, string(got), e)
+
+		var ce event.CloudEvent
+		require.NoError(t, json.Unmarshal(got, &ce))
+		var back event.Admitted
+		require.NoError(t, json.Unmarshal(ce.Data, &back))
+		require.Equal(t, tc.want, back.Borrowed)
 	}
 }
 

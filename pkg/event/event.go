@@ -46,9 +46,24 @@ type Admitted struct {
 	Period string `json:"period"`
 	Plan   string `json:"plan"`
 	Tool   string `json:"tool,omitempty"`
+	// Borrowed lists the rate capacity accounts of Path took from their parents beyond
+	// their guaranteed rate (a limit's ceiling), in the order the admission script recorded
+	// it; empty when nothing was borrowed (always on the fail-open path).
+	Borrowed []Borrowing `json:"borrowed,omitempty"`
 	// FailOpen marks an admission decided without Redis (rate-only accounts while Redis was
 	// unavailable); its period comes from the admit node's clock.
 	FailOpen bool `json:"fail_open,omitempty"`
+}
+
+// Borrowing is one account's borrowing for an admitted request: Units of Unit taken from
+// the spare rate capacity of its parent From (the node before Account in the path) beyond
+// Account's own guaranteed rate. It is rate capacity at admission: refunds and settlements
+// of quota do not change it.
+type Borrowing struct {
+	Account string `json:"account"`
+	From    string `json:"from"`
+	Unit    string `json:"unit"`
+	Units   int64  `json:"units"`
 }
 
 // Outcome is the data of a usage.outcome event: how the admitted request ended upstream.
