@@ -126,6 +126,9 @@ func (d *decoder) admitted() (*event.Admitted, bool) {
 		case "fail_open":
 			bit = 1 << 9
 			a.FailOpen, ok = d.bool()
+		case "borrowed":
+			bit = 1 << 10
+			a.Borrowed, ok = d.borrowed()
 		}
 		if !ok || seen&bit != 0 {
 			return false
@@ -201,6 +204,57 @@ func (d *decoder) path() ([]event.PathNode, bool) {
 		d.space()
 		if d.take(']') {
 			return path, true
+		}
+		if !d.take(',') {
+			return nil, false
+		}
+		d.space()
+	}
+}
+
+// borrowed decodes an array of borrowings; [] is an empty slice, as encoding/json makes it.
+func (d *decoder) borrowed() ([]event.Borrowing, bool) {
+	if !d.take('[') {
+		return nil, false
+	}
+	out := make([]event.Borrowing, 0, 2)
+	d.space()
+	if d.take(']') {
+		return out, true
+	}
+	for {
+		var b event.Borrowing
+		var seen uint
+		ok := d.object(func(key string) bool {
+			var bit uint
+			var ok bool
+			switch key {
+			case "account":
+				bit = 1 << 0
+				b.Account, ok = d.str()
+			case "from":
+				bit = 1 << 1
+				b.From, ok = d.str()
+			case "unit":
+				bit = 1 << 2
+				b.Unit, ok = d.str()
+			case "units":
+				bit = 1 << 3
+				b.Units, ok = d.int(64)
+			}
+			if !ok || seen&bit != 0 {
+				return false
+			}
+			seen |= bit
+			return true
+		})
+		if !ok {
+			return nil, false
+		}
+		out = append(out, b)
+		d.space()
+		if d.take(']') {
+			return out, true
 		}
 		if !d.take(',') {
 			return nil, false

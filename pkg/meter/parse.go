@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -39,8 +40,16 @@ type usageRow struct {
 	Source         string
 	FailOpen       bool
 	Units          units
+	Borrowed       []borrowRow // rows of usage_borrowings
 	Partition      int
 	Offset         int64
+}
+
+// borrowRow is one row of usage_borrowings, with the event's columns taken from its
+// usageRow: Account took Units of Unit from its parent Lender's spare rate capacity.
+type borrowRow struct {
+	Account, Lender, Unit string
+	Units                 int64
 }
 
 // outcomeRow is one row of usage_outcomes.
@@ -243,6 +252,10 @@ func parseAdmitted(ce event.CloudEvent, d *event.Admitted) (*usageRow, error) {
 	if err != nil {
 		return nil, err
 	}
+	borrowed, err := parseBorrowed(d.Borrowed, path)
+	if err != nil {
+		return nil, err
+	}
 	charged, err := period.ParseMonth(d.Period)
 	if err != nil || charged.Year() < minYear || charged.Year() > maxYear {
 		return nil, fmt.Errorf("data.period %q: want YYYY-MM", d.Period)
@@ -252,8 +265,40 @@ func parseAdmitted(ce event.CloudEvent, d *event.Admitted) (*usageRow, error) {
 		EventID: ce.ID, BillingPeriod: period.MonthStart(at), EventTime: at, ChargedPeriod: charged,
 		Org: d.Org, Account: d.Account, AccountKind: last.Kind, Path: path,
 		APIKeyID: d.APIKeyID, IdempotencyKey: d.IdempotencyKey, Plan: d.Plan, Tool: d.Tool,
-		Source: ce.Source, FailOpen: d.FailOpen, Units: u,
+		Source: ce.Source, FailOpen: d.FailOpen, Units: u, Borrowed: borrowed,
 	}, nil
+}
+
+// parseBorrowed checks an admission's borrowings against its path (account ids, org
+// first): each borrower is an account of the path below the org, lent by the node before
+// it, borrowing more than 0 of a known unit, at most once per unit.
+func parseBorrowed(bs []event.Borrowing, path []string) ([]borrowRow, error) {
+	if len(bs) == 0 {
+		return nil, nil
+	}
+	rows := make([]borrowRow, 0, len(bs))
+	for i, b := range bs {
+		at := slices.Index(path, b.Account)
+		if at < 1 {
+			return nil, fmt.Errorf("data.borrowed[%d].account %q: not an account of data.path below the org", i, b.Account)
+		}
+		if b.From != path[at-1] {
+			return nil, fmt.Errorf("data.borrowed[%d].from %q: want %q, the account's parent in data.path", i, b.From, path[at-1])
+		}
+		if !policy.Unit(b.Unit).Valid() {
+			return nil, fmt.Errorf("data.borrowed[%d].unit %q: unknown (known: requests, tokens, credits, cost_micros)", i, b.Unit)
+		}
+		if b.Units <= 0 {
+			return nil, fmt.Errorf("data.borrowed[%d].units = %d: want more than 0", i, b.Units)
+		}
+		for _, r := range rows {
+			if r.Account == b.Account && r.Unit == b.Unit {
+				return nil, fmt.Errorf("data.borrowed[%d]: %s borrowed %s twice", i, b.Account, b.Unit)
+			}
+		}
+		rows = append(rows, borrowRow{Account: b.Account, Lender: b.From, Unit: b.Unit, Units: b.Units})
+	}
+	return rows, nil
 }
 
 func parseOutcome(ce event.CloudEvent, d *event.Outcome) (*outcomeRow, error) {

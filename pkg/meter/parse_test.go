@@ -2,6 +2,7 @@ package meter
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +67,14 @@ func outcomeWith(change func(ev map[string]any)) func(testing.TB) []byte {
 	return func(tb testing.TB) []byte { ev := goodOutcome(); change(ev); return encode(tb, ev) }
 }
 
+// borrowedWith returns a valid admission in which eng borrowed 300 tokens from acme, then
+// extra.
+func borrowedWith(extra map[string]any) func(testing.TB) []byte {
+	return admittedWith(func(ev map[string]any) {
+		data(ev)["borrowed"] = []any{map[string]any{"account": "eng", "from": "acme", "unit": "tokens", "units": 300}, extra}
+	})
+}
+
 func raw(s string) func(testing.TB) []byte { return func(testing.TB) []byte { return []byte(s) } }
 
 var malformed = []malformedCase{
@@ -102,6 +111,22 @@ var malformed = []malformedCase{
 	{"short period", admittedWith(func(ev map[string]any) { data(ev)["period"] = "2026-1" }), `data.period "2026-1"`},
 	{"missing period", admittedWith(func(ev map[string]any) { delete(data(ev), "period") }), `data.period ""`},
 	{"NUL in the plan", admittedWith(func(ev map[string]any) { data(ev)["plan"] = "pro\x00" }), "data.plan"},
+	{"borrower not in the path", borrowedWith(map[string]any{"account": "bob", "from": "alice", "unit": "tokens", "units": 1}),
+		`data.borrowed[1].account "bob": not an account of data.path below the org`},
+	{"the org borrowing", borrowedWith(map[string]any{"account": "acme", "from": "acme", "unit": "tokens", "units": 1}),
+		`data.borrowed[1].account "acme"`},
+	{"lender not the parent", borrowedWith(map[string]any{"account": "alice", "from": "acme", "unit": "tokens", "units": 1}),
+		`data.borrowed[1].from "acme": want "eng"`},
+	{"borrowed unknown unit", borrowedWith(map[string]any{"account": "alice", "from": "eng", "unit": "gpus", "units": 1}),
+		`data.borrowed[1].unit "gpus": unknown`},
+	{"borrowed nothing", borrowedWith(map[string]any{"account": "alice", "from": "eng", "unit": "tokens", "units": 0}),
+		"data.borrowed[1].units = 0: want more than 0"},
+	{"borrowed negative", borrowedWith(map[string]any{"account": "alice", "from": "eng", "unit": "tokens", "units": -3}),
+		"data.borrowed[1].units = -3"},
+	{"borrowed twice", borrowedWith(map[string]any{"account": "eng", "from": "acme", "unit": "tokens", "units": 2}),
+		"data.borrowed[1]: eng borrowed tokens twice"},
+	{"borrowed fraction", borrowedWith(map[string]any{"account": "alice", "from": "eng", "unit": "tokens", "units": 1.5}),
+		"data: json: cannot unmarshal"},
 	{"outcome status 600", outcomeWith(func(ev map[string]any) { data(ev)["status"] = 600 }), "data.status 600: want 100-599"},
 	{"outcome without status", outcomeWith(func(ev map[string]any) { delete(data(ev), "status") }), "data.status 0"},
 	{"outcome id is not event_id/outcome", outcomeWith(func(ev map[string]any) { ev["id"] = "something-else" }), `id "something-else"`},
@@ -146,6 +171,32 @@ func TestParseAdmitted(t *testing.T) {
 		Units:     units{Requests: &requests, Tokens: &tokens, Credits: &credits, CostMicros: &cost},
 		Partition: 3, Offset: 7,
 	}, p.usage)
+}
+
+func TestParseBorrowed(t *testing.T) {
+	t.Parallel()
+	ev := goodAdmitted()
+	data(ev)["borrowed"] = []any{
+		map[string]any{"account": "eng", "from": "acme", "unit": "tokens", "units": 300},
+		map[string]any{"account": "agent-1", "from": "alice", "unit": "requests", "units": 1},
+		map[string]any{"account": "eng", "from": "acme", "unit": "requests", "units": 9223372036854775807},
+	}
+	value := encode(t, ev)
+	p := parse(value, 3, 7)
+	require.NoError(t, p.err)
+	require.Equal(t, p, parse(asAdmit(t, value), 3, 7), "the same as admit encodes it")
+	require.Equal(t, []borrowRow{
+		{Account: "eng", Lender: "acme", Unit: "tokens", Units: 300},
+		{Account: "agent-1", Lender: "alice", Unit: "requests", Units: 1},
+		{Account: "eng", Lender: "acme", Unit: "requests", Units: 9223372036854775807},
+	}, p.usage.Borrowed)
+
+	for _, none := range []any{[]any{}, nil} {
+		data(ev)["borrowed"] = none
+		p = parse(encode(t, ev), 3, 7)
+		require.NoError(t, p.err)
+		require.Nil(t, p.usage.Borrowed)
+	}
 }
 
 func TestParseShortPathAndBoundaries(t *testing.T) {
@@ -196,6 +247,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(encode(f, goodAdmitted()))
 	f.Add(encode(f, goodOutcome()))
 	f.Add(encode(f, voidedEvent(f, "e1.2.acme", "e1.2.acme", event.VoidUnavailable, time.Now())))
+	f.Add(borrowedWith(map[string]any{"account": "alice", "from": "eng", "unit": "requests", "units": 2})(f))
 	for _, tc := range malformed {
 		f.Add(tc.value(f))
 	}
@@ -214,6 +266,17 @@ func FuzzParse(f *testing.F) {
 			require.Equal(t, r.Account, r.Path[len(r.Path)-1])
 			for _, u := range []*int64{r.Units.Requests, r.Units.Tokens, r.Units.Credits, r.Units.CostMicros} {
 				require.True(t, u == nil || *u >= 0)
+			}
+			seen := map[[2]string]bool{}
+			for _, b := range r.Borrowed {
+				require.Positive(t, b.Units)
+				i := slices.Index(r.Path, b.Account)
+				require.Positive(t, i, "borrower %q below the org", b.Account)
+				require.Equal(t, r.Path[i-1], b.Lender)
+				require.NotEqual(t, b.Account, b.Lender)
+				require.Contains(t, []string{"requests", "tokens", "credits", "cost_micros"}, b.Unit)
+				require.False(t, seen[[2]string{b.Account, b.Unit}], "borrowed twice")
+				seen[[2]string{b.Account, b.Unit}] = true
 			}
 			for _, s := range append([]string{r.EventID, r.Source, r.Plan, r.Tool, r.IdempotencyKey, r.APIKeyID, r.AccountKind}, r.Path...) {
 				require.False(t, strings.ContainsRune(s, 0), "NUL in %q", s)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -36,13 +37,14 @@ func (c *counts) add(o counts) { c.staged += o.staged; c.inserted += o.inserted 
 
 // written is what a batch wrote, per table.
 type written struct {
-	usage, outcomes, voids, deadLetters counts
+	usage, borrowings, outcomes, voids, deadLetters counts
 	// refused counts rows PostgreSQL refused for their content, written as dead letters.
 	refused int
 }
 
 func (w *written) add(o written) {
 	w.usage.add(o.usage)
+	w.borrowings.add(o.borrowings)
 	w.outcomes.add(o.outcomes)
 	w.voids.add(o.voids)
 	w.deadLetters.add(o.deadLetters)
@@ -111,6 +113,10 @@ CREATE TEMP TABLE IF NOT EXISTS meter_usage (
 CREATE TEMP TABLE IF NOT EXISTS meter_outcomes (
     event_id text, status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint,
     outcome_time timestamptz, source text, kafka_partition integer, kafka_offset bigint
+) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS meter_borrowings (
+    event_id text, billing_period date, charged_period date, event_time timestamptz, org text,
+    account text, lender text, unit text, units bigint, kafka_partition integer, kafka_offset bigint
 ) ON COMMIT DELETE ROWS`
 
 var (
@@ -120,6 +126,10 @@ var (
 		"requests", "tokens", "credits", "cost_micros", "kafka_partition", "kafka_offset"}
 	outcomeColumns = []string{"event_id", "status", "requests", "tokens", "credits", "cost_micros",
 		"outcome_time", "source", "kafka_partition", "kafka_offset"}
+	borrowingColumns = []string{"event_id", "billing_period", "charged_period", "event_time", "org",
+		"account", "lender", "unit", "units"}
+	// The staging table also has the message's position, to keep the first delivery.
+	borrowingStaging = append(slices.Clip(borrowingColumns), "kafka_partition", "kafka_offset")
 )
 
 // The ORDER BY makes the first delivery win within a batch, and makes concurrent meters
@@ -136,6 +146,11 @@ ON CONFLICT (event_id, billing_period) DO NOTHING`
 SELECT ` + strings.Join(outcomeColumns, ", ") + ` FROM meter_outcomes
 ORDER BY event_id, kafka_partition, kafka_offset
 ON CONFLICT (event_id) DO NOTHING`
+	// A redelivered admission carries the same borrowings: the key keeps them once.
+	insertBorrowings = `INSERT INTO usage_borrowings (` + strings.Join(borrowingColumns, ", ") + `)
+SELECT ` + strings.Join(borrowingColumns, ", ") + ` FROM meter_borrowings
+ORDER BY event_id, account, unit, kafka_partition, kafka_offset
+ON CONFLICT (event_id, account, unit) DO NOTHING`
 )
 
 // Voids are rare (a request nobody was told the decision of): inserted from arrays, no
@@ -251,6 +266,9 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 			return written{}, fmt.Errorf("insert usage_events: %w", err)
 		}
 		w.usage = counts{staged: n, inserted: tag.RowsAffected()}
+		if w.borrowings, err = writeBorrowings(ctx, tx, usage); err != nil {
+			return written{}, err
+		}
 	}
 	if len(outcomes) > 0 {
 		n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_outcomes"}, outcomeColumns, pgx.CopyFromSlice(len(outcomes), func(i int) ([]any, error) {
@@ -308,6 +326,32 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 		return written{}, fmt.Errorf("commit: %w", err)
 	}
 	return w, nil
+}
+
+// writeBorrowings writes the borrowings of a batch's admissions, in the batch's
+// transaction, as the admissions themselves: COPY into staging, then INSERT … ON CONFLICT
+// DO NOTHING. Most batches have none and cost nothing more.
+func writeBorrowings(ctx context.Context, tx pgx.Tx, usage []*item) (counts, error) {
+	var rows [][]any
+	for _, it := range usage {
+		r := it.usage
+		for _, b := range r.Borrowed {
+			rows = append(rows, []any{r.EventID, r.BillingPeriod, r.ChargedPeriod, r.EventTime, r.Org,
+				b.Account, b.Lender, b.Unit, b.Units, r.Partition, r.Offset})
+		}
+	}
+	if len(rows) == 0 {
+		return counts{}, nil
+	}
+	n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_borrowings"}, borrowingStaging, pgx.CopyFromRows(rows))
+	if err != nil {
+		return counts{}, fmt.Errorf("copy borrowing rows: %w", err)
+	}
+	tag, err := tx.Exec(ctx, insertBorrowings)
+	if err != nil {
+		return counts{}, fmt.Errorf("insert usage_borrowings: %w", err)
+	}
+	return counts{staged: n, inserted: tag.RowsAffected()}, nil
 }
 
 // writeEach writes items one transaction each, after PostgreSQL refused the batch for its
