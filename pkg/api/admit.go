@@ -156,7 +156,8 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 }
 
 // setRateLimitHeaders writes the IETF draft-10 RateLimit-Policy and RateLimit fields for
-// the rate limit and the quota closest to running out.
+// the rate limit and the quota closest to running out. A token bucket's q is what it has
+// for this request's traffic: its limit less its children's guarantees.
 func setRateLimitHeaders(h http.Header, limits []admission.LimitState) {
 	var picked []admission.LimitState
 	for _, quota := range []bool{false, true} {
@@ -193,6 +194,11 @@ func setRateLimitHeaders(h http.Header, limits []admission.LimitState) {
 	}
 	for _, l := range picked {
 		pol = item(pol, l, ";q=", l.Limit, ";w=", ceilSeconds(l.Window))
+		if l.Ceiling > 0 {
+			// What the limit may reach by borrowing its parent's spare (a parameter of ours:
+			// the draft lets receivers ignore parameters they do not know).
+			pol = strconv.AppendInt(append(pol, ";ceiling="...), l.Ceiling, 10)
+		}
 		cur = item(cur, l, ";r=", max(0, l.Remaining), ";t=", ceilSeconds(l.Reset))
 	}
 	h.Set("RateLimit-Policy", string(pol))
