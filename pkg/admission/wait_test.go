@@ -49,15 +49,20 @@ type waited struct {
 
 // While requests wait for the same limit, capacity goes to the highest priority first
 // and first come first served within a priority, across admit nodes: the queue is in
-// Redis. Waiters join alternately from two nodes; the order of their admissions (by the
-// Redis time of each) is the queue's.
+// Redis. Waiters join alternately from two nodes while the bucket is empty for a minute;
+// then it refills at 10 a second, and the order of their admissions (by the Redis time of
+// each) is the queue's.
 func TestWaitersByPriorityThenArrival(t *testing.T) {
 	t.Parallel()
 	forEachRedis(t, options{}, func(t *testing.T, b *testBundle) {
-		// 10 requests a second, burst 1: one every 100 ms.
 		pol := tree(policy.Level{Account: b.org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{policy.Requests: bucket(10, 1)}})
 		one := map[policy.Unit]int64{policy.Requests: 1}
-		require.Equal(t, admission.Allow, b.mustDecide(t, pol, one).Result)
+		ctx := testenv.Context(t, 30*time.Second)
+		field := b.org + ":r"
+		// Empty until a minute from now: nobody is admitted while the waiters join.
+		redisNow, err := b.rdb.Time(ctx).Result()
+		require.NoError(t, err)
+		require.NoError(t, b.rdb.HSet(ctx, b.stateHash(), field, redisNow.Add(time.Minute).UnixMicro()).Err())
 		nodes := []*admission.Admitter{b.adm, b.secondNode(t)}
 		queue := b.queueKey(b.org, b.org, "r")
 
@@ -72,13 +77,15 @@ func TestWaitersByPriorityThenArrival(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				adm := nodes[i%2]
-				d, err := adm.Decide(testenv.Context(t, 20*time.Second), admission.Request{
+				d, err := adm.Decide(testenv.Context(t, 3*time.Minute), admission.Request{
 					EventID: adm.NewEventID(b.org), Units: one, Policy: withPriority(pol, a.priority),
-					Source: a.name, MaxWait: 15 * time.Second})
+					Source: a.name, MaxWait: 2 * time.Minute})
 				results <- waited{a.name, d, err}
 			}()
 			b.waitQueued(t, queue, int64(i+1))
 		}
+		// Full again: the head's node finds out within a second (its poll).
+		require.NoError(t, b.rdb.HDel(ctx, b.stateHash(), field).Err())
 		wg.Wait()
 		close(results)
 		var got []waited
@@ -103,8 +110,8 @@ func TestWaitersByPriorityThenArrival(t *testing.T) {
 func TestWaiterIsNotOvertaken(t *testing.T) {
 	t.Parallel()
 	forEachRedis(t, options{}, func(t *testing.T, b *testBundle) {
-		// 5 tokens a second, burst 5.
-		pol := tree(policy.Level{Account: b.org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{policy.Tokens: bucket(5, 5)}})
+		// A token a second, burst 5.
+		pol := tree(policy.Level{Account: b.org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{policy.Tokens: bucket(1, 5)}})
 		require.Equal(t, admission.Allow, b.mustDecide(t, pol, map[policy.Unit]int64{policy.Tokens: 5}).Result)
 		done := make(chan waited, 1)
 		go func() {
@@ -113,8 +120,9 @@ func TestWaiterIsNotOvertaken(t *testing.T) {
 			done <- waited{"big", d, err}
 		}()
 		b.waitQueued(t, b.queueKey(b.org, b.org, "t"), 1)
-		// ~1 token is back after 200 ms: enough for a small request, not for the waiter.
-		time.Sleep(300 * time.Millisecond)
+		// A token is back after a second: enough for a small request, not for the waiter
+		// (5 s).
+		time.Sleep(1200 * time.Millisecond)
 		small := b.mustDecide(t, pol, map[policy.Unit]int64{policy.Tokens: 1})
 		require.Equal(t, admission.RateLimited, small.Result, "behind the waiter")
 		require.Equal(t, b.org, small.Blocked.Account)
@@ -147,9 +155,9 @@ func TestWaitRunsOut(t *testing.T) {
 		require.Greater(t, d.RetryAfter, 8*time.Second)
 		b.waitQueued(t, queue, 0)
 
-		// One a second now: the head gets the next one, the request behind it would get
-		// the one after, at ~2 s, but may wait only 1.5 s.
-		pol = tree(policy.Level{Account: b.org + "-2", Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{policy.Requests: bucket(1, 1)}})
+		// One every 2 s now: the head gets the next one, the request behind it would get
+		// the one after, at ~4 s, but may wait only 3 s.
+		pol = tree(policy.Level{Account: b.org + "-2", Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{policy.Requests: bucket(0.5, 1)}})
 		queue = b.queueKey(b.org+"-2", b.org+"-2", "r")
 		require.Equal(t, admission.Allow, b.mustDecide(t, pol, one).Result)
 		headDone := make(chan waited, 1)
@@ -161,12 +169,12 @@ func TestWaitRunsOut(t *testing.T) {
 		b.waitQueued(t, queue, 1)
 		start = time.Now()
 		d, err = b.adm.Decide(testenv.Context(t, 10*time.Second), admission.Request{EventID: b.adm.NewEventID(pol.Org),
-			Units: one, Policy: pol, Source: "next", MaxWait: 1500 * time.Millisecond})
+			Units: one, Policy: pol, Source: "next", MaxWait: 3 * time.Second})
 		require.NoError(t, err)
 		require.Equal(t, admission.RateLimited, d.Result, "out of time")
 		require.Equal(t, pol.Org, d.Blocked.Account)
 		require.Greater(t, d.RetryAfter, time.Duration(0))
-		// It waited for the head's turn (~1 s); then its own was ~1 s away with ~0.5 s left:
+		// It waited for the head's turn (~2 s); then its own was ~2 s away with ~1 s left:
 		// refused then, not at the end of a wait that could not be enough.
 		require.GreaterOrEqual(t, time.Since(start), 900*time.Millisecond, "it waited")
 		r := <-headDone
