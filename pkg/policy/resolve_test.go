@@ -76,3 +76,51 @@ func TestResolveAllSharesEqualLevels(t *testing.T) {
 	_ = append(p1, Level{Account: "x"})
 	require.Equal(t, "a2", resolved["a2"].Path[2].Account)
 }
+
+// Guarantees: each child's token bucket with a ceiling is reserved in its parent (summed
+// per unit, every descendant's path seeing it); a limit without a ceiling reserves
+// nothing; an org's ceiling (from its plan) is dropped, and the same plan below the org
+// keeps it. Priorities: own, else the named plan's, else the parent's.
+func TestResolveGuaranteesAndPriority(t *testing.T) {
+	t.Parallel()
+	tier := Limit{Algorithm: TokenBucket, RatePerS: 10, Burst: 100, Ceiling: 400}
+	plans, err := newPlanSet(map[string]*Plan{
+		"free": {ID: "free", Priority: 5, Limits: map[Unit]Limit{Tokens: {Algorithm: TokenBucket, RatePerS: 100, Burst: 1000}}},
+		"tier": {ID: "tier", Rank: 1, Priority: 40, Limits: map[Unit]Limit{Tokens: tier}},
+	})
+	require.NoError(t, err)
+	g1 := Limit{Algorithm: TokenBucket, RatePerS: 2, Burst: 20, Ceiling: 50}
+	g2 := Limit{Algorithm: TokenBucket, RatePerS: 3, Burst: 30, Ceiling: 30}
+	capOnly := Limit{Algorithm: TokenBucket, RatePerS: 50, Burst: 500}
+	seven := 7
+	nodes := []node{
+		{id: "o", kind: Org, org: "o"},
+		{id: "t1", kind: Team, parent: "o", org: "o", priority: &seven},
+		{id: "t2", kind: Team, parent: "o", org: "o"},
+		{id: "t3", kind: Team, parent: "o", org: "o"},
+		{id: "t4", kind: Team, parent: "o", org: "o", plan: "tier"},
+		{id: "u1", kind: User, parent: "t1", org: "o"},
+		{id: "o2", kind: Org, org: "o2", plan: "tier"},
+	}
+	nodes[1].addOverride(Tokens, g1)
+	nodes[2].addOverride(Tokens, g2)
+	nodes[2].addOverride(Requests, g1)
+	nodes[3].addOverride(Tokens, capOnly)
+	resolved, bad := resolveAll(nodes, plans)
+	require.Empty(t, bad)
+
+	org := resolved["u1"].Path[0]
+	require.Equal(t, map[Unit]Reservation{
+		Tokens:   {RatePerS: 2 + 3 + 10, Burst: 20 + 30 + 100}, // t1, t2 and t4's plan; not t3
+		Requests: {RatePerS: 2, Burst: 20},
+	}, org.Reserved)
+	require.Equal(t, org.Reserved, resolved["t3"].Path[0].Reserved, "every path sees the org's reservations")
+	require.Nil(t, resolved["t2"].Path[1].Reserved, "t2 has no children")
+	require.Equal(t, int64(400), resolved["t4"].Path[1].Limits[Tokens].Ceiling, "a plan's ceiling below the org")
+	require.Zero(t, resolved["o2"].Path[0].Limits[Tokens].Ceiling, "an org has no parent to borrow from")
+	require.Equal(t, int64(100), resolved["o2"].Path[0].Limits[Tokens].Burst)
+
+	for id, want := range map[string]int{"o": 5, "t1": 7, "u1": 7, "t2": 5, "t4": 40, "o2": 40} {
+		require.Equal(t, want, resolved[id].Priority, id)
+	}
+}
