@@ -1,6 +1,8 @@
 package admission_test
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -69,18 +71,26 @@ func tokens(l policy.Limit) map[policy.Unit]policy.Limit {
 // tokens admitted and the refusal.
 func fill(t *testing.T, adm *admission.Admitter, pol policy.Resolved, n int64) (int64, admission.Decision) {
 	t.Helper()
+	got, d, err := tryFill(testenv.Context(t, 30*time.Second), adm, pol, n)
+	require.NoError(t, err)
+	return got, d
+}
+
+// tryFill is fill for other goroutines than the test's: it returns its error.
+func tryFill(ctx context.Context, adm *admission.Admitter, pol policy.Resolved, n int64) (int64, admission.Decision, error) {
 	var got int64
 	for range 1000 {
-		d, err := adm.Decide(testenv.Context(t, 10*time.Second), admission.Request{
+		d, err := adm.Decide(ctx, admission.Request{
 			EventID: adm.NewEventID(pol.Org), Units: map[policy.Unit]int64{policy.Tokens: n}, Policy: pol, Source: "test"})
-		require.NoError(t, err)
+		if err != nil {
+			return got, d, err
+		}
 		if d.Result != admission.Allow {
-			return got, d
+			return got, d, nil
 		}
 		got += n
 	}
-	t.Fatal("never refused")
-	return 0, admission.Decision{}
+	return got, admission.Decision{}, errors.New("never refused")
 }
 
 // borrowed sums the borrowing the outbox's compact entries record, by "<account>:<unit>".
@@ -135,11 +145,15 @@ func TestGuaranteeHoldsWhileSiblingsBorrow(t *testing.T) {
 		node2 := b.secondNode(t)
 		var wg sync.WaitGroup
 		var gotB, gotC int64
+		var errB, errC error
+		ctx := testenv.Context(t, 30*time.Second)
 		wg.Add(2)
-		go func() { defer wg.Done(); gotB, _ = fill(t, node2, tr.b, 5) }()
-		go func() { defer wg.Done(); gotC, _ = fill(t, node2, tr.c, 5) }()
+		go func() { defer wg.Done(); gotB, _, errB = tryFill(ctx, node2, tr.b, 5) }()
+		go func() { defer wg.Done(); gotC, _, errC = tryFill(ctx, node2, tr.c, 5) }()
 		gotA, refused := fill(t, b.adm, tr.a, 10)
 		wg.Wait()
+		require.NoError(t, errB)
+		require.NoError(t, errC)
 
 		require.GreaterOrEqual(t, gotA, int64(30), "team a's guarantee")
 		require.Equal(t, int64(100), gotA+gotB+gotC, "the org's 100 tokens, all used, none twice")
