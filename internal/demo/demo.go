@@ -242,6 +242,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	if err := ctx.Err(); err != nil {
 		return r, err
 	}
+	r.Guarantees = guarantees(tree)
+	r.ExpectBorrowing = len(r.Guarantees) > 0
 	st.snapshot(r)
 
 	// Drain: every admitted event a row, every outcome metered.
@@ -258,6 +260,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	problem := func(err error) { r.Problems = append(r.Problems, err.Error()) }
 	if err := compareRows(ctx, pool, st.eventIDs(), r); err != nil {
 		problem(fmt.Errorf("read usage_events: %w", err))
+	}
+	if err := borrowings(ctx, pool, r); err != nil {
+		problem(fmt.Errorf("read usage_borrowings: %w", err))
 	}
 
 	// Reconcile, then close the period(s) and export the invoices.
@@ -402,6 +407,30 @@ func adjustments(ctx context.Context, pool *pgxpool.Pool, r *Report) error {
 		return a.Account+" "+a.Unit < b.Account+" "+b.Unit
 	})
 	return err
+}
+
+// borrowings reads the chargeback view, finance_borrowing, and the sum of the table under
+// it, usage_borrowings.
+func borrowings(ctx context.Context, pool *pgxpool.Pool, r *Report) error {
+	rows, err := pool.Query(ctx, `
+		SELECT account, lender, unit, period, events, units FROM finance_borrowing
+		ORDER BY org, lender, account, unit, period`)
+	if err != nil {
+		return err
+	}
+	r.Borrowings, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Borrowing, error) {
+		var b Borrowing
+		err := row.Scan(&b.Account, &b.Lender, &b.Unit, &b.Period, &b.Events, &b.Units)
+		return b, err
+	})
+	if err != nil {
+		return err
+	}
+	r.BorrowedView = 0
+	for _, b := range r.Borrowings {
+		r.BorrowedView += b.Units
+	}
+	return pool.QueryRow(ctx, `SELECT coalesce(sum(units), 0)::bigint FROM usage_borrowings`).Scan(&r.BorrowedUnits)
 }
 
 // topicPrefix starts the names of the topics the demo makes (one per run).

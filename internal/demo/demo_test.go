@@ -108,7 +108,32 @@ func TestDemo(t *testing.T) {
 	if !r.Verified {
 		t.Error("reconcile verify did not pass")
 	}
-	for _, want := range []string{"OK: ", "Refusals by blocking level", "refund_5xx", "settle_tokens", "EUR 19.00", "overage_tier", "EUR 990.00"} {
+
+	// Guarantees: engineering borrows acme's spare past its guarantee, and is admitted at
+	// least its guarantee; marketing, within its own, is never refused for tokens.
+	if r.BorrowedUnits <= 0 || r.BorrowedView != r.BorrowedUnits {
+		t.Errorf("borrowed units: usage_borrowings %d, finance_borrowing %d; want equal and > 0", r.BorrowedUnits, r.BorrowedView)
+	}
+	var engBorrowed int64
+	for _, b := range r.Borrowings {
+		if b.Account == "engineering" && b.Lender == "acme" && b.Unit == "tokens" {
+			engBorrowed += b.Units
+		}
+	}
+	if engBorrowed <= 0 {
+		t.Errorf("engineering borrowed no tokens from acme: %+v", r.Borrowings)
+	}
+	guarantee := map[string]Guarantee{}
+	for _, g := range r.Guarantees {
+		guarantee[g.Account] = g
+	}
+	if g := guarantee["engineering"]; g.Admitted < int64(float64(g.RatePerS)*cfg.Duration.Seconds()) {
+		t.Errorf("engineering was admitted %d tokens in %s, less than its guarantee of %d/s", g.Admitted, cfg.Duration, g.RatePerS)
+	}
+	if g := guarantee["marketing"]; g.Admitted == 0 || g.Refused != 0 {
+		t.Errorf("marketing, within its guarantee, was admitted %d tokens and refused %d times for tokens by its limit or acme's", g.Admitted, g.Refused)
+	}
+	for _, want := range []string{"OK: ", "Refusals by blocking level", "refund_5xx", "settle_tokens", "EUR 19.00", "overage_tier", "EUR 990.00", "Borrowing", "units borrowed"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report does not say %q", want)
 		}
@@ -128,6 +153,8 @@ func TestCheck(t *testing.T) {
 		"nothing admitted": {},
 		"invariant failed": {Admitted: 1, Rows: 1, Reconcile: Summary{InvariantFailures: []string{"x"}}},
 		"a step failed":    {Admitted: 1, Rows: 1, Problems: []string{"bin/reconcile verify: exit 1"}},
+		"view ≠ table":     {Admitted: 1, Rows: 1, BorrowedUnits: 10, BorrowedView: 9},
+		"nothing borrowed": {Admitted: 1, Rows: 1, ExpectBorrowing: true},
 	} {
 		if err := r.Check(); err == nil {
 			t.Errorf("%s: Check passed", name)

@@ -40,6 +40,16 @@ type Report struct {
 	OutcomesReported, Outcomes5xx, OutcomesActual, OutcomesMetered int
 	DrainTime                                                      time.Duration
 
+	// Guarantees: the tree's tokens guarantees and what the traffic under each was admitted.
+	Guarantees []Guarantee
+	// Borrowings: finance_borrowing's rows; BorrowedUnits the sum of usage_borrowings'
+	// units, BorrowedView of finance_borrowing's (equal: the demo voids nothing).
+	// ExpectBorrowing: the scenario's traffic goes past a guarantee, so something must
+	// have been borrowed.
+	Borrowings                  []Borrowing
+	BorrowedUnits, BorrowedView int64
+	ExpectBorrowing             bool
+
 	// Reconcile is reconcile's summary; Adjustments the adjustments table grouped.
 	Reconcile   Summary
 	Adjustments []Adjustment
@@ -62,6 +72,27 @@ type Adjustment struct {
 	NotApplied                 int
 }
 
+// Guarantee is a tokens limit with a ceiling in the tree, and the tokens the requests
+// under it were admitted (estimates as charged at admission).
+type Guarantee struct {
+	Account                  string
+	Unit                     string
+	RatePerS, Burst, Ceiling int64
+	// Admitted: tokens admitted to the requests of accounts under it; Refused: their 429s
+	// for tokens by its own limit or one above (the lender's: no spare), not by a limit
+	// below it.
+	Admitted int64
+	Refused  int
+	callers  []string // accounts under it whose keys send requests
+	above    []string // it and its ancestors
+}
+
+// Borrowing is a row of finance_borrowing: what account borrowed of lender's spare.
+type Borrowing struct {
+	Account, Lender, Unit, Period string
+	Events, Units                 int64
+}
+
 // Check is the demo's verdict: every admitted event recorded exactly once, every reported
 // outcome metered.
 func (r *Report) Check() error {
@@ -75,6 +106,12 @@ func (r *Report) Check() error {
 	}
 	if r.OutcomesMetered != r.OutcomesReported {
 		errs = append(errs, fmt.Errorf("outcomes reported %d ≠ metered %d", r.OutcomesReported, r.OutcomesMetered))
+	}
+	if r.BorrowedView != r.BorrowedUnits {
+		errs = append(errs, fmt.Errorf("borrowed units: finance_borrowing %d ≠ usage_borrowings %d", r.BorrowedView, r.BorrowedUnits))
+	}
+	if r.ExpectBorrowing && r.BorrowedUnits <= 0 {
+		errs = append(errs, errors.New("nothing borrowed: the traffic should have gone past a guarantee"))
 	}
 	for _, p := range r.Problems {
 		errs = append(errs, errors.New(p))
@@ -141,6 +178,8 @@ func (r *Report) Print(w io.Writer) {
 		num(int64(r.OutcomesMetered)), num(int64(r.OutcomesReported)), r.Outcomes5xx, r.OutcomesActual)
 	fmt.Fprintf(w, "  %-46s %8s\n", "drained after the traffic ended in", r.DrainTime.Round(10*time.Millisecond))
 
+	r.printBorrowing(w)
+
 	s := r.Reconcile
 	kinds := make([]string, 0, len(s.ByKind))
 	for k, n := range s.ByKind {
@@ -189,6 +228,24 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nOK: %s events admitted, %s recorded in PostgreSQL, each exactly once\n", num(int64(r.Admitted)), num(int64(r.Rows)))
 }
 
+// printBorrowing writes the guarantees and what was borrowed beyond them.
+func (r *Report) printBorrowing(w io.Writer) {
+	fmt.Fprintf(w, "\nBorrowing (guarantees with a ceiling: usage_borrowings, finance_borrowing)\n")
+	secs := r.Duration.Seconds()
+	for _, g := range r.Guarantees {
+		fmt.Fprintf(w, "  %-12s guaranteed %s %s/s (burst %s), ceiling %s: admitted %s = %s/s; refused for %s by it or above: %d\n",
+			g.Account, g.Unit, num(g.RatePerS), num(g.Burst), num(g.Ceiling), num(g.Admitted), num(int64(float64(g.Admitted)/secs)), g.Unit, g.Refused)
+	}
+	fmt.Fprintf(w, "  %-12s %-8s %-7s %-7s %7s %14s\n", "account", "lender", "unit", "period", "events", "units borrowed")
+	for _, b := range r.Borrowings {
+		fmt.Fprintf(w, "  %-12s %-8s %-7s %-7s %7s %14s\n", b.Account, b.Lender, b.Unit, b.Period, num(b.Events), num(b.Units))
+	}
+	if len(r.Borrowings) == 0 {
+		fmt.Fprintf(w, "  (nothing borrowed)\n")
+	}
+	fmt.Fprintf(w, "  units borrowed: %s in finance_borrowing, %s in usage_borrowings\n", num(r.BorrowedView), num(r.BorrowedUnits))
+}
+
 // printTree shows the accounts the demo created and their limits.
 func printTree(w io.Writer, tree []account) {
 	depth := map[string]int{}
@@ -202,6 +259,9 @@ func printTree(w io.Writer, tree []account) {
 		}
 		if a.Concurrency > 0 {
 			what = append(what, fmt.Sprintf("≤ %d in flight", a.Concurrency))
+		}
+		if a.Priority > 0 {
+			what = append(what, fmt.Sprintf("priority %d", a.Priority))
 		}
 		units := make([]string, 0, len(a.Limits))
 		for u := range a.Limits {
@@ -226,6 +286,9 @@ func describe(l map[string]any) string {
 		parts = append(parts, fmt.Sprintf("%v per %v s (sliding window)", l["limit"], l["window_s"]))
 	case l["rate_per_s"] != nil:
 		parts = append(parts, fmt.Sprintf("%v/s burst %v", num(toInt(l["rate_per_s"])), num(toInt(l["burst"]))))
+	}
+	if c, ok := l["ceiling"]; ok {
+		parts[len(parts)-1] = "guaranteed " + parts[len(parts)-1] + fmt.Sprintf(", ceiling %s", num(toInt(c)))
 	}
 	if q, ok := l["quota"]; ok {
 		parts = append(parts, fmt.Sprintf("quota %s/month", num(toInt(q))))

@@ -18,6 +18,7 @@ type account struct {
 	Plan        string         `json:"plan,omitempty"`
 	Limits      map[string]any `json:"limits,omitempty"`
 	Concurrency int            `json:"concurrency,omitempty"`
+	Priority    int            `json:"priority,omitempty"`
 	// key: an API key is issued for this account (the traffic uses it).
 	key bool
 }
@@ -67,12 +68,19 @@ func addTeamPlan(ctx context.Context, db *pgxpool.Pool) error {
 // spike from bob goes past the plan's 300-request burst (pro's rates) (429 at the org level). tinyco is a free
 // org whose monthly quota is sized to run out early in the traffic (402), and bigcorp
 // an enterprise org (no quota: counted, never refused).
+//
+// Guarantees: acme has 50,000 tokens/s (burst 400,000); engineering is guaranteed 15,000/s
+// (burst 60,000) with a ceiling of 300,000 (75,000/s), marketing 5,000/s (burst 20,000).
+// alice's and bob's tokens are about twice engineering's guarantee, so engineering borrows
+// acme's spare (50,000 - 15,000 - 5,000 = 30,000/s) for the rest; marketing uses less than
+// its guarantee and is never refused for tokens, however much engineering borrows.
 func accounts(d time.Duration) []account {
 	q := func(n int64) map[string]any { return map[string]any{"quota": n} }
 	return []account{
-		{ID: "acme", Kind: "org", Plan: teamPlan},
+		{ID: "acme", Kind: "org", Plan: teamPlan,
+			Limits: map[string]any{"tokens": map[string]any{"rate_per_s": 50_000, "burst": 400_000}}},
 		{ID: "engineering", Kind: "team", Parent: "acme",
-			Limits: map[string]any{"tokens": map[string]any{"rate_per_s": 100_000, "burst": 1_000_000}}},
+			Limits: map[string]any{"tokens": map[string]any{"rate_per_s": 15_000, "burst": 60_000, "ceiling": 300_000}}},
 		{ID: "alice", Kind: "user", Parent: "engineering",
 			Limits: map[string]any{"tokens": map[string]any{"rate_per_s": 25_000, "burst": 200_000, "quota": 100_000_000}}},
 		{ID: "agent-1", Kind: "agent", Parent: "alice", Concurrency: 2, key: true},
@@ -80,7 +88,10 @@ func accounts(d time.Duration) []account {
 			Limits: map[string]any{"requests": map[string]any{"rate_per_s": 2, "burst": 4}}, key: true},
 		{ID: "bob", Kind: "user", Parent: "engineering", Limits: map[string]any{"requests": q(1_000_000)}, key: true},
 		{ID: "marketing", Kind: "team", Parent: "acme",
-			Limits: map[string]any{"requests": map[string]any{"algorithm": "sliding_window", "limit": 20, "window_s": 5}}, key: true},
+			Limits: map[string]any{
+				"requests": map[string]any{"algorithm": "sliding_window", "limit": 20, "window_s": 5},
+				"tokens":   map[string]any{"rate_per_s": 5_000, "burst": 20_000, "ceiling": 40_000},
+			}, key: true},
 		{ID: "tinyco", Kind: "org", Plan: "free", Limits: map[string]any{"requests": q(freeQuota(d))}, key: true},
 		{ID: "bigcorp", Kind: "org", Plan: "enterprise", key: true},
 	}
@@ -117,4 +128,34 @@ func setup(ctx context.Context, a sandbox.Admin, tree []account) (map[string]str
 		return nil, err
 	}
 	return keys, nil
+}
+
+// guarantees lists the tree's tokens guarantees (limits with a ceiling) with the accounts
+// whose keys send requests under each, for the report.
+func guarantees(tree []account) []Guarantee {
+	parent := map[string]string{}
+	for _, a := range tree {
+		parent[a.ID] = a.Parent
+	}
+	var out []Guarantee
+	for _, a := range tree {
+		l, ok := a.Limits["tokens"].(map[string]any)
+		if !ok || l["ceiling"] == nil {
+			continue
+		}
+		g := Guarantee{Account: a.ID, Unit: "tokens", RatePerS: toInt(l["rate_per_s"]), Burst: toInt(l["burst"]), Ceiling: toInt(l["ceiling"])}
+		for p := a.ID; p != ""; p = parent[p] {
+			g.above = append(g.above, p)
+		}
+		for _, c := range tree {
+			for p := c.ID; p != "" && c.key; p = parent[p] {
+				if p == a.ID {
+					g.callers = append(g.callers, c.ID)
+					break
+				}
+			}
+		}
+		out = append(out, g)
+	}
+	return out
 }

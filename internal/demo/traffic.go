@@ -42,11 +42,16 @@ type stats struct {
 	fiveXX    int // of them with a 5xx status
 	actual    int // of them reporting actual tokens
 	outErrors map[string]int
+	// tokens admitted (charged at admission, replays left out), by the account whose key
+	// sent the request, and its 429s for tokens by the account that refused.
+	tokens       map[string]int64
+	tokenRefused map[[2]string]int // sender, blocked_by.account
 }
 
 func newStats() *stats {
 	return &stats{byStatus: map[int]int{}, errors: map[string]int{}, blocked: map[Blocked]int{},
-		ids: map[string]bool{}, periods: map[string]bool{}, outErrors: map[string]int{}}
+		ids: map[string]bool{}, periods: map[string]bool{}, outErrors: map[string]int{},
+		tokens: map[string]int64{}, tokenRefused: map[[2]string]int{}}
 }
 
 // errorKey names an error reply for the counts: "503 unavailable", or "transport".
@@ -107,8 +112,18 @@ func (t *traffic) admit(ctx context.Context, account string, r client.Request) (
 		if d.Estimated != nil && !d.Replayed {
 			t.st.estimated++
 		}
+		switch {
+		case d.Replayed:
+		case d.Estimated != nil:
+			t.st.tokens[account] += d.Estimated.TotalTokens
+		default:
+			t.st.tokens[account] += r.Units["tokens"]
+		}
 	case d.BlockedBy != nil:
 		t.st.blocked[Blocked{Status: d.Status, Level: d.BlockedBy.Level, Account: d.BlockedBy.Account, Unit: d.BlockedBy.Unit}]++
+		if d.BlockedBy.Unit == "tokens" {
+			t.st.tokenRefused[[2]string{account, d.BlockedBy.Account}]++
+		}
 	}
 	return d, d.Allowed()
 }
@@ -424,6 +439,16 @@ func (st *stats) snapshot(r *Report) {
 	}
 	sort.Strings(r.Periods)
 	r.OutcomesReported, r.Outcomes5xx, r.OutcomesActual = st.reported, st.fiveXX, st.actual
+	for i := range r.Guarantees {
+		g := &r.Guarantees[i]
+		g.Admitted, g.Refused = 0, 0
+		for _, acc := range g.callers {
+			g.Admitted += st.tokens[acc]
+			for _, by := range g.above {
+				g.Refused += st.tokenRefused[[2]string{acc, by}]
+			}
+		}
+	}
 }
 
 // eventIDs returns a copy of the admitted event ids.
