@@ -66,7 +66,13 @@ type Admission struct {
 	// EstimateDefaultOutput is the output tokens an estimate assumes for a model request
 	// that bounds none (pkg/estimate).
 	EstimateDefaultOutput int
+	// MaxWait bounds how long a request may wait for capacity (admit's max_wait_ms); 0
+	// disables waiting.
+	MaxWait time.Duration
 }
+
+// maxWaitLimit is the greatest ADMIT_MAX_WAIT (the OpenAPI document's bound of max_wait_ms).
+const maxWaitLimit = 10 * time.Minute
 
 // Register adds the ADMIT_* decision settings.
 func (c *Admission) Register(l *Loader) {
@@ -92,6 +98,7 @@ func (c *Admission) Register(l *Loader) {
 	l.Int(&c.MaxBatch, "ADMIT_MAX_BATCH", 16, "most decisions of one shard per script call (1 = no grouping)")
 	l.Int(&c.Pipeline, "ADMIT_PIPELINE", admission.DefaultPipeline, "most script calls in flight per shard")
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
+	l.Duration(&c.MaxWait, "ADMIT_MAX_WAIT", 30*time.Second, "longest max_wait_ms a request may give to wait for capacity (0 disables waiting; at most 10m)")
 	l.Int(&c.EstimateDefaultOutput, "ADMIT_ESTIMATE_DEFAULT_OUTPUT", estimate.DefaultOutput, "output tokens an estimate assumes for an OpenAI request without max_tokens or max_completion_tokens")
 }
 
@@ -132,6 +139,9 @@ func (c *Admission) Validate() error {
 	}
 	if c.EstimateDefaultOutput < 1 || c.EstimateDefaultOutput > 10_000_000 {
 		errs = append(errs, fmt.Errorf("ADMIT_ESTIMATE_DEFAULT_OUTPUT=%d: want 1-10000000", c.EstimateDefaultOutput))
+	}
+	if c.MaxWait < 0 || c.MaxWait > maxWaitLimit || c.MaxWait%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("ADMIT_MAX_WAIT=%s: want 0-%s, whole milliseconds", c.MaxWait, maxWaitLimit))
 	}
 	for name, v := range map[string]string{"ADMIT_REDIS_DOWN_RATE_ONLY": c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_QUOTA": c.RedisDownQuota} {
 		if v != "open" && v != "closed" {

@@ -187,3 +187,35 @@ func TestRedisClusterCredentials(t *testing.T) {
 	c.ClusterAddrs = nil
 	require.NoError(t, c.Validate(), "one server may use any database")
 }
+
+// ADMIT_MAX_WAIT defaults to 30s, may be 0 (no waiting) and no more than 10m.
+func TestMaxWait(t *testing.T) {
+	env := func(v string) map[string]string {
+		m := map[string]string{"ADMIT_SERVICE_TOKEN": "service-token-0123", "ADMIT_ADMIN_TOKEN": "admin-token-012345"}
+		if v != "" {
+			m["ADMIT_MAX_WAIT"] = v
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		env  string
+		want time.Duration
+		err  string
+	}{
+		{"", 30 * time.Second, ""},
+		{"0", 0, ""},
+		{"10m", 10 * time.Minute, ""},
+		{"10m1ms", 0, "ADMIT_MAX_WAIT=10m0.001s: want 0-10m0s"},
+		{"-1s", 0, "ADMIT_MAX_WAIT=-1s"},
+		{"1500us", 0, "whole milliseconds"},
+	} {
+		var c config.Admit
+		_, err := config.Load(&c, "admit", nil, envMap(env(tc.env)), io.Discard)
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err, tc.env)
+			continue
+		}
+		require.NoError(t, err, tc.env)
+		require.Equal(t, tc.want, c.Admission.MaxWait, tc.env)
+	}
+}
