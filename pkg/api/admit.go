@@ -27,11 +27,17 @@ type admitReply struct {
 	RetryAfterMS *int64             `json:"retry_after_ms,omitempty"`
 	// Estimated is the estimate charged as the request's tokens, when it sent one.
 	Estimated *estimate.Estimate `json:"estimated,omitempty"`
+	// WaitedMS is how long admit held a request that was allowed to wait (max_wait_ms > 0).
+	WaitedMS *int64 `json:"waited_ms,omitempty"`
 }
 
 func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	in, e := parseAdmit(r.Body, s.cfg.Tools, s.cfg.Estimate)
+	var wait time.Duration
+	if e == nil {
+		wait, e = maxWait(in.MaxWaitMS, s.cfg.MaxWait)
+	}
 	if e != nil {
 		s.metrics.rejected(e.Code)
 		writeError(w, e)
@@ -70,11 +76,15 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		APIKeyID:       keyID,
 		Tool:           in.Tool,
 		Source:         s.cfg.Source,
+		MaxWait:        wait,
 	}
+	decideStart := time.Now()
 	d, err := s.cfg.Decider.Decide(r.Context(), req)
 	if r.Context().Err() != nil {
 		// The caller hung up: nobody will be told, so nothing may be billed. Not a Redis
-		// outage, whatever Decide returned.
+		// outage, whatever Decide returned. A waiting request that left its queue was not
+		// charged, but its last script call may have admitted it as the caller went: it is
+		// voided all the same (a void of nothing bills nothing).
 		s.callerGone(req, d, err)
 	}
 	switch {
@@ -89,6 +99,10 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 	s.metrics.decided(d, pol, time.Since(start))
 	setRateLimitHeaders(w.Header(), d.Limits)
 	reply := admitReply{Decision: d.Result, Account: pol.Account(), Org: pol.Org, Estimated: in.Estimated}
+	if wait > 0 {
+		waited := time.Since(decideStart).Milliseconds()
+		reply.WaitedMS = &waited
+	}
 	switch d.Result {
 	case admission.Allow:
 		reply.EventID, reply.Period, reply.Replayed = d.EventID, d.Period, d.Replayed

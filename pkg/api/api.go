@@ -96,6 +96,9 @@ type Config struct {
 	Clock period.Clock
 	// Estimate configures token estimation (POST /v1/estimate, admit's estimate).
 	Estimate estimate.Options
+	// MaxWait bounds admit's max_wait_ms, how long a request may wait for capacity
+	// (ADMIT_MAX_WAIT); 0 refuses every wait with 400 invalid_max_wait.
+	MaxWait time.Duration
 }
 
 // Server serves the API.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/policy"
@@ -167,6 +168,7 @@ type admitBody struct {
 	Units          map[string]json.RawMessage `json:"units"`
 	Tool           string                     `json:"tool"`
 	Estimate       *estimateBody              `json:"estimate"`
+	MaxWaitMS      json.RawMessage            `json:"max_wait_ms"`
 }
 
 // admitInput is a validated admitBody.
@@ -178,6 +180,9 @@ type admitInput struct {
 	Tool           string
 	// Estimated is the estimate that gave Units' tokens, if the body had one.
 	Estimated *estimate.Estimate
+	// MaxWaitMS is how long the request may wait for capacity, ms (0: not at all); not yet
+	// checked against the deployment's bound (maxWait).
+	MaxWaitMS int64
 }
 
 // parseAdmit decodes and validates the body of POST /v1/admit. tools prices tool calls in
@@ -204,6 +209,9 @@ func parseAdmit(body io.Reader, tools map[string]int64, opt estimate.Options) (a
 		return in, &Error{Status: 401, Code: "unknown_api_key", Message: "the API key is not known"}
 	}
 	if e := validIdempotencyKey(b.IdempotencyKey); e != nil {
+		return in, e
+	}
+	if in.MaxWaitMS, e = decodeMaxWait(b.MaxWaitMS); e != nil {
 		return in, e
 	}
 	units, e := decodeUnits(b.Units)
@@ -234,6 +242,33 @@ func parseAdmit(body io.Reader, tools map[string]int64, opt estimate.Options) (a
 	}
 	in.Units = units
 	return in, nil
+}
+
+// decodeMaxWait reads max_wait_ms: absent, null or 0 is no wait; otherwise a whole number
+// of milliseconds, written without fraction or exponent.
+func decodeMaxWait(raw json.RawMessage) (int64, *Error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, nil
+	}
+	ms, err := jsonInt(raw)
+	if err != nil || ms < 0 {
+		return 0, badRequest("invalid_max_wait", "max_wait_ms must be a whole number of milliseconds, 0 or more, got %.40s", raw)
+	}
+	return ms, nil
+}
+
+// maxWait checks a request's max_wait_ms against the deployment's bound, limit
+// (ADMIT_MAX_WAIT; 0 disables waiting).
+func maxWait(ms int64, limit time.Duration) (time.Duration, *Error) {
+	switch {
+	case ms == 0:
+		return 0, nil
+	case limit < time.Millisecond:
+		return 0, badRequest("invalid_max_wait", "waiting is disabled on this deployment (ADMIT_MAX_WAIT=0): max_wait_ms must be 0")
+	case ms > limit.Milliseconds():
+		return 0, badRequest("invalid_max_wait", "max_wait_ms must be at most %d (ADMIT_MAX_WAIT=%s)", limit.Milliseconds(), limit)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // outcomeBody is the body of POST /v1/outcomes.

@@ -65,6 +65,10 @@ var Inexpressible = []struct {
 		"are for token_bucket", "quota_period needs a quota", "neither a rate nor a quota",
 		"a ceiling needs a token bucket", "ceiling must be at least the burst"},
 		"how a limit's fields combine is the store's check (docs/admission.md, \"Writing limits\"); the document bounds each field alone"},
+	{"invalid_max_wait", []string{"at most", "waiting is disabled"},
+		"max_wait_ms's bound is configuration (ADMIT_MAX_WAIT); the document states only its greatest value"},
+	{"invalid_max_wait", []string{"whole number"},
+		"as for units: 1.0 and 1e3 are integers to the document, not whole numbers to the API"},
 	{"invalid_limits", []string{"no parent to borrow from"},
 		"a ceiling is refused on an org's limits, and a PUT does not repeat the stored account's kind"},
 }
