@@ -94,6 +94,9 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		LeaseTTL: a.LeaseTTL, Registerer: reg,
 		MaxBatch: a.MaxBatch, Pipeline: a.Pipeline,
 	})
+	// Deferred, so it runs once the HTTP server has stopped: a request still waiting for
+	// capacity is woken through the queue channel until then.
+	defer admitter.Close()
 	recorder := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)
 	defer recorder.Close()
 	server := api.New(api.Config{
@@ -101,6 +104,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		ServiceToken: a.ServiceToken, AdminToken: a.AdminToken, Source: a.Node, Tools: a.ToolCredits,
 		RedisDownRateOnly: api.FailPolicy(a.RedisDownRateOnly), RedisDownQuota: api.FailPolicy(a.RedisDownQuota),
 		Registerer: reg, Estimate: estimate.Options{DefaultOutput: int64(a.EstimateDefaultOutput)},
+		MaxWait: a.MaxWait,
 	})
 
 	probes := &ops.Probes{}
@@ -131,6 +135,8 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		g.Go(func() error { return relay.Run(ctx) })
 	}
 	g.Go(func() error { return cache.Run(ctx) })
+	// ops.Serve sets no WriteTimeout or ReadTimeout, so a request may wait ADMIT_MAX_WAIT for
+	// capacity; at shutdown, waiters still held after SHUTDOWN_TIMEOUT are cut (docs/config.md).
 	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
 	// Admission does not wait for Kafka (the outbox absorbs an outage), so the topic is
 	// made sure of in the background, retrying until the broker answers.
