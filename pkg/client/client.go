@@ -44,7 +44,23 @@ type Request struct {
 	// Estimate, instead of Units["tokens"], has admit charge the estimated tokens of the
 	// model request.
 	Estimate *EstimateRequest `json:"estimate,omitempty"`
+	// MaxWait lets a request refused by a rate limit or concurrency cap wait for capacity
+	// in admit, in that limit's queue (max_wait_ms, at most admit's ADMIT_MAX_WAIT; whole
+	// milliseconds). Admit sends at most what is left before ctx's deadline and the HTTP
+	// client's Timeout, less waitMargin, so the 429 arrives before the caller gives up.
+	// Client.MaxWait's retries, if any, come after this wait (Admit).
+	MaxWait time.Duration `json:"-"`
 }
+
+// admitBody is a Request as POST /v1/admit takes it.
+type admitBody struct {
+	Request
+	MaxWaitMS int64 `json:"max_wait_ms,omitempty"`
+}
+
+// waitMargin is the time left for admit's answer after a wait: its last decision and the
+// round trip.
+const waitMargin = 250 * time.Millisecond
 
 // EstimateRequest is a model request whose tokens admit estimates: an OpenAI
 // chat-completions or Anthropic messages body, as sent to the provider.
@@ -93,6 +109,9 @@ type Decision struct {
 	RetryAfterMS *int64   `json:"retry_after_ms"`
 	// Estimated is what was charged as tokens when the request sent an Estimate.
 	Estimated *Estimate `json:"estimated"`
+	// WaitedMS is how long admit held the request for capacity (its last attempt's), when
+	// it had a MaxWait.
+	WaitedMS *int64 `json:"waited_ms"`
 	// Header holds the reply's RateLimit, RateLimit-Policy and Retry-After fields.
 	Header http.Header `json:"-"`
 	// Body is the raw reply.
@@ -153,14 +172,17 @@ func (c *Client) post(ctx context.Context, path string, body any) (*http.Respons
 }
 
 // Admit asks for a decision. 200, 429 and 402 are decisions; anything else is an *APIError.
-// With MaxWait set, rate-limited requests are retried while the wait fits.
+// With r.MaxWait, a rate-limited request first waits in admit for up to r.MaxWait; with
+// c.MaxWait, a 429 (after that wait, if any) is retried while c.MaxWait allows. Both count
+// from the call.
 func (c *Client) Admit(ctx context.Context, r Request) (Decision, error) {
 	if c.MaxWait > 0 && r.IdempotencyKey == "" {
 		r.IdempotencyKey = newKey() // so a retry is charged once
 	}
-	deadline := time.Now().Add(c.MaxWait)
+	start := time.Now()
+	deadline := start.Add(c.MaxWait)
 	for {
-		d, err := c.admitOnce(ctx, r)
+		d, err := c.admitOnce(ctx, admitBody{Request: r, MaxWaitMS: c.serverWait(ctx, start.Add(r.MaxWait))})
 		if err != nil || d.Status != http.StatusTooManyRequests || d.RetryAfterMS == nil || *d.RetryAfterMS < 0 {
 			return d, err
 		}
@@ -184,7 +206,20 @@ func (c *Client) Admit(ctx context.Context, r Request) (Decision, error) {
 // minWait keeps a retry loop from spinning on a retry_after_ms of 0.
 const minWait = 5 * time.Millisecond
 
-func (c *Client) admitOnce(ctx context.Context, r Request) (Decision, error) {
+// serverWait is an attempt's max_wait_ms: what is left until until, ending waitMargin
+// before ctx's deadline and the HTTP client's Timeout.
+func (c *Client) serverWait(ctx context.Context, until time.Time) int64 {
+	now := time.Now()
+	if dl, ok := ctx.Deadline(); ok && dl.Add(-waitMargin).Before(until) {
+		until = dl.Add(-waitMargin)
+	}
+	if t := c.http().Timeout; t > 0 && now.Add(t-waitMargin).Before(until) {
+		until = now.Add(t - waitMargin)
+	}
+	return max(0, until.Sub(now).Milliseconds())
+}
+
+func (c *Client) admitOnce(ctx context.Context, r admitBody) (Decision, error) {
 	resp, body, err := c.post(ctx, "/v1/admit", r)
 	if err != nil {
 		return Decision{}, err

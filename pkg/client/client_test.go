@@ -60,6 +60,7 @@ type admitCall struct {
 	Auth        string
 	ContentType string
 	Request     client.Request
+	MaxWaitMS   *int64 // the body's max_wait_ms, when sent
 	Status      int
 	EventID     string // issued when allowed
 	Reply       []byte
@@ -166,7 +167,13 @@ func (f *fakeAdmit) admit(w http.ResponseWriter, r *http.Request) {
 		call.Reply = writeError(w, call.Status, "unauthorized", "a valid service token is required (Authorization: Bearer …)")
 		return
 	}
-	if err := decodeStrict(r.Body, &call.Request); err != nil {
+	var body struct {
+		client.Request
+		MaxWaitMS *int64 `json:"max_wait_ms"`
+	}
+	err := decodeStrict(r.Body, &body)
+	call.Request, call.MaxWaitMS = body.Request, body.MaxWaitMS
+	if err != nil {
 		call.Status = http.StatusBadRequest
 		call.Reply = writeError(w, call.Status, "invalid_json", err.Error())
 		return
@@ -1071,4 +1078,47 @@ func TestAdmitZeroRetryDoesNotSpin(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusTooManyRequests, d.Status)
 	require.LessOrEqual(t, len(b.fake.Admits()), 21, "at most one call per 5 ms of MaxWait")
+}
+
+// Request.MaxWait is sent as max_wait_ms, cut to end before ctx's deadline and the HTTP
+// client's Timeout; without it, no max_wait_ms is sent.
+func TestAdmitRequestMaxWait(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name        string
+		maxWait     time.Duration
+		ctxTimeout  time.Duration
+		httpTimeout time.Duration
+		min, max    int64 // bounds of the max_wait_ms sent; max 0: none sent
+	}{
+		{name: "none", maxWait: 0},
+		{name: "whole", maxWait: 2 * time.Second, min: 1990, max: 2000},
+		{name: "cut by ctx", maxWait: 10 * time.Second, ctxTimeout: time.Second, min: 600, max: 750},
+		{name: "cut by the http client", maxWait: 10 * time.Second, httpTimeout: time.Second, min: 700, max: 750},
+		{name: "no time left", maxWait: 10 * time.Second, ctxTimeout: 200 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.client.HTTP.Timeout = tc.httpTimeout
+			ctx := context.Background()
+			if tc.ctxTimeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.ctxTimeout)
+				defer cancel()
+			}
+			d, err := b.client.Admit(ctx, client.Request{APIKey: "k", MaxWait: tc.maxWait})
+			require.NoError(t, err)
+			require.True(t, d.Allowed())
+			calls := b.fake.Admits()
+			require.Len(t, calls, 1)
+			if tc.max == 0 {
+				require.Nil(t, calls[0].MaxWaitMS)
+				return
+			}
+			require.NotNil(t, calls[0].MaxWaitMS)
+			require.GreaterOrEqual(t, *calls[0].MaxWaitMS, tc.min)
+			require.LessOrEqual(t, *calls[0].MaxWaitMS, tc.max)
+		})
+	}
 }
