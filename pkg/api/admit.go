@@ -96,7 +96,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		s.redisDown(w, r, req, in.Estimated, err)
 		return
 	}
-	s.metrics.decided(d, pol, time.Since(start))
+	s.metrics.decided(d, pol, time.Since(start), wait > 0)
 	setRateLimitHeaders(w.Header(), d.Limits)
 	reply := admitReply{Decision: d.Result, Account: pol.Account(), Org: pol.Org, Estimated: in.Estimated}
 	if wait > 0 {

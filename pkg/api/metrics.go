@@ -12,6 +12,7 @@ import (
 type metrics struct {
 	decisions  *prometheus.CounterVec
 	latency    prometheus.Histogram
+	waited     prometheus.Histogram
 	rejections *prometheus.CounterVec
 	failOpen   prometheus.Counter
 	failClosed prometheus.Counter
@@ -30,6 +31,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name:    "metergate_admit_decision_seconds",
 			Help:    "Time to take one decision, from the parsed request to the script's reply.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .5},
+		}),
+		waited: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "metergate_admit_waited_seconds",
+			Help:    "Time a request that may wait (max_wait_ms) was held, from the parsed request to its answer; such decisions are not in metergate_admit_decision_seconds.",
+			Buckets: []float64{.001, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "metergate_admit_rejected_requests_total",
@@ -56,16 +62,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Voids Redis has not taken yet, retried in the background.",
 		}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.rejections, m.failOpen, m.failClosed, m.abandoned, m.voids, m.pending)
+	reg.MustRegister(m.decisions, m.latency, m.waited, m.rejections, m.failOpen, m.failClosed, m.abandoned, m.voids, m.pending)
 	return m
 }
 
-func (m *metrics) decided(d admission.Decision, _ policy.Resolved, took time.Duration) {
+// decided counts a decision and its latency; a request that may wait goes to the waited
+// histogram instead, so that waiting does not pass for slowness.
+func (m *metrics) decided(d admission.Decision, _ policy.Resolved, took time.Duration, mayWait bool) {
 	level := ""
 	if d.Blocked != nil {
 		level = string(d.Blocked.Level)
 	}
 	m.decisions.WithLabelValues(string(d.Result), level).Inc()
+	if mayWait {
+		m.waited.Observe(took.Seconds())
+		return
+	}
 	m.latency.Observe(took.Seconds())
 }
 
