@@ -53,7 +53,7 @@ const (
 	storedAccount = `{"id":"acme","kind":"org","parent":"","org":"acme","plan":"pro",` +
 		`"limits":{"tokens":{"algorithm":"token_bucket","rate_per_s":277.7,"burst":1000000,"limit":1000000,"window_s":3600}},` +
 		`"created_at":"2026-05-01T10:00:00.123456Z","updated_at":"2026-05-01T10:00:00.123456Z",` +
-		`"effective":{"org":"acme","plan":"pro","path":[{"account":"acme","kind":"org","plan":"pro","concurrency":0,` +
+		`"effective":{"org":"acme","plan":"pro","priority":0,"path":[{"account":"acme","kind":"org","plan":"pro","concurrency":0,` +
 		`"limits":{"requests":{"algorithm":"token_bucket","rate_per_s":100,"burst":300,"quota":5000000,"quota_period":"month"}}}]}}` + "\n"
 	eventID = "0196a0c4-7b1e-7c3a-9f00-0123456789ab.3.acme"
 )
