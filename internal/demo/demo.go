@@ -245,6 +245,14 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	r.Guarantees = guarantees(tree)
 	r.ExpectBorrowing = len(r.Guarantees) > 0
 	st.snapshot(r)
+	priority := map[string]int{}
+	for _, a := range tree {
+		priority[a.ID] = a.Priority
+	}
+	for i := range r.Waits {
+		r.Waits[i].Priority = priority[r.Waits[i].Account]
+	}
+	sort.SliceStable(r.Waits, func(i, j int) bool { return r.Waits[i].Priority > r.Waits[j].Priority })
 
 	// Drain: every admitted event a row, every outcome metered.
 	done = step("wait until the pipeline is drained (%d events, %d outcomes; at most %s)", r.Admitted, r.OutcomesReported, cfg.DrainTimeout)

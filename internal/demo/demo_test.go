@@ -19,8 +19,9 @@ func TestMain(m *testing.M) {
 
 // The demo end to end, with 5 s of traffic, on a database (schema), Redis key prefix and
 // topic of this test: every admitted event is recorded once, the hierarchy shows in the
-// refusals (429 at the agent level, the free org's quota spent: 402), reconcile refunds 5xx
-// and settles tokens, the close issues one invoice per org, verify passes.
+// refusals (429 at the agent level, the free org's quota spent: 402), a team borrows past
+// its guarantee while its sibling keeps its own, requests wait for capacity, reconcile
+// refunds 5xx and settles tokens, the close issues one invoice per org, verify passes.
 func TestDemo(t *testing.T) {
 	name := testenv.Name(t)
 	ctx := testenv.Context(t, 3*time.Minute)
@@ -133,7 +134,20 @@ func TestDemo(t *testing.T) {
 	if g := guarantee["marketing"]; g.Admitted == 0 || g.Refused != 0 {
 		t.Errorf("marketing, within its guarantee, was admitted %d tokens and refused %d times for tokens by its limit or acme's", g.Admitted, g.Refused)
 	}
-	for _, want := range []string{"OK: ", "Refusals by blocking level", "refund_5xx", "settle_tokens", "EUR 19.00", "overage_tier", "EUR 990.00", "Borrowing", "units borrowed"} {
+	// Waiting: support's callers sent max_wait_ms; some waited and were then admitted.
+	var sent, waited, admittedAfter int
+	for _, w := range r.Waits {
+		sent += w.Sent
+		waited += w.Waited()
+		admittedAfter += w.AdmittedAfterWait
+		if w.AdmittedAtOnce+w.RefusedAtOnce+w.AdmittedAfterWait+w.OutOfTime != w.Sent {
+			t.Errorf("waits of %s do not add up: %+v", w.Account, w)
+		}
+	}
+	if len(r.Waits) != 2 || sent == 0 || waited == 0 || admittedAfter == 0 {
+		t.Errorf("waiting requests: %+v; want oncall's and batch's, some admitted after waiting", r.Waits)
+	}
+	for _, want := range []string{"OK: ", "Refusals by blocking level", "refund_5xx", "settle_tokens", "EUR 19.00", "overage_tier", "EUR 990.00", "Borrowing", "units borrowed", "Waiting", "out of time"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report does not say %q", want)
 		}

@@ -50,6 +50,9 @@ type Report struct {
 	BorrowedUnits, BorrowedView int64
 	ExpectBorrowing             bool
 
+	// Waits: the requests sent with max_wait_ms, by account.
+	Waits []Wait
+
 	// Reconcile is reconcile's summary; Adjustments the adjustments table grouped.
 	Reconcile   Summary
 	Adjustments []Adjustment
@@ -86,6 +89,23 @@ type Guarantee struct {
 	callers  []string // accounts under it whose keys send requests
 	above    []string // it and its ancestors
 }
+
+// Wait counts an account's requests that could wait for capacity (max_wait_ms). A request
+// waited when admit held it at least waitThreshold (its waited_ms); Total and Max are over
+// those.
+type Wait struct {
+	Account  string
+	Priority int
+	Sent     int
+	// AdmittedAtOnce and RefusedAtOnce did not wait (a refusal at once: the request's turn
+	// was further away than its max_wait_ms); AdmittedAfterWait were admitted after waiting,
+	// OutOfTime refused when their wait ran out.
+	AdmittedAtOnce, RefusedAtOnce, AdmittedAfterWait, OutOfTime int
+	Total, Max                                                  time.Duration
+}
+
+// Waited is how many of the requests waited.
+func (w Wait) Waited() int { return w.AdmittedAfterWait + w.OutOfTime }
 
 // Borrowing is a row of finance_borrowing: what account borrowed of lender's spare.
 type Borrowing struct {
@@ -179,6 +199,7 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "  %-46s %8s\n", "drained after the traffic ended in", r.DrainTime.Round(10*time.Millisecond))
 
 	r.printBorrowing(w)
+	r.printWaiting(w)
 
 	s := r.Reconcile
 	kinds := make([]string, 0, len(s.ByKind))
@@ -244,6 +265,24 @@ func (r *Report) printBorrowing(w io.Writer) {
 		fmt.Fprintf(w, "  (nothing borrowed)\n")
 	}
 	fmt.Fprintf(w, "  units borrowed: %s in finance_borrowing, %s in usage_borrowings\n", num(r.BorrowedView), num(r.BorrowedUnits))
+}
+
+// printWaiting writes what the requests that could wait saw, highest priority first.
+func (r *Report) printWaiting(w io.Writer) {
+	fmt.Fprintf(w, "\nWaiting (max_wait_ms: a refused request waits in the limit's queue, highest priority first)\n")
+	fmt.Fprintf(w, "  %-8s %8s %6s %9s %7s %14s %12s %9s %9s\n", "account", "priority", "sent", "at once", "waited", "then admitted", "out of time", "avg wait", "max wait")
+	for _, x := range r.Waits {
+		avg := time.Duration(0)
+		if n := x.Waited(); n > 0 {
+			avg = x.Total / time.Duration(n)
+		}
+		fmt.Fprintf(w, "  %-8s %8d %6d %9d %7d %14d %12d %9s %9s\n", x.Account, x.Priority, x.Sent,
+			x.AdmittedAtOnce+x.RefusedAtOnce, x.Waited(), x.AdmittedAfterWait, x.OutOfTime,
+			avg.Round(time.Millisecond), x.Max.Round(time.Millisecond))
+	}
+	if len(r.Waits) == 0 {
+		fmt.Fprintf(w, "  (no request could wait)\n")
+	}
 }
 
 // printTree shows the accounts the demo created and their limits.

@@ -74,6 +74,11 @@ func addTeamPlan(ctx context.Context, db *pgxpool.Pool) error {
 // alice's and bob's tokens are about twice engineering's guarantee, so engineering borrows
 // acme's spare (50,000 - 15,000 - 5,000 = 30,000/s) for the rest; marketing uses less than
 // its guarantee and is never refused for tokens, however much engineering borrows.
+//
+// Waiting: bigcorp's support team has 5 requests/s (burst 5), shared by oncall (priority
+// 90) and batch (priority 10), whose callers send max_wait_ms: together they ask for more,
+// so requests wait in support's queue, oncall's first. (bigcorp's own 1,000/s is never
+// reached, so nobody waits at the org level, behind which acme's traffic would queue.)
 func accounts(d time.Duration) []account {
 	q := func(n int64) map[string]any { return map[string]any{"quota": n} }
 	return []account{
@@ -94,6 +99,10 @@ func accounts(d time.Duration) []account {
 			}, key: true},
 		{ID: "tinyco", Kind: "org", Plan: "free", Limits: map[string]any{"requests": q(freeQuota(d))}, key: true},
 		{ID: "bigcorp", Kind: "org", Plan: "enterprise", key: true},
+		{ID: "support", Kind: "team", Parent: "bigcorp",
+			Limits: map[string]any{"requests": map[string]any{"rate_per_s": 5, "burst": 5}}},
+		{ID: "oncall", Kind: "user", Parent: "support", Priority: 90, key: true},
+		{ID: "batch", Kind: "user", Parent: "support", Priority: 10, key: true},
 	}
 }
 

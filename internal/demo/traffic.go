@@ -46,12 +46,14 @@ type stats struct {
 	// sent the request, and its 429s for tokens by the account that refused.
 	tokens       map[string]int64
 	tokenRefused map[[2]string]int // sender, blocked_by.account
+	// waits: the requests sent with a MaxWait, by account.
+	waits map[string]*Wait
 }
 
 func newStats() *stats {
 	return &stats{byStatus: map[int]int{}, errors: map[string]int{}, blocked: map[Blocked]int{},
 		ids: map[string]bool{}, periods: map[string]bool{}, outErrors: map[string]int{},
-		tokens: map[string]int64{}, tokenRefused: map[[2]string]int{}}
+		tokens: map[string]int64{}, tokenRefused: map[[2]string]int{}, waits: map[string]*Wait{}}
 }
 
 // errorKey names an error reply for the counts: "503 unavailable", or "transport".
@@ -87,10 +89,16 @@ func (t *traffic) sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
+// waitThreshold is how long admit must have held a request for it to count as having waited:
+// an answer at once takes a millisecond or two.
+const waitThreshold = 5 * time.Millisecond
+
 // admit asks for a decision for the account's key and counts it.
 func (t *traffic) admit(ctx context.Context, account string, r client.Request) (client.Decision, bool) {
 	r.APIKey = t.keys[account]
+	begin := time.Now()
 	d, err := t.c.Admit(ctx, r)
+	took := time.Since(begin)
 	t.st.mu.Lock()
 	defer t.st.mu.Unlock()
 	if err != nil {
@@ -99,6 +107,9 @@ func (t *traffic) admit(ctx context.Context, account string, r client.Request) (
 			t.st.errors[errorKey(err)]++
 		}
 		return d, false
+	}
+	if r.MaxWait > 0 {
+		t.st.wait(account, d, took)
 	}
 	t.st.requests++
 	t.st.byStatus[d.Status]++
@@ -126,6 +137,35 @@ func (t *traffic) admit(ctx context.Context, account string, r client.Request) (
 		}
 	}
 	return d, d.Allowed()
+}
+
+// wait counts a decision of a request that could wait: admit's waited_ms, or the call's
+// time if the reply has none.
+func (st *stats) wait(account string, d client.Decision, took time.Duration) {
+	w := st.waits[account]
+	if w == nil {
+		w = &Wait{Account: account}
+		st.waits[account] = w
+	}
+	w.Sent++
+	waited := took
+	if d.WaitedMS != nil {
+		waited = time.Duration(*d.WaitedMS) * time.Millisecond
+	}
+	switch {
+	case waited < waitThreshold && d.Allowed():
+		w.AdmittedAtOnce++
+		return
+	case waited < waitThreshold:
+		w.RefusedAtOnce++
+		return
+	case d.Allowed():
+		w.AdmittedAfterWait++
+	default:
+		w.OutOfTime++
+	}
+	w.Total += waited
+	w.Max = max(w.Max, waited)
 }
 
 // outcome reports how an admitted request ended, with its actual units if any.
@@ -182,6 +222,10 @@ func (t *traffic) run(ctx context.Context, d time.Duration) {
 		goFn(func(rng *rand.Rand) { t.bigcorp(ctx, rng) })
 	}
 	goFn(func(rng *rand.Rand) { t.marketing(ctx, rng) })
+	goFn(func(rng *rand.Rand) { t.support(ctx, rng, "oncall", 300*time.Millisecond) })
+	for range 4 {
+		goFn(func(rng *rand.Rand) { t.support(ctx, rng, "batch", 150*time.Millisecond) })
+	}
 	goFn(func(rng *rand.Rand) { t.tinyco(ctx, rng) })
 	goFn(func(*rand.Rand) {
 		t.sleep(ctx, d*2/5)
@@ -302,6 +346,23 @@ func (t *traffic) marketing(ctx context.Context, rng *rand.Rand) {
 			t.outcome(ctx, d.EventID, upstream(rng, 0.05), nil)
 		}
 		t.sleep(ctx, 150*time.Millisecond)
+	}
+}
+
+// supportWait is how long support's requests may wait for capacity (max_wait_ms).
+const supportWait = time.Second
+
+// support sends one of account's requests at a time, each allowed to wait supportWait
+// in support's queue, and pauses 0.5-1.5 × every after each. oncall (one caller, every
+// 300 ms) and batch (four, every 150 ms) ask for more than support's 5 requests/s, so
+// most requests wait and some run out of time. By priority oncall's waits should be the
+// shorter; the report shows them, nothing asserts it.
+func (t *traffic) support(ctx context.Context, rng *rand.Rand, account string, every time.Duration) {
+	for t.running(ctx) {
+		if d, ok := t.admit(ctx, account, client.Request{Tool: "web_search", MaxWait: supportWait}); ok {
+			t.outcome(ctx, d.EventID, upstream(rng, 0.02), nil)
+		}
+		t.sleep(ctx, every/2+time.Duration(rng.Int64N(int64(every))))
 	}
 }
 
@@ -439,6 +500,11 @@ func (st *stats) snapshot(r *Report) {
 	}
 	sort.Strings(r.Periods)
 	r.OutcomesReported, r.Outcomes5xx, r.OutcomesActual = st.reported, st.fiveXX, st.actual
+	r.Waits = r.Waits[:0]
+	for _, w := range st.waits {
+		r.Waits = append(r.Waits, *w)
+	}
+	sort.Slice(r.Waits, func(i, j int) bool { return r.Waits[i].Account < r.Waits[j].Account })
 	for i := range r.Guarantees {
 		g := &r.Guarantees[i]
 		g.Admitted, g.Refused = 0, 0
