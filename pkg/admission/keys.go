@@ -74,6 +74,23 @@ func (k Keys) quota(shard int, account string, unit policy.Unit, label string) s
 	return k.tag(shard) + "q:" + account + ":" + string(unit) + ":" + label
 }
 
+// Grants is the hash of account's (of org) credit grants of unit: field = grant id →
+// the units that remain of it, an integer (lua/admit.lua draws them; reconcile's refunds
+// add to them with lua/adjust.lua).
+func (k Keys) Grants(org, account string, unit policy.Unit) string {
+	return k.grants(k.Shard(org), account, unit)
+}
+
+func (k Keys) grants(shard int, account string, unit policy.Unit) string {
+	return k.tag(shard) + "g:" + account + ":" + string(unit)
+}
+
+// GrantTerms is the hash beside Grants of how each grant is drawn: field = grant id →
+// "<priority>|<effective ms>|<expires ms, 0 for never>" (ms since the epoch).
+func (k Keys) GrantTerms(org, account string, unit policy.Unit) string {
+	return k.Grants(org, account, unit) + "|terms"
+}
+
 // QuotaPattern matches (SCAN MATCH) every quota counter of the period labelled label, of
 // every shard.
 func (k Keys) QuotaPattern(label string) string { return k.Prefix + "{*}:q:*:" + label }
