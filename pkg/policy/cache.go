@@ -219,6 +219,26 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 		return nil, fmt.Errorf("read overrides: %w", err)
 	}
 
+	// Accounts with a credit grant of a unit (spent, expired or voided ones too: an
+	// account that has had credit is drawn from, and refused at zero).
+	rows, err = tx.Query(ctx, `SELECT DISTINCT account, unit FROM credit_grants ORDER BY account, unit`)
+	if err != nil {
+		return nil, fmt.Errorf("read credit grants: %w", err)
+	}
+	for rows.Next() {
+		if err := rows.Scan(&account, &u); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read credit grants: %w", err)
+		}
+		if i, ok := index[account]; ok { // always (foreign key)
+			nodes[i].credits = append(nodes[i].credits, u)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read credit grants: %w", err)
+	}
+
 	resolved, bad := resolveAll(nodes, plans)
 	if len(bad) > 0 {
 		logged := 0

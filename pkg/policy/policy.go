@@ -302,6 +302,9 @@ type Level struct {
 	// node's own token bucket, its spare, is what its other traffic and borrowing children
 	// share. nil when no child has a guarantee.
 	Reserved map[Unit]Reservation `json:"reserved,omitempty"`
+	// Credits are the units this node has credit grants of: a request carrying one draws
+	// it from the node's balance, all-or-nothing with every limit (docs/credits.md).
+	Credits []Unit `json:"credits,omitempty"`
 }
 
 // Reservation is the sum of some guarantees: a token bucket's rate and burst.

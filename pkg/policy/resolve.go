@@ -16,6 +16,7 @@ type node struct {
 	kind                  Kind
 	concurrency           *int
 	priority              *int
+	credits               []Unit // units of its credit grants, sorted
 	limits                []unitLimit // overrides, sorted by unit
 }
 
@@ -224,6 +225,7 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 			arena = append(arena, parent...)
 			lv := b.level(n)
 			lv.Reserved = reserved[n.id]
+			lv.Credits = n.credits
 			arena = append(arena, lv)
 			path := arena[start:len(arena):len(arena)] // capped: an append by a reader copies
 			prio := priority[n.parent]
