@@ -41,6 +41,7 @@ type Invoice struct {
 	Org           string    `json:"org"`
 	Period        string    `json:"period"`
 	Plan          string    `json:"plan"`
+	PriceVersion  int       `json:"price_version"` // the version of the plan's price it was priced with
 	Currency      string    `json:"currency"`
 	SubtotalMinor int64     `json:"subtotal_minor"`
 	TotalMinor    int64     `json:"total_minor"`
@@ -152,7 +153,7 @@ type lateEvent struct {
 
 // issue writes the invoices of a period being closed.
 func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) error {
-	plans, smallest, err := loadPlans(ctx, tx)
+	plans, versions, smallest, err := loadPlans(ctx, tx, period)
 	if err != nil {
 		return err
 	}
@@ -275,7 +276,7 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 			if c.org != org {
 				continue
 			}
-			l, err := priceCorrection(plans, plan, c)
+			l, err := priceCorrection(versions, plan, c)
 			if err != nil {
 				return fmt.Errorf("price correction of org %s: %w", org, err)
 			}
@@ -284,7 +285,7 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 			}
 			billed[[2]string{c.period.Format(dateLayout), c.unit}] = c.billable
 		}
-		lateLines, err := priceLate(ctx, tx, plans, plan, org, mine, billed)
+		lateLines, err := priceLate(ctx, tx, versions, plan, org, mine, billed)
 		if err != nil {
 			return fmt.Errorf("price late events of org %s: %w", org, err)
 		}
@@ -295,9 +296,9 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 		}
 		var id int64
 		if err := tx.QueryRow(ctx, `
-			insert into invoices (org, period, plan, currency, subtotal_minor, total_minor, issued_at, status)
-			values ($1, $2, $3, $4, $5, $5, $6, 'issued') returning id`,
-			org, period, plan.ID, plan.Currency, total, closedAt).Scan(&id); err != nil {
+			insert into invoices (org, period, plan, price_version, currency, subtotal_minor, total_minor, issued_at, status)
+			values ($1, $2, $3, $4, $5, $6, $6, $7, 'issued') returning id`,
+			org, period, plan.ID, plan.Version, plan.Currency, total, closedAt).Scan(&id); err != nil {
 			return fmt.Errorf("insert invoice of org %s: %w", org, err)
 		}
 		if err := insertLines(ctx, tx, id, lines); err != nil {
@@ -374,9 +375,9 @@ func loadLate(ctx context.Context, tx pgx.Tx, period time.Time) ([]lateEvent, er
 // priceLate prices late events at the margin of the period they belong to: with B units
 // already billed for that period (its invoice's usage lines and earlier late lines) and L
 // late ones, they cost price(B+L) − price(B), under the plan of that period's invoice
-// (the current plan if the org had none). One late line per period, account path and unit,
+// and the price version it was priced with (the current plan if the org had none). One late line per period, account path and unit,
 // each the margin over the lines before it, so the lines add up to the exact margin.
-func priceLate(ctx context.Context, tx pgx.Tx, plans map[string]Plan, current Plan, org string, events []lateEvent, billed map[[2]string]int64) ([]Line, error) {
+func priceLate(ctx context.Context, tx pgx.Tx, versions map[priceKey]Plan, current Plan, org string, events []lateEvent, billed map[[2]string]int64) ([]Line, error) {
 	type key struct {
 		period time.Time
 		path   string
@@ -411,14 +412,18 @@ func priceLate(ctx context.Context, tx pgx.Tx, plans map[string]Plan, current Pl
 	for _, k := range keys {
 		pk := [2]string{k.period.Format(dateLayout), k.unit}
 		plan := current
-		var planID *string
-		if err := tx.QueryRow(ctx, `select plan from invoices where org = $1 and period = $2`, org, k.period).Scan(&planID); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		var priced priceKey
+		err := tx.QueryRow(ctx, `select plan, price_version from invoices where org = $1 and period = $2`, org, k.period).Scan(&priced.plan, &priced.version)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
 			return nil, fmt.Errorf("read invoice plan: %w", err)
-		}
-		if planID != nil {
-			if p, ok := plans[*planID]; ok {
-				plan = p
+		default:
+			p, ok := versions[priced]
+			if !ok {
+				return nil, fmt.Errorf("price version %d of plan %s of the %s invoice is gone", priced.version, priced.plan, pk[0])
 			}
+			plan = p
 		}
 		if plan.Currency != current.Currency {
 			return nil, fmt.Errorf("late units of %s were priced in %s, the invoice is in %s", pk[0], plan.Currency, current.Currency)
@@ -464,6 +469,7 @@ const correctionWindow = 3
 
 type correction struct {
 	org, plan, unit  string
+	version          int // the price version of the period's invoice
 	period           time.Time
 	billed, billable int64
 }
@@ -476,7 +482,7 @@ func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correc
 	for m := correctionWindow; m >= 1; m-- {
 		// One period per query: the equality reaches into the view's grouped subqueries.
 		rows, err := tx.Query(ctx, `
-			select org, plan, unit, billed_quantity, billable_quantity
+			select org, plan, price_version, unit, billed_quantity, billable_quantity
 			from finance_period_billing
 			where period = $1 and billed_quantity <> billable_quantity
 			order by org, unit`, period.AddDate(0, -m, 0))
@@ -485,7 +491,7 @@ func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correc
 		}
 		for rows.Next() {
 			c := correction{period: period.AddDate(0, -m, 0)}
-			if err := rows.Scan(&c.org, &c.plan, &c.unit, &c.billed, &c.billable); err != nil {
+			if err := rows.Scan(&c.org, &c.plan, &c.version, &c.unit, &c.billed, &c.billable); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("read corrections: %w", err)
 			}
@@ -499,12 +505,12 @@ func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correc
 }
 
 // priceCorrection prices the change from billed to billable units of a closed period at its
-// margin, under that period's invoice's plan: price(billable) − price(billed), negative for
+// margin, under that period's invoice's plan and price version: price(billable) − price(billed), negative for
 // a refund. nil when the plan does not bill the unit.
-func priceCorrection(plans map[string]Plan, current Plan, c correction) (*Line, error) {
-	plan, ok := plans[c.plan]
+func priceCorrection(versions map[priceKey]Plan, current Plan, c correction) (*Line, error) {
+	plan, ok := versions[priceKey{c.plan, c.version}]
 	if !ok {
-		return nil, fmt.Errorf("plan %s of the %s invoice has no price", c.plan, period.MonthLabel(c.period))
+		return nil, fmt.Errorf("price version %d of plan %s of the %s invoice is gone", c.version, c.plan, period.MonthLabel(c.period))
 	}
 	if plan.Currency != current.Currency {
 		return nil, fmt.Errorf("units of %s were priced in %s, the invoice is in %s", period.MonthLabel(c.period), plan.Currency, current.Currency)
@@ -527,67 +533,35 @@ func priceCorrection(plans map[string]Plan, current Plan, c correction) (*Line, 
 	return nil, nil
 }
 
-// loadPlans reads every priced plan, and the smallest plan (lowest rank), which an org with
-// an unknown or missing plan is billed on, as admit clamps it.
-func loadPlans(ctx context.Context, tx pgx.Tx) (map[string]Plan, string, error) {
-	plans := map[string]Plan{}
-	rows, err := tx.Query(ctx, `select plan, currency, base_fee_minor from plan_prices`)
+// priceKey names one price version of a plan.
+type priceKey struct {
+	plan    string
+	version int
+}
+
+// loadPlans reads every price version (versions) and, per plan, the version that prices
+// period (plans: plans without one are unpriced for the period), and the smallest plan
+// (lowest rank), which an org with an unknown or missing plan is billed on, as admit clamps
+// it.
+func loadPlans(ctx context.Context, tx pgx.Tx, period time.Time) (plans map[string]Plan, versions map[priceKey]Plan, smallest string, err error) {
+	all, err := loadPrices(ctx, tx, "")
 	if err != nil {
-		return nil, "", fmt.Errorf("read plan prices: %w", err)
+		return nil, nil, "", err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var p Plan
-		if err := rows.Scan(&p.ID, &p.Currency, &p.BaseFeeMinor); err != nil {
-			return nil, "", fmt.Errorf("read plan prices: %w", err)
+	plans, versions = map[string]Plan{}, make(map[priceKey]Plan, len(all))
+	for _, p := range all { // by plan and version: the last effective one wins
+		versions[priceKey{p.ID, p.Version}] = p
+		if !p.EffectivePeriod.After(period) {
+			plans[p.ID] = p
 		}
-		plans[p.ID] = p
 	}
-	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("read plan prices: %w", err)
-	}
-	rows, err = tx.Query(ctx, `
-		select u.plan, u.unit, u.included_units,
-		       coalesce(array_agg(t.from_units order by t.from_units) filter (where t.plan is not null), '{}'),
-		       coalesce(array_agg(coalesce(t.up_to_units, 0) order by t.from_units) filter (where t.plan is not null), '{}'),
-		       coalesce(array_agg(t.price_minor order by t.from_units) filter (where t.plan is not null), '{}'),
-		       coalesce(array_agg(t.per_units order by t.from_units) filter (where t.plan is not null), '{}')
-		from plan_price_units u
-		left join plan_price_tiers t on t.plan = u.plan and t.unit = u.unit
-		group by u.plan, u.unit
-		order by u.plan, u.unit`)
-	if err != nil {
-		return nil, "", fmt.Errorf("read plan units: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var plan string
-		var up UnitPrice
-		var from, upTo, price, per []int64
-		if err := rows.Scan(&plan, &up.Unit, &up.Included, &from, &upTo, &price, &per); err != nil {
-			return nil, "", fmt.Errorf("read plan units: %w", err)
-		}
-		for i := range from {
-			up.Tiers = append(up.Tiers, Tier{From: from[i], UpTo: upTo[i], PriceMinor: price[i], PerUnits: per[i]})
-		}
-		if err := up.Validate(); err != nil {
-			return nil, "", fmt.Errorf("plan %s: %w", plan, err)
-		}
-		p := plans[plan]
-		p.Units = append(p.Units, up)
-		plans[plan] = p
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", fmt.Errorf("read plan units: %w", err)
-	}
-	var smallest string
 	if err := tx.QueryRow(ctx, `select id from plans order by rank limit 1`).Scan(&smallest); err != nil {
-		return nil, "", fmt.Errorf("read the smallest plan: %w", err)
+		return nil, nil, "", fmt.Errorf("read the smallest plan: %w", err)
 	}
 	if _, ok := plans[smallest]; !ok {
-		return nil, "", fmt.Errorf("the smallest plan %s has no price", smallest)
+		return nil, nil, "", fmt.Errorf("the smallest plan %s has no price for %s", smallest, period.Format(dateLayout))
 	}
-	return plans, smallest, nil
+	return plans, versions, smallest, nil
 }
 
 type querier interface {
@@ -598,7 +572,7 @@ type querier interface {
 // their lines, ordered by org and line number.
 func loadInvoices(ctx context.Context, q querier, period time.Time, org string) ([]Invoice, error) {
 	rows, err := q.Query(ctx, `
-		select i.id, i.org, i.period::text, i.plan, i.currency, i.subtotal_minor, i.total_minor, i.issued_at, i.status,
+		select i.id, i.org, i.period::text, i.plan, i.price_version, i.currency, i.subtotal_minor, i.total_minor, i.issued_at, i.status,
 		       l.kind, l.account_path, coalesce(l.unit, ''), l.quantity, l.unit_price_minor, l.per_units, l.amount_minor,
 		       coalesce(l.for_period::text, '')
 		from invoices i join invoice_lines l on l.invoice_id = i.id
@@ -612,7 +586,7 @@ func loadInvoices(ctx context.Context, q querier, period time.Time, org string) 
 	for rows.Next() {
 		var inv Invoice
 		var l Line
-		if err := rows.Scan(&inv.ID, &inv.Org, &inv.Period, &inv.Plan, &inv.Currency, &inv.SubtotalMinor, &inv.TotalMinor,
+		if err := rows.Scan(&inv.ID, &inv.Org, &inv.Period, &inv.Plan, &inv.PriceVersion, &inv.Currency, &inv.SubtotalMinor, &inv.TotalMinor,
 			&inv.IssuedAt, &inv.Status, &l.Kind, &l.AccountPath, &l.Unit, &l.Quantity, &l.UnitPriceMinor, &l.PerUnits,
 			&l.AmountMinor, &l.ForPeriod); err != nil {
 			return nil, fmt.Errorf("read invoices: %w", err)

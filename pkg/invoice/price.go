@@ -1,6 +1,7 @@
 // Package invoice closes billing periods and issues invoices from the billing log: prices
-// live in the plans (plan_prices, plan_price_units, plan_price_tiers), money is integer
-// minor units, and issued invoices are immutable (a trigger refuses UPDATE and DELETE).
+// live in the plans as versions (plan_prices, plan_price_units, plan_price_tiers; see
+// AddPriceVersion), money is integer minor units, and issued invoices are immutable (a
+// trigger refuses UPDATE and DELETE) and keep the price version they were priced with.
 package invoice
 
 import (
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"math/big"
 	"sort"
+	"time"
 )
 
 // Line kinds, as stored in invoice_lines.kind.
@@ -40,12 +42,18 @@ type UnitPrice struct {
 	Tiers    []Tier `json:"tiers"`
 }
 
-// Plan is a plan's price: currency, base fee and the units it bills.
+// Plan is one version of a plan's price: currency, base fee and the units it bills, from
+// EffectivePeriod on (until a later version takes over; see PriceVersions).
 type Plan struct {
-	ID           string      `json:"plan"`
-	Currency     string      `json:"currency"`
-	BaseFeeMinor int64       `json:"base_fee_minor"`
-	Units        []UnitPrice `json:"units"`
+	ID      string `json:"plan"`
+	Version int    `json:"version"`
+	// EffectivePeriod is the first day of the first month the version prices; zero means
+	// from the start (a plan's first version).
+	EffectivePeriod time.Time   `json:"effective_period"`
+	Currency        string      `json:"currency"`
+	BaseFeeMinor    int64       `json:"base_fee_minor"`
+	Units           []UnitPrice `json:"units"`
+	CreatedAt       time.Time   `json:"created_at"`
 }
 
 // Line is one invoice line. Amounts are minor units of the invoice's currency.

@@ -23,7 +23,7 @@ func TestPriceUsageMatchesGo(t *testing.T) {
 		for _, q := range append(qs, 0, 21_345_679, 110_000_001) {
 			want, err := up.Amount(q)
 			require.NoError(t, err)
-			require.Equal(t, want, b.count(t, `select price_usage('pro', $1, $2)::bigint`, up.Unit, q), "%s %d", up.Unit, q)
+			require.Equal(t, want, b.count(t, `select price_usage('pro', 1, $1, $2)::bigint`, up.Unit, q), "%s %d", up.Unit, q)
 		}
 	}
 }
