@@ -110,11 +110,66 @@ func TestOutboxMessageMalformedBorrowings(t *testing.T) {
 		"duplicate":                "team-a:tokens=1,user-1:tokens=1,team-a:tokens=2",
 		"empty entry":              "team-a:tokens=1,",
 		"space":                    "team-a:tokens=1, user-1:tokens=1",
-		"a fifteenth field":        "team-a:tokens=1|x",
-		"an empty fifteenth field": "team-a:tokens=1|",
+		"a sixteenth field":        "team-a:tokens=1|acme:tokens:" + grant1 + "=1|x",
+		"an empty sixteenth field": "team-a:tokens=1||",
 		"escaped":                  "team-a%7C:tokens=1",
 	} {
 		e := entry + "|" + field
+		_, v, err := OutboxMessage(map[string]any{"e": e})
+		require.ErrorIs(t, err, ErrMalformedEntry, name)
+		require.Equal(t, e, string(v), name)
+	}
+}
+
+// Grant ids for tests.
+const (
+	grant1 = "gr_0123456789abcdef0123456789abcdef"
+	grant2 = "gr_fedcba9876543210fedcba9876543210"
+)
+
+// A credits field the script should not have written is refused, never relayed as an
+// event that draws from a grant of an account the path does not hold, or draws nothing,
+// or draws a grant twice.
+func TestOutboxMessageMalformedCredits(t *testing.T) {
+	const entry = "1|e1|n|||||acme|pro|acme:org/team-a:team/user-1:user|1|2|2026-11"
+	for _, field := range []string{"|acme:tokens:" + grant1 + "=1", "team-a:tokens=3|user-1:requests:" + grant1 + "=1,acme:tokens:" + grant2 + "=7", "|", ""} {
+		_, _, err := OutboxMessage(map[string]any{"e": entry + "|" + field})
+		require.NoError(t, err, field)
+	}
+	for name, field := range map[string]string{
+		"account not in the path":  "bob:tokens:" + grant1 + "=1",
+		"account a prefix":         "team:tokens:" + grant1 + "=1",
+		"empty account":            ":tokens:" + grant1 + "=1",
+		"no unit":                  "acme:" + grant1 + "=1",
+		"no grant":                 "acme:tokens=1",
+		"unknown unit":             "acme:token:" + grant1 + "=1",
+		"grant in capitals":        "acme:tokens:gr_0123456789ABCDEF0123456789abcdef=1",
+		"grant too short":          "acme:tokens:gr_0123456789abcdef0123456789abcde=1",
+		"grant too long":           "acme:tokens:" + grant1 + "0=1",
+		"grant without its prefix": "acme:tokens:0123456789abcdef0123456789abcdef=1",
+		"grant not hex":            "acme:tokens:gr_0123456789abcdef0123456789abcdeg=1",
+		"grant with a colon":       "acme:tokens:gr_:123456789abcdef0123456789abcdef=1",
+		"no number":                "acme:tokens:" + grant1,
+		"empty number":             "acme:tokens:" + grant1 + "=",
+		"zero":                     "acme:tokens:" + grant1 + "=0",
+		"negative":                 "acme:tokens:" + grant1 + "=-1",
+		"plus sign":                "acme:tokens:" + grant1 + "=+1",
+		"leading zero":             "acme:tokens:" + grant1 + "=01",
+		"fraction":                 "acme:tokens:" + grant1 + "=1.5",
+		"too large":                "acme:tokens:" + grant1 + "=9223372036854775808",
+		"two numbers":              "acme:tokens:" + grant1 + "=1=2",
+		"duplicate grant":          "acme:tokens:" + grant1 + "=1,acme:tokens:" + grant2 + "=1,acme:tokens:" + grant1 + "=2",
+		"a grant of two accounts":  "acme:tokens:" + grant1 + "=1,team-a:tokens:" + grant1 + "=2",
+		"empty entry":              "acme:tokens:" + grant1 + "=1,",
+		"space":                    "acme:tokens:" + grant1 + "=1, team-a:tokens:" + grant2 + "=1",
+		"a sixteenth field":        "acme:tokens:" + grant1 + "=1|x",
+		"an empty sixteenth field": "acme:tokens:" + grant1 + "=1|",
+		"in the borrowed field":    "acme:tokens:" + grant1 + "=1",
+	} {
+		e := entry + "||" + field
+		if name == "in the borrowed field" {
+			e = entry + "|" + field
+		}
 		_, v, err := OutboxMessage(map[string]any{"e": e})
 		require.ErrorIs(t, err, ErrMalformedEntry, name)
 		require.Equal(t, e, string(v), name)
@@ -132,9 +187,13 @@ func FuzzOutboxMessage(f *testing.F) {
 		f.Add(e + "|")
 		if len(r.Policy.Path) > 1 {
 			f.Add(e + "|" + r.Policy.Path[1].Account + ":tokens=300," + r.Policy.Path[len(r.Policy.Path)-1].Account + ":requests=1")
+			f.Add(e + "|" + r.Policy.Path[1].Account + ":tokens=300|" + r.Policy.Path[len(r.Policy.Path)-1].Account + ":tokens:" + grant1 + "=1000")
 		}
+		f.Add(e + "||" + r.Policy.Org + ":cost_micros:" + grant1 + "=1500," + r.Policy.Org + ":cost_micros:" + grant2 + "=7")
+		f.Add(e + "||")
 	}
 	f.Add("1|e1|n|||||acme|pro|acme:org/team-a:team|1|2|2026-11|team-a:tokens=1,team-a:tokens=2")
+	f.Add("1|e1|n|||||acme|pro|acme:org/team-a:team|1|2|2026-11||acme:tokens:" + grant1 + "=1,team-a:tokens:" + grant1 + "=2")
 	f.Fuzz(func(t *testing.T, e string) {
 		_, v, err := OutboxMessage(map[string]any{"e": e})
 		if err != nil {
@@ -158,6 +217,16 @@ func FuzzOutboxMessage(f *testing.F) {
 			i := slices.IndexFunc(a.Path, func(n event.PathNode) bool { return n.Account == b.Account })
 			require.Positive(t, i, "borrower %q below the org", b.Account)
 			require.Equal(t, a.Path[i-1].Account, b.From)
+		}
+		grants := map[string]bool{}
+		for _, c := range a.Credits {
+			require.Positive(t, c.Units)
+			require.True(t, policy.Unit(c.Unit).Valid(), c.Unit)
+			require.True(t, event.ValidGrantID(c.Grant), c.Grant)
+			require.True(t, slices.ContainsFunc(a.Path, func(n event.PathNode) bool { return n.Account == c.Account }),
+				"account %q of the path", c.Account)
+			require.False(t, grants[c.Grant], "grant %q drawn twice", c.Grant)
+			grants[c.Grant] = true
 		}
 	})
 }

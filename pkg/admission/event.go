@@ -142,6 +142,7 @@ func appendQuoted(b []byte, s string) []byte {
 //	1|<event id>|<source>|<api key id>|<idempotency key>|<tool>|<units>|<org>|<plan>|<path>|<sec>|<usec>|<period>
 //
 //	1|…|<period>|<borrowed>
+//	1|…|<period>|<borrowed>|<credits>
 //
 // units: "<unit>=<n>,…" sorted; path: "<account>:<kind>/…" org first; sec and usec: Redis
 // TIME; period: the month charged. Go writes up to the path and its "|"; the script
@@ -149,8 +150,13 @@ func appendQuoted(b []byte, s string) []byte {
 // their parents beyond their guaranteed rate (a limit's ceiling): borrowed is
 // "<account>:<unit>=<n>,…", an account of the path other than the org (its lender is the
 // node before it), a unit's full name and n > 0, each account and unit at most once. An
-// entry of 13 fields, or an empty fourteenth, borrowed nothing. Entries of other shapes (void.lua's, and admitted events written
-// by earlier versions) carry the Kafka key in "k" and the CloudEvent JSON in "v".
+// entry of 13 fields, or an empty fourteenth, borrowed nothing. A fifteenth field lists
+// what the request drew from credit grants (the fourteenth then may be empty): credits is
+// "<account>:<unit>:<grant id>=<n>,…" in the order drawn, an account of the path (the org
+// included), a unit's full name, a grant id ("gr_" and 32 lowercase hex digits) and n > 0,
+// each grant at most once. An entry of 13 or 14 fields, or an empty fifteenth, drew
+// nothing. Entries of other shapes (void.lua's, and admitted events written by earlier
+// versions) carry the Kafka key in "k" and the CloudEvent JSON in "v".
 const compactVersion = "1"
 
 // compactEvent returns r's usage event up to its time, for the script to complete.
@@ -238,12 +244,12 @@ func OutboxMessage(values map[string]any) (key string, value []byte, err error) 
 	return org, v, nil
 }
 
-// compactFields is the number of fields of a compact entry without borrowings; one with
-// borrowings has one more.
+// compactFields is the number of fields of a compact entry without borrowings or credit
+// draws; one with borrowings has one more, one with credit draws two more.
 const compactFields = 13
 
 func renderCompact(e string) (org string, value []byte, err error) {
-	var f [compactFields + 1]string
+	var f [compactFields + 2]string
 	n := 0 // fields
 	for rest := e; ; {
 		if n == len(f) {
@@ -257,7 +263,7 @@ func renderCompact(e string) (org string, value []byte, err error) {
 		}
 	}
 	if n < compactFields {
-		return "", nil, fmt.Errorf("%d fields, want %d or %d", n, compactFields, compactFields+1)
+		return "", nil, fmt.Errorf("%d fields, want %d to %d", n, compactFields, compactFields+2)
 	}
 	if f[0] != compactVersion {
 		return "", nil, fmt.Errorf("version %q", f[0])
@@ -295,6 +301,10 @@ func renderCompact(e string) (org string, value []byte, err error) {
 	if err != nil {
 		return "", nil, err
 	}
+	borrowed, err = appendCredits(borrowed, f[14], pol.Path)
+	if err != nil {
+		return "", nil, err
+	}
 	r := Request{EventID: unescape(f[1]), Source: unescape(f[2]), APIKeyID: unescape(f[3]),
 		IdempotencyKey: unescape(f[4]), Tool: unescape(f[5]), Units: units, Policy: pol}
 	st := newEventStatic(pol)
@@ -304,8 +314,8 @@ func renderCompact(e string) (org string, value []byte, err error) {
 	b = time.Unix(sec, usec*1000).UTC().AppendFormat(b, rfc3339Micro)
 	b = append(b, middle...)
 	b = append(b, f[12]...)
-	// "borrowed" is the last member of the data (no fail_open after it: the script never
-	// fails open), before the data's and the envelope's closing braces.
+	// "borrowed" and "credits" are the last members of the data (no fail_open after them:
+	// the script never fails open), before the data's and the envelope's closing braces.
 	b = append(b, tail[:len(tail)-2]...)
 	b = append(b, borrowed...)
 	b = append(b, "}}"...)
@@ -349,6 +359,51 @@ func appendBorrowed(b []byte, field string, path []policy.Level) ([]byte, error)
 		b = appendQuoted(append(b, `{"account":`...), account)
 		b = appendQuoted(append(b, `,"from":`...), path[lender].Account)
 		b = appendQuoted(append(b, `,"unit":`...), unit)
+		b = append(append(b, `,"units":`...), n...)
+		b = append(b, '}')
+	}
+	return append(b, ']'), nil
+}
+
+// appendCredits appends the "credits" member of an admitted event's data, as encoding/json
+// writes event.Admitted.Credits, for the credits field of a compact entry (see
+// compactVersion) of an event charged to path: nothing if the field is empty.
+func appendCredits(b []byte, field string, path []policy.Level) ([]byte, error) {
+	if field == "" {
+		return b, nil
+	}
+	b = append(b, `,"credits":[`...)
+	entries := strings.Split(field, ",")
+	seen := make(map[string]bool, len(entries))
+	for i, entry := range entries {
+		draw, n, ok1 := strings.Cut(entry, "=")
+		account, rest, ok2 := strings.Cut(draw, ":")
+		unit, grant, ok3 := strings.Cut(rest, ":")
+		if !ok1 || !ok2 || !ok3 {
+			return nil, fmt.Errorf("credits %q: want <account>:<unit>:<grant id>=<n>", entry)
+		}
+		if !slices.ContainsFunc(path, func(l policy.Level) bool { return l.Account == account }) {
+			return nil, fmt.Errorf("credits %q: account not in the path", entry)
+		}
+		if !policy.Unit(unit).Valid() {
+			return nil, fmt.Errorf("credits %q: unknown unit", entry)
+		}
+		if !event.ValidGrantID(grant) {
+			return nil, fmt.Errorf("credits %q: not a grant id", entry)
+		}
+		if !positiveInt(n) {
+			return nil, fmt.Errorf("credits %q: want a positive integer", entry)
+		}
+		if seen[grant] {
+			return nil, fmt.Errorf("credits %q: grant repeated", entry)
+		}
+		seen[grant] = true
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendQuoted(append(b, `{"account":`...), account)
+		b = appendQuoted(append(b, `,"unit":`...), unit)
+		b = appendQuoted(append(b, `,"grant":`...), grant)
 		b = append(append(b, `,"units":`...), n...)
 		b = append(b, '}')
 	}

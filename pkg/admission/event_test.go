@@ -94,6 +94,56 @@ func TestBorrowedEventIsJSON(t *testing.T) {
 	}
 }
 
+// A compact entry with credit draws renders, byte for byte, what encoding/json makes of the
+// event with event.Admitted.Credits, in the order the script drew them, after the
+// borrowings if any.
+func TestCreditsEventIsJSON(t *testing.T) {
+	pol := policy.Resolved{Org: "acme", Plan: "pro", Path: []policy.Level{
+		{Account: "acme", Kind: policy.Org}, {Account: "team-a", Kind: policy.Team},
+		{Account: "user-1", Kind: policy.User}}}
+	r := Request{EventID: "e1.3.acme", Source: "node-1", Policy: pol, IdempotencyKey: "i-1", Tool: "llm_call",
+		Units: map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 1200, policy.CostMicros: 1500}}
+	at := time.Date(2026, 11, 30, 23, 59, 59, 999999000, time.UTC)
+	borrowed := []event.Borrowing{{Account: "team-a", From: "acme", Unit: "tokens", Units: 300}}
+	for _, tc := range []struct {
+		fields   string // the fields after the period
+		borrowed []event.Borrowing
+		want     []event.CreditDraw
+	}{
+		{"|", nil, nil},
+		{"team-a:tokens=300|", borrowed, nil},
+		{"|acme:cost_micros:" + grant1 + "=1500", nil, []event.CreditDraw{{Account: "acme", Unit: "cost_micros", Grant: grant1, Units: 1500}}},
+		{"team-a:tokens=300|acme:tokens:" + grant1 + "=1000,acme:tokens:" + grant2 + "=200", borrowed, []event.CreditDraw{
+			{Account: "acme", Unit: "tokens", Grant: grant1, Units: 1000},
+			{Account: "acme", Unit: "tokens", Grant: grant2, Units: 200}}},
+		{"|user-1:requests:" + grant2 + "=1,team-a:tokens:" + grant1 + "=9223372036854775807", nil, []event.CreditDraw{
+			{Account: "user-1", Unit: "requests", Grant: grant2, Units: 1},
+			{Account: "team-a", Unit: "tokens", Grant: grant1, Units: 9223372036854775807}}},
+	} {
+		st := newEventStatic(pol)
+		e := compactEvent(r, &st) + strconv.FormatInt(at.Unix(), 10) + "|999999|2026-11|" + tc.fields
+		key, got, err := OutboxMessage(map[string]any{"e": e})
+		require.NoError(t, err, e)
+		require.Equal(t, "acme", key)
+
+		a := r.Admitted("2026-11")
+		a.Borrowed, a.Credits = tc.borrowed, tc.want
+		data, err := json.Marshal(a)
+		require.NoError(t, err)
+		want := `{"specversion":"1.0","id":"e1.3.acme","source":"node-1","type":` + quote(event.TypeAdmitted) +
+			`,"subject":"acme/team-a/user-1","time":"2026-11-30T23:59:59.999999Z","datacontenttype":"application/json","data":` +
+			string(data) + `}`
+		require.Equal(t, want, string(got), e)
+
+		var ce event.CloudEvent
+		require.NoError(t, json.Unmarshal(got, &ce))
+		var back event.Admitted
+		require.NoError(t, json.Unmarshal(ce.Data, &back))
+		require.Equal(t, tc.want, back.Credits)
+		require.Equal(t, tc.borrowed, back.Borrowed)
+	}
+}
+
 // What an Admitter derives from a policy stays its own: another Admitter (another key
 // prefix) deciding with the same policy gets its own keys.
 func TestLimitsArePerAdmitter(t *testing.T) {

@@ -50,6 +50,10 @@ type Admitted struct {
 	// their guaranteed rate (a limit's ceiling), in the order the admission script recorded
 	// it; empty when nothing was borrowed (always on the fail-open path).
 	Borrowed []Borrowing `json:"borrowed,omitempty"`
+	// Credits lists what the request drew from the credit grants (prepaid balances) of the
+	// accounts of Path, in the order the admission script drew them; empty when it drew
+	// nothing (always on the fail-open path).
+	Credits []CreditDraw `json:"credits,omitempty"`
 	// FailOpen marks an admission decided without Redis (rate-only accounts while Redis was
 	// unavailable); its period comes from the admit node's clock.
 	FailOpen bool `json:"fail_open,omitempty"`
@@ -64,6 +68,30 @@ type Borrowing struct {
 	From    string `json:"from"`
 	Unit    string `json:"unit"`
 	Units   int64  `json:"units"`
+}
+
+// CreditDraw is what an admitted request drew from one credit grant: Units of Unit from
+// the grant Grant of Account (an account of the path, the org included). It is what the
+// admission took: refunds and settlements are reconcile's, not the event's.
+type CreditDraw struct {
+	Account string `json:"account"`
+	Unit    string `json:"unit"`
+	Grant   string `json:"grant"`
+	Units   int64  `json:"units"`
+}
+
+// ValidGrantID reports whether s is a credit grant id: "gr_" and 32 lowercase hex digits
+// (credit_grants.id's check). The relay and the meter refuse draws from anything else.
+func ValidGrantID(s string) bool {
+	if len(s) != 3+32 || s[:3] != "gr_" {
+		return false
+	}
+	for i := 3; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Outcome is the data of a usage.outcome event: how the admitted request ended upstream.
