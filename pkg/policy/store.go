@@ -16,13 +16,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/pkg/invoice"
 )
 
 // Errors of the store and the cache; check them with errors.Is.
 var (
 	// ErrNotFound: the account, API key or plan does not exist.
 	ErrNotFound = errors.New("not found")
-	// ErrExists: an account with that id exists already.
+	// ErrExists: an account or plan with that id exists already.
 	ErrExists = errors.New("already exists")
 	// ErrRevoked: the API key exists but was revoked.
 	ErrRevoked = errors.New("api key revoked")
@@ -31,7 +33,9 @@ var (
 // InvalidError is returned (possibly wrapped) for every input the store refuses, so the
 // HTTP layer can answer 400 with a code derived from Field.
 type InvalidError struct {
-	Field   string // the input at fault: id, kind, parent, org, plan, limits, concurrency, priority
+	// Field is the input at fault: id, kind, parent, org, plan, limits, concurrency,
+	// priority, rank, or price.<field> (price.currency, price.effective_period, ...).
+	Field   string
 	Message string
 }
 
@@ -52,6 +56,9 @@ type Plan struct {
 	// Priority is the waiting priority of the plan's orgs (0-100, higher first; see
 	// Resolved.Priority).
 	Priority int `json:"priority"`
+	// Prices are the versions of the plan's price, oldest first (the store's reads fill
+	// them in; the cache does not: admit does not price).
+	Prices []invoice.Plan `json:"-"`
 }
 
 // Account is one node of the account tree as stored: its own plan, overrides and
@@ -263,13 +270,22 @@ func (s *Store) GetAccount(ctx context.Context, id string) (Account, error) {
 	return a, err
 }
 
-// Plans returns every plan, smallest first.
+// Plans returns every plan, smallest first, with its price versions.
 func (s *Store) Plans(ctx context.Context) ([]Plan, error) {
 	var plans []Plan
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		byID, err := loadPlans(ctx, tx)
 		if err != nil {
 			return err
+		}
+		prices, err := invoice.PriceVersions(ctx, tx, "")
+		if err != nil {
+			return err
+		}
+		for _, v := range prices {
+			if p, ok := byID[v.ID]; ok {
+				p.Prices = append(p.Prices, v)
+			}
 		}
 		for _, p := range byID {
 			plans = append(plans, *p)
@@ -278,6 +294,243 @@ func (s *Store) Plans(ctx context.Context) ([]Plan, error) {
 	})
 	sort.Slice(plans, func(i, j int) bool { return plans[i].Rank < plans[j].Rank })
 	return plans, err
+}
+
+// GetPlan returns a plan with its limits and price versions, or ErrNotFound.
+func (s *Store) GetPlan(ctx context.Context, id string) (Plan, error) {
+	if !ValidID(id) {
+		return Plan{}, fmt.Errorf("plan %q: %w", id, ErrNotFound)
+	}
+	var p Plan
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var err error
+		p, err = getPlan(ctx, tx, id)
+		return err
+	})
+	return p, err
+}
+
+// CreatePlan creates a plan (id, rank, limits, concurrency, priority) and, when price is
+// not nil, the first version of its price, which prices every period (its EffectivePeriod
+// must be zero). It returns the plan as stored, an *InvalidError for bad input (a rank
+// another plan has included), or ErrExists if the id is taken. Like every plan write it
+// notifies the admit caches (the triggers of plans and plan_limits).
+//
+// The plan with the lowest rank is the smallest, what unknown plans clamp to and are billed
+// on: it must have a price.
+func (s *Store) CreatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Plan, error) {
+	if !ValidID(p.ID) {
+		return Plan{}, invalid("id", "must be 1-64 of [A-Za-z0-9._-], starting with a letter or digit")
+	}
+	limits, err := checkPlanFields(p)
+	if err != nil {
+		return Plan{}, err
+	}
+	var out Plan
+	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		if err := checkRank(ctx, tx, p); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO plans (id, rank, concurrency, priority) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (id) DO NOTHING`, p.ID, p.Rank, p.Concurrency, p.Priority)
+		if err != nil {
+			return fmt.Errorf("insert plan %q: %w", p.ID, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("plan %q: %w", p.ID, ErrExists)
+		}
+		if err := writePlanRest(ctx, tx, p.ID, limits, price); err != nil {
+			return err
+		}
+		out, err = getPlan(ctx, tx, p.ID)
+		return err
+	})
+	if err != nil {
+		return Plan{}, planDBError(err)
+	}
+	return out, nil
+}
+
+// UpdatePlan replaces the rank, limits, concurrency and priority of an existing plan and,
+// when price is not nil, adds a version of its price (invoice.AddPriceVersion: effective
+// after the last closed period; versions are never rewritten, so issued invoices keep
+// theirs). It returns the plan as stored, an *InvalidError for bad input, or ErrNotFound.
+// The admit caches reload the plan's limits within a second, as for accounts.
+func (s *Store) UpdatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Plan, error) {
+	if !ValidID(p.ID) {
+		return Plan{}, fmt.Errorf("plan %q: %w", p.ID, ErrNotFound)
+	}
+	limits, err := checkPlanFields(p)
+	if err != nil {
+		return Plan{}, err
+	}
+	var out Plan
+	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		var id string
+		err := tx.QueryRow(ctx, `SELECT id FROM plans WHERE id = $1 FOR UPDATE`, p.ID).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("plan %q: %w", p.ID, ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("read plan %q: %w", p.ID, err)
+		}
+		if err := checkRank(ctx, tx, p); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE plans SET rank = $2, concurrency = $3, priority = $4 WHERE id = $1`,
+			p.ID, p.Rank, p.Concurrency, p.Priority); err != nil {
+			return fmt.Errorf("update plan %q: %w", p.ID, err)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM plan_limits WHERE plan = $1`, p.ID); err != nil {
+			return fmt.Errorf("delete limits of plan %q: %w", p.ID, err)
+		}
+		if err := writePlanRest(ctx, tx, p.ID, limits, price); err != nil {
+			return err
+		}
+		out, err = getPlan(ctx, tx, p.ID)
+		return err
+	})
+	if err != nil {
+		return Plan{}, planDBError(err)
+	}
+	return out, nil
+}
+
+// checkPlanFields validates a plan's rank, concurrency, priority and limits (each with
+// Limit.Validate, ceiling included) and returns the limits normalized.
+func checkPlanFields(p Plan) (map[Unit]Limit, error) {
+	// The columns are integers: larger values would fail in the driver, not as bad input.
+	if p.Rank < math.MinInt32 || p.Rank > math.MaxInt32 {
+		return nil, invalid("rank", "must be %d to %d", math.MinInt32, math.MaxInt32)
+	}
+	if p.Concurrency < 0 || p.Concurrency > math.MaxInt32 {
+		return nil, invalid("concurrency", "must be 0 (no cap) to %d", math.MaxInt32)
+	}
+	if p.Priority < 0 || p.Priority > 100 { // as the plans_priority constraint
+		return nil, invalid("priority", "must be 0 to 100 (higher waits first)")
+	}
+	out := make(map[Unit]Limit, len(p.Limits))
+	for _, u := range sortedUnits(p.Limits) {
+		if !u.Valid() {
+			return nil, invalid("limits", "unknown unit %q (want requests, tokens, credits or cost_micros)", u)
+		}
+		l := p.Limits[u].Normalize()
+		if err := checkLimit(l); err != nil {
+			return nil, invalid("limits", "%s: %s", u, strings.ReplaceAll(err.Error(), "\n", "; "))
+		}
+		out[u] = l
+	}
+	return out, nil
+}
+
+// checkRank refuses a rank another plan has: ranks order the plans, the lowest is the
+// smallest.
+func checkRank(ctx context.Context, tx pgx.Tx, p Plan) error {
+	var other string
+	err := tx.QueryRow(ctx, `SELECT id FROM plans WHERE rank = $1 AND id <> $2`, p.Rank, p.ID).Scan(&other)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("read ranks: %w", err)
+	}
+	return invalid("rank", "rank %d is plan %q's: ranks are unique (the lowest is the smallest plan)", p.Rank, other)
+}
+
+// writePlanRest writes a plan's limits and, if any, a price version, then checks that the
+// smallest plan has a price (invoices of orgs on unknown or unpriced plans use it).
+func writePlanRest(ctx context.Context, tx pgx.Tx, plan string, limits map[Unit]Limit, price *invoice.Plan) error {
+	for _, u := range sortedUnits(limits) {
+		l := limits[u]
+		_, err := tx.Exec(ctx, `
+			INSERT INTO plan_limits (plan, unit, algorithm, rate_per_s, burst, "limit", window_s, quota, quota_period, ceiling)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+			plan, string(u), string(l.Algorithm), l.RatePerS, l.Burst, l.Limit, l.WindowS, l.Quota, nullString(string(l.QuotaPeriod)), l.Ceiling)
+		if err != nil {
+			return fmt.Errorf("insert limit %s of plan %q: %w", u, plan, err)
+		}
+	}
+	if price != nil {
+		pr := *price
+		pr.ID = plan
+		if _, err := invoice.AddPriceVersion(ctx, tx, pr); err != nil {
+			var inv *invoice.InvalidPriceError
+			if errors.As(err, &inv) {
+				return invalid("price."+inv.Field, "%s", inv.Message)
+			}
+			return err
+		}
+	}
+	var (
+		smallest string
+		priced   bool
+	)
+	if err := tx.QueryRow(ctx, `
+		SELECT p.id, EXISTS (SELECT 1 FROM plan_prices pp WHERE pp.plan = p.id)
+		FROM plans p ORDER BY p.rank LIMIT 1`).Scan(&smallest, &priced); err != nil {
+		return fmt.Errorf("read the smallest plan: %w", err)
+	}
+	if smallest == plan && !priced {
+		return invalid("price", "plan %q would be the smallest (lowest rank), which unknown plans are billed on: it needs a price", plan)
+	}
+	return nil
+}
+
+// getPlan reads one plan with its limits and price versions.
+func getPlan(ctx context.Context, tx pgx.Tx, id string) (Plan, error) {
+	p := Plan{ID: id, Limits: make(map[Unit]Limit)}
+	err := tx.QueryRow(ctx, `SELECT rank, concurrency, priority FROM plans WHERE id = $1`, id).Scan(&p.Rank, &p.Concurrency, &p.Priority)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Plan{}, fmt.Errorf("plan %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Plan{}, fmt.Errorf("read plan %q: %w", id, err)
+	}
+	rows, err := tx.Query(ctx, `SELECT unit, `+limitColumns+` FROM plan_limits WHERE plan = $1`, id)
+	if err != nil {
+		return Plan{}, fmt.Errorf("read limits of plan %q: %w", id, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			u Unit
+			l limitRow
+		)
+		if err := rows.Scan(append([]any{&u}, l.dest()...)...); err != nil {
+			return Plan{}, fmt.Errorf("read limits of plan %q: %w", id, err)
+		}
+		p.Limits[u] = l.toLimit()
+	}
+	if err := rows.Err(); err != nil {
+		return Plan{}, fmt.Errorf("read limits of plan %q: %w", id, err)
+	}
+	if p.Prices, err = invoice.PriceVersions(ctx, tx, id); err != nil {
+		return Plan{}, err
+	}
+	return p, nil
+}
+
+// planDBError is dbError for plan writes: a constraint the checks above should have
+// caught (a rank taken by a concurrent write included) is bad input, not an outage.
+func planDBError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch {
+	case pgErr.ConstraintName == "plans_rank_key":
+		return fmt.Errorf("%w (%w)", invalid("rank", "rank taken by another plan"), err)
+	case pgErr.ConstraintName == "plans_priority":
+		return fmt.Errorf("%w (%w)", invalid("priority", "%s", pgErr.Message), err)
+	case strings.HasPrefix(pgErr.ConstraintName, "plan_limits"):
+		return fmt.Errorf("%w (%w)", invalid("limits", "%s", pgErr.Message), err)
+	case strings.HasPrefix(pgErr.ConstraintName, "plan_price"):
+		return fmt.Errorf("%w (%w)", invalid("price", "%s", pgErr.Message), err)
+	case pgErr.Code == "23514", pgErr.Code == "22003":
+		return fmt.Errorf("%w (%w)", invalid("plan", "%s", pgErr.Message), err)
+	}
+	return err
 }
 
 // CreateAPIKey makes a key for an existing account and returns it with its secret, which
