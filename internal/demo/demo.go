@@ -221,11 +221,15 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	httpClient := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
 	tree := accounts(cfg.Duration)
 	done = step("create %d accounts and their API keys (POST /v1/admin/accounts, /v1/admin/api-keys)", len(tree))
-	keys, err := setup(ctx, sandbox.Admin{Base: admitP.URL(), Token: adminToken, HTTP: httpClient}, tree)
+	admin := sandbox.Admin{Base: admitP.URL(), Token: adminToken, HTTP: httpClient}
+	keys, err := setup(ctx, admin, tree)
 	if err := done(err); err != nil {
 		return r, err
 	}
 	printTree(out, tree)
+	if err := printReserved(ctx, out, admin, tree); err != nil {
+		return r, fmt.Errorf("effective policy: %w", err)
+	}
 
 	// Traffic.
 	fmt.Fprintf(out, "\n• traffic for %s through pkg/client (decisions by result; outcomes reported):\n", cfg.Duration)

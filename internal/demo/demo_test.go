@@ -147,7 +147,9 @@ func TestDemo(t *testing.T) {
 	if len(r.Waits) != 2 || sent == 0 || waited == 0 || admittedAfter == 0 {
 		t.Errorf("waiting requests: %+v; want oncall's and batch's, some admitted after waiting", r.Waits)
 	}
-	for _, want := range []string{"OK: ", "Refusals by blocking level", "refund_5xx", "settle_tokens", "EUR 19.00", "overage_tier", "EUR 990.00", "Borrowing", "units borrowed", "Waiting", "out of time"} {
+	for _, want := range []string{"OK: ", "Refusals by blocking level", "refund_5xx", "settle_tokens", "EUR 19.00",
+		"overage_tier", "EUR 990.00", "Borrowing", "units borrowed", "Waiting", "out of time",
+		"acme reserves tokens 20,000/s burst 80,000"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report does not say %q", want)
 		}

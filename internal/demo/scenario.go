@@ -2,12 +2,16 @@ package demo
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
+	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/metergate/metergate/internal/sandbox"
+	"github.com/metergate/metergate/pkg/policy"
 )
 
 // account is one node of the demo's account tree, as POST /v1/admin/accounts takes it.
@@ -165,6 +169,55 @@ func guarantees(tree []account) []Guarantee {
 			}
 		}
 		out = append(out, g)
+	}
+	return out
+}
+
+// printReserved shows what the effective policy (GET /v1/admin/accounts/{id}) of each
+// parent of a guarantee reserves for its children's guarantees, and its spare.
+func printReserved(ctx context.Context, out io.Writer, a sandbox.Admin, tree []account) error {
+	for _, p := range tree {
+		var reply struct {
+			Effective struct {
+				Path []struct {
+					Account  string                        `json:"account"`
+					Limits   map[string]policy.Limit       `json:"limits"`
+					Reserved map[string]policy.Reservation `json:"reserved"`
+				} `json:"path"`
+			} `json:"effective"`
+		}
+		if guarantees(childrenOf(tree, p.ID)) == nil {
+			continue
+		}
+		if err := a.Do(ctx, http.MethodGet, "/v1/admin/accounts/"+p.ID, nil, http.StatusOK, &reply); err != nil {
+			return err
+		}
+		path := reply.Effective.Path
+		if len(path) == 0 {
+			return fmt.Errorf("account %s: no effective policy", p.ID)
+		}
+		lv := path[len(path)-1]
+		units := make([]string, 0, len(lv.Reserved))
+		for u := range lv.Reserved {
+			units = append(units, u)
+		}
+		sort.Strings(units)
+		for _, u := range units {
+			r, l := lv.Reserved[u], lv.Limits[u]
+			fmt.Fprintf(out, "  %s reserves %s %s/s burst %s for its children's guarantees (GET /v1/admin/accounts/%s: effective reserved); its spare: %s/s burst %s\n",
+				lv.Account, u, num(int64(r.RatePerS)), num(r.Burst), lv.Account, num(int64(l.RatePerS-r.RatePerS)), num(l.Burst-r.Burst))
+		}
+	}
+	return nil
+}
+
+// childrenOf returns the accounts whose parent is id.
+func childrenOf(tree []account, id string) []account {
+	var out []account
+	for _, a := range tree {
+		if a.Parent == id {
+			out = append(out, a)
+		}
 	}
 	return out
 }
