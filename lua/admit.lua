@@ -42,7 +42,7 @@
 --   end), n_bucket, n_window, n_quota, n_conc, ev (the compact usage event up to its
 --   time, see pkg/admission/event.go), prio (the request's priority, 0-100), n_tier (0,
 --   or n_bucket when a level has a ceiling: a tier record follows each bucket record),
---   n_wait (1 when a wait record follows the limits)
+--   n_wait (1 when a wait record follows the limits), n_credit (the credit records)
 --   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
 --   ids of the requests that were answered with this decision (the first and each replay)
 --   and not voided since (void.lua). A record without "\n" has one attempt, its own. An
@@ -63,6 +63,10 @@
 --   per quota:           prefix (the counter's key but for its period label), amount,
 --                        quota (-1 counts without capping), kind: period ('m' or 'd')
 --   per concurrency:     key (lease sorted set), cap
+--   per credit:          gkey (the hash of an account's grants of a unit: grant id →
+--                        remaining units), tkey (their terms: grant id → "<priority>|
+--                        <effective ms>|<expires ms, 0 never>"), amount, label
+--                        ("<account>:<unit>", how the event names the draws)
 --   wait record:         wait (ms the request may still wait), ticket (its id), member
 --                        and tq (its place in a queue and that queue's key, "" when not
 --                        queued)
@@ -72,6 +76,10 @@
 -- parent's spare unchecked; other traffic takes the level's spare bucket or, past it and
 -- when the level has a ceiling, the ceiling's bucket: the level borrows and its traffic
 -- arrives unreserved at the level above, which must have spare for it.
+--
+-- Credits (docs/credits.md): a request draws each credit record's amount from the grants
+-- drawable now (effective <= TIME < expires, remaining > 0), highest priority first, then
+-- the earliest expiry, then the grant id; less than the amount in all of them refuses it.
 --
 -- Queues (docs/admission.md "Waiting for capacity"): each limit has a queue, a sorted set
 -- ("<tag>k:<bucket field>", "<window key>|q", "<lease set>|q") scored class × 2^40 + seq
@@ -89,9 +97,11 @@
 --                       concurrency), b = retry after, ms (-1: never at this size; 1000
 --                       when a waiter is ahead)
 --   OVER_QUOTA:         a = index of the blocking quota, b = its period label
+--   INSUFFICIENT_BALANCE: a = index of the credit record, b = the balance it had
 --   IDEMPOTENCY_REUSED: the idempotency key was used before with other units
 -- state, integers: per bucket µs until it is full, per window {remaining, ms until clear},
--- per quota {used}; after the charge when allowed, as found when denied. Go derives the
+-- per quota {used}, per credit {balance, -1 when not read}; after the charge when allowed,
+-- as found when denied. Go derives the
 -- RateLimit fields from them and the policy it holds.
 --
 -- The contract with Go (pkg/admission/admitter.go): each block of arguments is read once,
@@ -101,7 +111,7 @@
 
 -- layout: reply
 local CLOCK_OFF, DECIDED = 0, 1
-local ALLOWED, RATE_LIMITED, OVER_QUOTA, IDEMPOTENCY_REUSED = 1, 2, 3, 4
+local ALLOWED, RATE_LIMITED, OVER_QUOTA, IDEMPOTENCY_REUSED, INSUFFICIENT_BALANCE = 1, 2, 3, 4, 5
 
 local A, K, call, tonumber, unpack, fmt, match, sub = ARGV, KEYS, redis.call, tonumber, unpack, string.format, string.match, string.sub
 local floor, ceil, pairs = math.floor, math.ceil, pairs
@@ -139,6 +149,7 @@ local wk, wa, wp, wc, ws                  -- window: key, amount, width, limit, 
 local qk, qa, qc, qd = {}, {}, {}, {}     -- quota: key, amount, quota, daily
 local ck, cc                              -- concurrency: key, cap
 local tu, tcf, tci, tcw, tb, ct, bb       -- tier: up, ceiling field, inc, win, borrow, new TAT, borrowed
+local gk, gt, ga, gl, gb, gd              -- credit: grants, terms, amount, label, balance, draws
 local CLASS = 2 ^ 40                      -- a queue score's class unit
 
 -- head returns the first live member of queue qkey and its score, dropping (and telling)
@@ -166,15 +177,50 @@ local function window(key, width)
   return sum, entries
 end
 
+-- draw returns the balance of the grants in gkey drawable now and, when it covers amount,
+-- the draws that take it: {grant, units, grant, units, ...} in drawing order.
+local function draw(gkey, tkey, amount)
+  local rem, terms = call('HGETALL', gkey), call('HGETALL', tkey)
+  local tm = {}
+  for j = 1, #terms, 2 do tm[terms[j]] = terms[j + 1] end
+  local list, n, bal = {}, 0, 0
+  for j = 1, #rem, 2 do
+    local id, r, t = rem[j], tonumber(rem[j + 1]), tm[rem[j]]
+    if r and r > 0 and t then
+      local p, e, x = match(t, '^(%d+)|(%d+)|(%d+)$')
+      p, e, x = tonumber(p), tonumber(e), tonumber(x)
+      if p and e <= now and (x == 0 or now < x) then
+        n = n + 1
+        list[n] = {id, r, p, x == 0 and math.huge or x}
+        bal = bal + r
+      end
+    end
+  end
+  if bal < amount then return bal, false end
+  table.sort(list, function(g, h)
+    if g[3] ~= h[3] then return g[3] > h[3] end
+    if g[4] ~= h[4] then return g[4] < h[4] end
+    return g[1] < h[1]
+  end)
+  local draws, dn, need = {}, 0, amount
+  for j = 1, n do
+    if need <= 0 then break end
+    local take = math.min(need, list[j][2])
+    draws[dn + 1], draws[dn + 2] = list[j][1], take
+    dn, need = dn + 2, need - take
+  end
+  return bal, draws
+end
+
 local out = {DECIDED, tonumber(sec), tonumber(usec)}
 
 for dn = 1, tonumber(decisions) do
   -- layout: decision
   local event_id, idem, legacy, legacy_fp, fingerprint, id_tail, n_bucket, n_window, n_quota, n_conc,
-    ev, prio, n_tier, n_wait = unpack(A, a, a + 13)
-  a = a + 14
+    ev, prio, n_tier, n_wait, n_credit = unpack(A, a, a + 14)
+  a = a + 15
   n_bucket, n_window, n_quota, n_conc = tonumber(n_bucket), tonumber(n_window), tonumber(n_quota), tonumber(n_conc)
-  n_tier = tonumber(n_tier)
+  n_tier, n_credit = tonumber(n_tier), tonumber(n_credit)
   local hash = K[1 + dn]
 
   -- Read the limits; fetch the state not read yet by this call.
@@ -236,6 +282,13 @@ for dn = 1, tonumber(decisions) do
     local key, cap = unpack(A, a, a + 1)
     a = a + 2
     ck[i], cc[i] = key, tonumber(cap)
+  end
+  if n_credit > 0 and not gk then gk, gt, ga, gl, gb, gd = {}, {}, {}, {}, {}, {} end
+  for i = 1, n_credit do
+    -- layout: credit
+    local gkey, tkey, amount, label = unpack(A, a, a + 3)
+    a = a + 4
+    gk[i], gt[i], ga[i], gl[i], gb[i], gd[i] = gkey, tkey, tonumber(amount), label, -1, false
   end
   local wait, ticket, member, tq = 0, '', '', ''
   if n_wait == '1' then
@@ -382,6 +435,16 @@ for dn = 1, tonumber(decisions) do
         end
       end
     end
+    if code == 0 then
+      for i = 1, n_credit do
+        local bal, draws = draw(gk[i], gt[i], ga[i])
+        gb[i], gd[i] = bal, draws
+        if not draws then
+          code, ra, rb = INSUFFICIENT_BALANCE, i, bal
+          break
+        end
+      end
+    end
   end
 
   -- All passed: consume everything, take the leases, remember the idempotency key and
@@ -432,9 +495,22 @@ for dn = 1, tonumber(decisions) do
     end
     local borrowed = ''
     for i = 1, n_tier do
-      if bb[i] then borrowed = borrowed .. (borrowed == '' and '|' or ',') .. tb[i] end
+      if bb[i] then borrowed = borrowed .. (borrowed == '' and '' or ',') .. tb[i] end
     end
-    call('XADD', K[1], '*', 'e', ev .. stamp .. borrowed)
+    local credits = ''
+    for i = 1, n_credit do
+      local draws = gd[i]
+      for j = 1, #draws, 2 do
+        local units = fmt('%d', draws[j + 1])
+        call('HINCRBY', gk[i], draws[j], '-' .. units)
+        credits = credits .. (credits == '' and '' or ',') .. gl[i] .. ':' .. draws[j] .. '=' .. units
+      end
+      gb[i] = gb[i] - ga[i]
+    end
+    local tail = ''
+    if credits ~= '' then tail = '|' .. borrowed .. '|' .. credits
+    elseif borrowed ~= '' then tail = '|' .. borrowed end
+    call('XADD', K[1], '*', 'e', ev .. stamp .. tail)
   end
 
   -- Waiting: a request that may wait and was refused by a rate or concurrency limit
@@ -496,6 +572,10 @@ for dn = 1, tonumber(decisions) do
     for i = 1, n_quota do
       n = n + 1
       d[n] = used[qk[i]]
+    end
+    for i = 1, n_credit do
+      n = n + 1
+      d[n] = gb[i]
     end
   end
   out[dn + 3] = d

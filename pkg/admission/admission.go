@@ -38,6 +38,9 @@ const (
 	Allow         Result = "allow"
 	RateLimited   Result = "rate_limited"
 	QuotaExceeded Result = "quota_exceeded"
+	// InsufficientBalance: an account of the path has credit grants of a unit the request
+	// carries, and their balance does not cover it (docs/credits.md).
+	InsufficientBalance Result = "insufficient_balance"
 )
 
 // ConcurrentRequests is the unit named by a decision blocked by a concurrency cap.
@@ -64,6 +67,13 @@ type LimitState struct {
 	Ceiling int64
 }
 
+// Balance is an account's credit balance of a unit: its grants drawable now.
+type Balance struct {
+	Account string
+	Unit    string
+	Balance int64
+}
+
 // Decision is the answer to a Request.
 type Decision struct {
 	Result     Result
@@ -73,7 +83,10 @@ type Decision struct {
 	RetryAfter time.Duration // when denied by a rate or concurrency limit
 	Replayed   bool          // the idempotency key was seen: nothing was charged now
 	Limits     []LimitState
-	Time       time.Time // Redis time of the decision
+	// Balances are the credit balances the request draws from: after the draw when
+	// allowed, as found when refused (-1: not read, the request was refused before).
+	Balances []Balance
+	Time     time.Time // Redis time of the decision
 	// place is where a refused request that may wait stands in its limit's queue.
 	place place
 }

@@ -307,6 +307,7 @@ const (
 	codeRateLimited       = 2 // RATE_LIMITED: a = blocking limit (buckets, windows, concurrency), b = retry after (ms)
 	codeOverQuota         = 3 // OVER_QUOTA: a = blocking quota, b = its period
 	codeIdempotencyReused = 4 // IDEMPOTENCY_REUSED
+	codeInsufficient      = 5 // INSUFFICIENT_BALANCE: a = the credit record, b = its balance
 
 	replyHeaderLen    = 3 // status, sec, usec
 	decisionHeaderLen = 5 // code, a, b, replayed, queued; the limits' state follows
@@ -316,7 +317,7 @@ const (
 var replyCodes = map[string]int64{
 	"CLOCK_OFF": statusClockOff, "DECIDED": statusDecided,
 	"ALLOWED": codeAllowed, "RATE_LIMITED": codeRateLimited, "OVER_QUOTA": codeOverQuota,
-	"IDEMPOTENCY_REUSED": codeIdempotencyReused,
+	"IDEMPOTENCY_REUSED": codeIdempotencyReused, "INSUFFICIENT_BALANCE": codeInsufficient,
 }
 
 func replyHeader(raw []any) (ok bool, now time.Time, err error) {
@@ -366,6 +367,20 @@ type plan struct {
 	order   []int // the place of each bucket's state in Decision.Limits
 	quotas  []check
 	concs   []policy.Level
+	credits []creditCheck
+}
+
+type creditCheck struct {
+	*creditArgs
+	amount int64
+}
+
+// creditArgs is one unit's credit balance at one level: the keys of its grants.
+type creditArgs struct {
+	level        policy.Level
+	unit         policy.Unit
+	grants, term string
+	label        string // "<account>:<unit>"
 }
 
 type check struct {
@@ -417,6 +432,7 @@ const (
 	decPriority
 	decTiers
 	decWait
+	decCredits
 	decisionLen
 )
 
@@ -442,6 +458,14 @@ const (
 	waitMember        // its member in the queue tq, "" when in none
 	waitQueue
 	waitLen
+)
+
+const (
+	creditGrants = iota // Keys.Grants
+	creditTerms         // Keys.GrantTerms
+	creditAmount
+	creditLabel // "<account>:<unit>"
+	creditLen
 )
 
 const (
@@ -479,8 +503,9 @@ var argNames = map[string][]string{
 	"decision": (&[decisionLen]string{
 		decEventID: "event_id", decIdem: "idem", decLegacy: "legacy", decLegacyFP: "legacy_fp",
 		decFingerprint: "fingerprint", decIDTail: "id_tail", decBuckets: "n_bucket", decWindows: "n_window", decQuotas: "n_quota", decConcs: "n_conc", decEvent: "ev",
-		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait",
+		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait", decCredits: "n_credit",
 	})[:],
+	"credit": (&[creditLen]string{creditGrants: "gkey", creditTerms: "tkey", creditAmount: "amount", creditLabel: "label"})[:],
 	"bucket": (&[bucketLen]string{bucketField: "field", bucketInc: "inc", bucketWin: "win"})[:],
 	"tier":   (&[tierLen]string{tierUp: "up", tierCeilingField: "cfield", tierCeilingInc: "cinc", tierCeilingWin: "cwin", tierBorrow: "borrow"})[:],
 	"wait":   (&[waitLen]string{waitMS: "w", waitTicket: "t", waitMember: "m", waitQueue: "q"})[:],
@@ -566,6 +591,12 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan
 		}
 	}
 	p.concs = lim.concs
+	for i := range lim.credits {
+		c := &lim.credits[i]
+		if amount := r.Units[c.unit]; amount > 0 {
+			p.credits = append(p.credits, creditCheck{creditArgs: c, amount: amount})
+		}
+	}
 
 	e.keys = append(e.keys, lim.state)
 	var d [decisionLen]any
@@ -588,6 +619,7 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan
 	if w != nil {
 		d[decWait] = "1"
 	}
+	d[decCredits] = strconv.Itoa(len(p.credits))
 	e.args = append(e.args, d[:]...)
 	for _, c := range p.rates[:p.buckets] {
 		var rec [bucketLen]any
@@ -625,6 +657,12 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan
 		rec[concKey], rec[concCap] = lim.concKeys[i], strconv.Itoa(lv.Concurrency)
 		e.args = append(e.args, rec[:]...)
 	}
+	for _, c := range p.credits {
+		var rec [creditLen]any
+		rec[creditGrants], rec[creditTerms], rec[creditLabel] = c.grants, c.term, c.label
+		rec[creditAmount] = strconv.FormatInt(c.amount, 10)
+		e.args = append(e.args, rec[:]...)
+	}
 	if w != nil {
 		var rec [waitLen]any
 		rec[waitMS], rec[waitTicket], rec[waitMember], rec[waitQueue] = strconv.FormatInt(w.left(), 10), w.ticket, w.member, w.queue
@@ -654,6 +692,7 @@ type limits struct {
 	tiered   map[policy.Unit]bool
 	concs    []policy.Level
 	concKeys []string
+	credits  []creditArgs // by level, org first, then in the level's order of units
 	event    eventStatic
 }
 
@@ -723,6 +762,10 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 		if lv.Concurrency > 0 {
 			l.concs = append(l.concs, lv)
 			l.concKeys = append(l.concKeys, a.keys.leases(shard, lv.Account))
+		}
+		for _, u := range lv.Credits {
+			l.credits = append(l.credits, creditArgs{level: lv, unit: u, grants: a.keys.grants(shard, lv.Account, u),
+				term: a.keys.grants(shard, lv.Account, u) + "|terms", label: lv.Account + ":" + string(u)})
 		}
 	}
 	l.buckets, l.tiered = bucketChains(pol, l.checks)
@@ -865,6 +908,15 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		out.Result = QuotaExceeded
 		out.Period = c.limit.QuotaPeriod.Label(now)
 		out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
+	case codeInsufficient:
+		idx, _ := d[1].(int64)
+		i := int(idx) - 1
+		if i < 0 || i >= len(p.credits) {
+			return Decision{}, fmt.Errorf("admission script: blocking credit %d of %d", idx, len(p.credits))
+		}
+		c := p.credits[i]
+		out.Result = InsufficientBalance
+		out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
 	case codeIdempotencyReused:
 		return Decision{}, ErrIdempotencyKeyReused
 	default:
@@ -873,9 +925,9 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 
 	state := d[decisionHeaderLen:]
 	windows := len(p.rates) - p.buckets
-	if len(state) != p.buckets+2*windows+len(p.quotas) {
-		return Decision{}, fmt.Errorf("admission script: %d state values for %d buckets, %d windows and %d quotas",
-			len(state), p.buckets, windows, len(p.quotas))
+	if len(state) != p.buckets+2*windows+len(p.quotas)+len(p.credits) {
+		return Decision{}, fmt.Errorf("admission script: %d state values for %d buckets, %d windows, %d quotas and %d credits",
+			len(state), p.buckets, windows, len(p.quotas), len(p.credits))
 	}
 	out.Limits = make([]LimitState, p.buckets, len(p.rates)+len(p.quotas))
 	// The script has the buckets unit by unit from the account up; the state lists them
@@ -900,6 +952,10 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		}
 		out.Limits = append(out.Limits, LimitState{Account: c.level.Account, Unit: string(c.unit), Quota: true,
 			Limit: quota, Window: end.Sub(start), Remaining: remaining, Reset: end.Sub(now)})
+	}
+	for i, c := range p.credits {
+		bal, _ := state[p.buckets+2*windows+len(p.quotas)+i].(int64)
+		out.Balances = append(out.Balances, Balance{Account: c.level.Account, Unit: string(c.unit), Balance: bal})
 	}
 	return out, nil
 }

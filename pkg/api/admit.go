@@ -29,6 +29,16 @@ type admitReply struct {
 	Estimated *estimate.Estimate `json:"estimated,omitempty"`
 	// WaitedMS is how long admit held a request that was allowed to wait (max_wait_ms > 0).
 	WaitedMS *int64 `json:"waited_ms,omitempty"`
+	// Balances are the credit balances an allowed request drew from, after the draw.
+	Balances []balanceReply `json:"balances,omitempty"`
+	// Balance is, for insufficient_balance, what the blocking account's grants hold.
+	Balance *int64 `json:"balance,omitempty"`
+}
+
+type balanceReply struct {
+	Account string `json:"account"`
+	Unit    string `json:"unit"`
+	Balance int64  `json:"balance"`
 }
 
 func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
@@ -106,6 +116,11 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 	switch d.Result {
 	case admission.Allow:
 		reply.EventID, reply.Period, reply.Replayed = d.EventID, d.Period, d.Replayed
+		if !d.Replayed {
+			for _, b := range d.Balances {
+				reply.Balances = append(reply.Balances, balanceReply(b))
+			}
+		}
 		writeJSON(w, http.StatusOK, reply)
 	case admission.RateLimited:
 		reply.BlockedBy = d.Blocked
@@ -115,6 +130,14 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Retry-After", retryAfterSeconds(d.RetryAfter))
 		}
 		writeJSON(w, http.StatusTooManyRequests, reply)
+	case admission.InsufficientBalance:
+		reply.BlockedBy = d.Blocked
+		for _, b := range d.Balances {
+			if b.Account == d.Blocked.Account && b.Unit == d.Blocked.Unit {
+				reply.Balance = &b.Balance
+			}
+		}
+		writeJSON(w, http.StatusPaymentRequired, reply)
 	default:
 		reply.BlockedBy, reply.Period = d.Blocked, d.Period
 		writeJSON(w, http.StatusPaymentRequired, reply)
@@ -129,6 +152,9 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 	policyFor := s.cfg.RedisDownRateOnly
 	if pol.HasQuota() {
 		policyFor = s.cfg.RedisDownQuota
+	}
+	if pol.HasCredits() {
+		policyFor = FailClosed // a balance is never drawn without Redis: no overdraft
 	}
 	log := s.cfg.Log.With("org", pol.Org, "account", pol.Account(), "err", cause)
 	if policyFor == FailOpen && s.cfg.Recorder != nil {

@@ -355,6 +355,17 @@ func (r Resolved) HasQuota() bool {
 	return false
 }
 
+// HasCredits reports whether any level has credit grants: such accounts fail closed when
+// Redis is unavailable too (nothing may be admitted without drawing its balance).
+func (r Resolved) HasCredits() bool {
+	for _, lv := range r.Path {
+		if len(lv.Credits) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // ToolCredits is the default credit cost of the tools named in a request's "tool" field;
 // admit's configuration may replace it.
 var ToolCredits = map[string]int64{
