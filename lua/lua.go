@@ -41,6 +41,17 @@ var QueueLeave = mustScript("queue_leave.lua")
 // outbox (see outcome.lua).
 var Outcome = mustScript("clock.lua", "outcome.lua")
 
+// GrantMirror mirrors a credit grant into Redis, never adding its amount twice and never
+// bringing a voided grant back (see grant.lua).
+var GrantMirror = mustScript("grant.lua")
+
+// GrantVoid takes what remains of a credit grant out of Redis, once (see grant_void.lua).
+var GrantVoid = mustScript("grant_void.lua")
+
+// GrantBalance reads an account's credit grants and Redis TIME in one snapshot (see
+// grant_balance.lua).
+var GrantBalance = mustScript("grant_balance.lua")
+
 // ForgetConsumer deletes a stream group's consumer if it holds no pending entry (see
 // forget_consumer.lua): the relay forgets the consumers of pods that are gone.
 var ForgetConsumer = mustScript("forget_consumer.lua")
