@@ -167,7 +167,7 @@ func TestCreditsExpireByRedisTime(t *testing.T) {
 		redisNow, err := b.rdb.Time(ctx).Result()
 		require.NoError(t, err)
 		expires := redisNow.Add(400 * time.Millisecond).Truncate(time.Millisecond) // grants' times are ms
-		b.grant(t, b.org, policy.Credits, grantID(1), 1000, 0, redisNow.Add(-time.Hour), expires)
+		b.grant(t, b.org, policy.Credits, grantID(1), 1_000_000_000, 0, redisNow.Add(-time.Hour), expires)
 		pol := tree(withCredits(policy.Level{Account: b.org, Kind: policy.Org}, policy.Credits))
 		one := map[policy.Unit]int64{policy.Credits: 1}
 		for {
