@@ -112,10 +112,22 @@ type Decision struct {
 	// WaitedMS is how long admit held the request for capacity (its last attempt's), when
 	// it had a MaxWait.
 	WaitedMS *int64 `json:"waited_ms"`
+	// Balances are the credit balances an allowed request drew from, after the draw.
+	Balances []Balance `json:"balances"`
+	// Balance is, for "insufficient_balance" (402), what the blocking account's grants of
+	// the unit hold.
+	Balance *int64 `json:"balance"`
 	// Header holds the reply's RateLimit, RateLimit-Policy and Retry-After fields.
 	Header http.Header `json:"-"`
 	// Body is the raw reply.
 	Body []byte `json:"-"`
+}
+
+// Balance is a credit balance of an account and unit.
+type Balance struct {
+	Account string `json:"account"`
+	Unit    string `json:"unit"`
+	Balance int64  `json:"balance"`
 }
 
 // Allowed reports whether the request may proceed.
