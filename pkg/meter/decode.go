@@ -129,6 +129,9 @@ func (d *decoder) admitted() (*event.Admitted, bool) {
 		case "borrowed":
 			bit = 1 << 10
 			a.Borrowed, ok = d.borrowed()
+		case "credits":
+			bit = 1 << 11
+			a.Credits, ok = d.credits()
 		}
 		if !ok || seen&bit != 0 {
 			return false
@@ -252,6 +255,57 @@ func (d *decoder) borrowed() ([]event.Borrowing, bool) {
 			return nil, false
 		}
 		out = append(out, b)
+		d.space()
+		if d.take(']') {
+			return out, true
+		}
+		if !d.take(',') {
+			return nil, false
+		}
+		d.space()
+	}
+}
+
+// credits decodes an array of credit draws; [] is an empty slice, as encoding/json makes it.
+func (d *decoder) credits() ([]event.CreditDraw, bool) {
+	if !d.take('[') {
+		return nil, false
+	}
+	out := make([]event.CreditDraw, 0, 2)
+	d.space()
+	if d.take(']') {
+		return out, true
+	}
+	for {
+		var c event.CreditDraw
+		var seen uint
+		ok := d.object(func(key string) bool {
+			var bit uint
+			var ok bool
+			switch key {
+			case "account":
+				bit = 1 << 0
+				c.Account, ok = d.str()
+			case "unit":
+				bit = 1 << 1
+				c.Unit, ok = d.str()
+			case "grant":
+				bit = 1 << 2
+				c.Grant, ok = d.str()
+			case "units":
+				bit = 1 << 3
+				c.Units, ok = d.int(64)
+			}
+			if !ok || seen&bit != 0 {
+				return false
+			}
+			seen |= bit
+			return true
+		})
+		if !ok {
+			return nil, false
+		}
+		out = append(out, c)
 		d.space()
 		if d.take(']') {
 			return out, true

@@ -1,7 +1,8 @@
 // Package meter writes the billing log. A Meter consumes the usage events on Kafka as a
 // member of a consumer group and writes one row per event into PostgreSQL (usage_events,
-// usage_borrowings for the rate capacity an admission borrowed, usage_outcomes, and
-// dead_letters for messages it cannot parse or validate).
+// usage_borrowings for the rate capacity an admission borrowed, credit_consumptions for
+// what it drew from credit grants, usage_outcomes, and dead_letters for messages it cannot
+// parse or validate).
 //
 // Guarantee: every event on the topic ends up exactly once in PostgreSQL. Messages are
 // written in batches, one transaction each, and a batch's Kafka offsets are committed only
@@ -9,8 +10,8 @@
 // can make messages be delivered again (kafka-go consumer groups redeliver after a
 // rebalance, issues #970 and #1308), never skipped. What is delivered again is absorbed by
 // the unique keys: usage_events is unique on the event id for ever, usage_outcomes on the
-// admission's event id, usage_borrowings on the event id, account and unit, dead_letters
-// on the Kafka position.
+// admission's event id, usage_borrowings on the event id, account and unit,
+// credit_consumptions on the event id and grant, dead_letters on the Kafka position.
 package meter
 
 import (
@@ -361,8 +362,8 @@ func (m *Meter) commit(ctx context.Context, reader *kafka.Reader, b *batch) {
 	m.metrics.batch.Observe(elapsed.Seconds())
 	m.metrics.batchSize.Observe(float64(len(b.msgs)))
 	m.metrics.messages.Add(float64(len(b.msgs))) // last: a reader that sees it sees the rest of the batch's counts
-	m.log.Debug("batch written", "messages", len(b.msgs), "usage_events", w.usage.inserted, "usage_borrowings", w.borrowings.inserted, "usage_outcomes", w.outcomes.inserted, "usage_voids", w.voids.inserted,
-		"dead_letters", w.deadLetters.staged, "duplicates", w.usage.staged-w.usage.inserted+w.borrowings.staged-w.borrowings.inserted+w.outcomes.staged-w.outcomes.inserted+w.voids.staged-w.voids.inserted,
+	m.log.Debug("batch written", "messages", len(b.msgs), "usage_events", w.usage.inserted, "usage_borrowings", w.borrowings.inserted, "credit_consumptions", w.credits.inserted, "usage_outcomes", w.outcomes.inserted, "usage_voids", w.voids.inserted,
+		"dead_letters", w.deadLetters.staged, "duplicates", w.usage.staged-w.usage.inserted+w.borrowings.staged-w.borrowings.inserted+w.credits.staged-w.credits.inserted+w.outcomes.staged-w.outcomes.inserted+w.voids.staged-w.voids.inserted,
 		"elapsed", elapsed.String())
 }
 

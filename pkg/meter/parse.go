@@ -41,6 +41,7 @@ type usageRow struct {
 	FailOpen       bool
 	Units          units
 	Borrowed       []borrowRow // rows of usage_borrowings
+	Credits        []creditRow // rows of credit_consumptions
 	Partition      int
 	Offset         int64
 }
@@ -50,6 +51,13 @@ type usageRow struct {
 type borrowRow struct {
 	Account, Lender, Unit string
 	Units                 int64
+}
+
+// creditRow is one row of credit_consumptions, with the event's columns taken from its
+// usageRow: the request drew Units of Unit from Account's grant Grant.
+type creditRow struct {
+	Account, Unit, Grant string
+	Units                int64
 }
 
 // outcomeRow is one row of usage_outcomes.
@@ -256,6 +264,10 @@ func parseAdmitted(ce event.CloudEvent, d *event.Admitted) (*usageRow, error) {
 	if err != nil {
 		return nil, err
 	}
+	credits, err := parseCredits(d.Credits, path)
+	if err != nil {
+		return nil, err
+	}
 	charged, err := period.ParseMonth(d.Period)
 	if err != nil || charged.Year() < minYear || charged.Year() > maxYear {
 		return nil, fmt.Errorf("data.period %q: want YYYY-MM", d.Period)
@@ -265,7 +277,7 @@ func parseAdmitted(ce event.CloudEvent, d *event.Admitted) (*usageRow, error) {
 		EventID: ce.ID, BillingPeriod: period.MonthStart(at), EventTime: at, ChargedPeriod: charged,
 		Org: d.Org, Account: d.Account, AccountKind: last.Kind, Path: path,
 		APIKeyID: d.APIKeyID, IdempotencyKey: d.IdempotencyKey, Plan: d.Plan, Tool: d.Tool,
-		Source: ce.Source, FailOpen: d.FailOpen, Units: u, Borrowed: borrowed,
+		Source: ce.Source, FailOpen: d.FailOpen, Units: u, Borrowed: borrowed, Credits: credits,
 	}, nil
 }
 
@@ -297,6 +309,37 @@ func parseBorrowed(bs []event.Borrowing, path []string) ([]borrowRow, error) {
 			}
 		}
 		rows = append(rows, borrowRow{Account: b.Account, Lender: b.From, Unit: b.Unit, Units: b.Units})
+	}
+	return rows, nil
+}
+
+// parseCredits checks an admission's credit draws against its path (account ids, org
+// first): each draws more than 0 of a known unit from a grant (a grant id) of an account
+// of the path, each grant at most once.
+func parseCredits(cs []event.CreditDraw, path []string) ([]creditRow, error) {
+	if len(cs) == 0 {
+		return nil, nil
+	}
+	rows := make([]creditRow, 0, len(cs))
+	for i, c := range cs {
+		if !slices.Contains(path, c.Account) {
+			return nil, fmt.Errorf("data.credits[%d].account %q: not an account of data.path", i, c.Account)
+		}
+		if !policy.Unit(c.Unit).Valid() {
+			return nil, fmt.Errorf("data.credits[%d].unit %q: unknown (known: requests, tokens, credits, cost_micros)", i, c.Unit)
+		}
+		if !event.ValidGrantID(c.Grant) {
+			return nil, fmt.Errorf("data.credits[%d].grant %q: want gr_ and 32 lowercase hex digits", i, c.Grant)
+		}
+		if c.Units <= 0 {
+			return nil, fmt.Errorf("data.credits[%d].units = %d: want more than 0", i, c.Units)
+		}
+		for _, r := range rows {
+			if r.Grant == c.Grant {
+				return nil, fmt.Errorf("data.credits[%d]: grant %s drawn twice", i, c.Grant)
+			}
+		}
+		rows = append(rows, creditRow{Account: c.Account, Unit: c.Unit, Grant: c.Grant, Units: c.Units})
 	}
 	return rows, nil
 }

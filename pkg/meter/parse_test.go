@@ -75,6 +75,20 @@ func borrowedWith(extra map[string]any) func(testing.TB) []byte {
 	})
 }
 
+// Grant ids for tests.
+const (
+	grant1 = "gr_0123456789abcdef0123456789abcdef"
+	grant2 = "gr_fedcba9876543210fedcba9876543210"
+)
+
+// creditsWith returns a valid admission that drew 1000 tokens from acme's grant1, then
+// extra.
+func creditsWith(extra map[string]any) func(testing.TB) []byte {
+	return admittedWith(func(ev map[string]any) {
+		data(ev)["credits"] = []any{map[string]any{"account": "acme", "unit": "tokens", "grant": grant1, "units": 1000}, extra}
+	})
+}
+
 func raw(s string) func(testing.TB) []byte { return func(testing.TB) []byte { return []byte(s) } }
 
 var malformed = []malformedCase{
@@ -126,6 +140,24 @@ var malformed = []malformedCase{
 	{"borrowed twice", borrowedWith(map[string]any{"account": "eng", "from": "acme", "unit": "tokens", "units": 2}),
 		"data.borrowed[1]: eng borrowed tokens twice"},
 	{"borrowed fraction", borrowedWith(map[string]any{"account": "alice", "from": "eng", "unit": "tokens", "units": 1.5}),
+		"data: json: cannot unmarshal"},
+	{"drawn from an account not in the path", creditsWith(map[string]any{"account": "bob", "unit": "tokens", "grant": grant2, "units": 1}),
+		`data.credits[1].account "bob": not an account of data.path`},
+	{"drawn in an unknown unit", creditsWith(map[string]any{"account": "eng", "unit": "gpus", "grant": grant2, "units": 1}),
+		`data.credits[1].unit "gpus": unknown`},
+	{"drawn from no grant", creditsWith(map[string]any{"account": "eng", "unit": "tokens", "units": 1}),
+		`data.credits[1].grant "": want gr_`},
+	{"drawn from a bad grant id", creditsWith(map[string]any{"account": "eng", "unit": "tokens", "grant": "gr_0123456789ABCDEF0123456789abcdef", "units": 1}),
+		`data.credits[1].grant "gr_0123456789ABCDEF0123456789abcdef"`},
+	{"drew nothing", creditsWith(map[string]any{"account": "eng", "unit": "tokens", "grant": grant2, "units": 0}),
+		"data.credits[1].units = 0: want more than 0"},
+	{"drew a negative amount", creditsWith(map[string]any{"account": "eng", "unit": "tokens", "grant": grant2, "units": -5}),
+		"data.credits[1].units = -5"},
+	{"drew a grant twice", creditsWith(map[string]any{"account": "acme", "unit": "tokens", "grant": grant1, "units": 2}),
+		"data.credits[1]: grant " + grant1 + " drawn twice"},
+	{"one grant of two accounts", creditsWith(map[string]any{"account": "eng", "unit": "tokens", "grant": grant1, "units": 2}),
+		"data.credits[1]: grant " + grant1 + " drawn twice"},
+	{"drew a fraction", creditsWith(map[string]any{"account": "eng", "unit": "tokens", "grant": grant2, "units": 1.5}),
 		"data: json: cannot unmarshal"},
 	{"outcome status 600", outcomeWith(func(ev map[string]any) { data(ev)["status"] = 600 }), "data.status 600: want 100-599"},
 	{"outcome without status", outcomeWith(func(ev map[string]any) { delete(data(ev), "status") }), "data.status 0"},
@@ -199,6 +231,34 @@ func TestParseBorrowed(t *testing.T) {
 	}
 }
 
+func TestParseCredits(t *testing.T) {
+	t.Parallel()
+	ev := goodAdmitted()
+	data(ev)["credits"] = []any{
+		map[string]any{"account": "acme", "unit": "tokens", "grant": grant1, "units": 1000},
+		map[string]any{"account": "acme", "unit": "tokens", "grant": grant2, "units": 200},
+		map[string]any{"account": "agent-1", "unit": "cost_micros", "grant": "gr_00000000000000000000000000000000", "units": 9223372036854775807},
+	}
+	data(ev)["borrowed"] = []any{map[string]any{"account": "eng", "from": "acme", "unit": "tokens", "units": 300}}
+	value := encode(t, ev)
+	p := parse(value, 3, 7)
+	require.NoError(t, p.err)
+	require.Equal(t, p, parse(asAdmit(t, value), 3, 7), "the same as admit encodes it")
+	require.Equal(t, []creditRow{
+		{Account: "acme", Unit: "tokens", Grant: grant1, Units: 1000},
+		{Account: "acme", Unit: "tokens", Grant: grant2, Units: 200},
+		{Account: "agent-1", Unit: "cost_micros", Grant: "gr_00000000000000000000000000000000", Units: 9223372036854775807},
+	}, p.usage.Credits)
+	require.Len(t, p.usage.Borrowed, 1)
+
+	for _, none := range []any{[]any{}, nil} {
+		data(ev)["credits"] = none
+		p = parse(encode(t, ev), 3, 7)
+		require.NoError(t, p.err)
+		require.Nil(t, p.usage.Credits)
+	}
+}
+
 func TestParseShortPathAndBoundaries(t *testing.T) {
 	t.Parallel()
 	ev := goodAdmitted()
@@ -248,6 +308,7 @@ func FuzzParse(f *testing.F) {
 	f.Add(encode(f, goodOutcome()))
 	f.Add(encode(f, voidedEvent(f, "e1.2.acme", "e1.2.acme", event.VoidUnavailable, time.Now())))
 	f.Add(borrowedWith(map[string]any{"account": "alice", "from": "eng", "unit": "requests", "units": 2})(f))
+	f.Add(creditsWith(map[string]any{"account": "alice", "unit": "cost_micros", "grant": grant2, "units": 2})(f))
 	for _, tc := range malformed {
 		f.Add(tc.value(f))
 	}
@@ -277,6 +338,15 @@ func FuzzParse(f *testing.F) {
 				require.Contains(t, []string{"requests", "tokens", "credits", "cost_micros"}, b.Unit)
 				require.False(t, seen[[2]string{b.Account, b.Unit}], "borrowed twice")
 				seen[[2]string{b.Account, b.Unit}] = true
+			}
+			grants := map[string]bool{}
+			for _, c := range r.Credits {
+				require.Positive(t, c.Units)
+				require.Contains(t, r.Path, c.Account)
+				require.Contains(t, []string{"requests", "tokens", "credits", "cost_micros"}, c.Unit)
+				require.Regexp(t, `^gr_[0-9a-f]{32}$`, c.Grant) // credit_grants.id's check
+				require.False(t, grants[c.Grant], "grant drawn twice")
+				grants[c.Grant] = true
 			}
 			for _, s := range append([]string{r.EventID, r.Source, r.Plan, r.Tool, r.IdempotencyKey, r.APIKeyID, r.AccountKind}, r.Path...) {
 				require.False(t, strings.ContainsRune(s, 0), "NUL in %q", s)

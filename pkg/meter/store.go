@@ -37,7 +37,7 @@ func (c *counts) add(o counts) { c.staged += o.staged; c.inserted += o.inserted 
 
 // written is what a batch wrote, per table.
 type written struct {
-	usage, borrowings, outcomes, voids, deadLetters counts
+	usage, borrowings, credits, outcomes, voids, deadLetters counts
 	// refused counts rows PostgreSQL refused for their content, written as dead letters.
 	refused int
 }
@@ -45,6 +45,7 @@ type written struct {
 func (w *written) add(o written) {
 	w.usage.add(o.usage)
 	w.borrowings.add(o.borrowings)
+	w.credits.add(o.credits)
 	w.outcomes.add(o.outcomes)
 	w.voids.add(o.voids)
 	w.deadLetters.add(o.deadLetters)
@@ -117,6 +118,10 @@ CREATE TEMP TABLE IF NOT EXISTS meter_outcomes (
 CREATE TEMP TABLE IF NOT EXISTS meter_borrowings (
     event_id text, billing_period date, charged_period date, event_time timestamptz, org text,
     account text, lender text, unit text, units bigint, kafka_partition integer, kafka_offset bigint
+) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS meter_credits (
+    event_id text, grant_id text, billing_period date, charged_period date, event_time timestamptz, org text,
+    account text, unit text, units bigint, kafka_partition integer, kafka_offset bigint
 ) ON COMMIT DELETE ROWS`
 
 var (
@@ -130,6 +135,9 @@ var (
 		"account", "lender", "unit", "units"}
 	// The staging table also has the message's position, to keep the first delivery.
 	borrowingStaging = append(slices.Clip(borrowingColumns), "kafka_partition", "kafka_offset")
+	creditColumns    = []string{"event_id", "grant_id", "billing_period", "charged_period", "event_time", "org",
+		"account", "unit", "units"}
+	creditStaging = append(slices.Clip(creditColumns), "kafka_partition", "kafka_offset")
 )
 
 // The ORDER BY makes the first delivery win within a batch, and makes concurrent meters
@@ -151,6 +159,11 @@ ON CONFLICT (event_id) DO NOTHING`
 SELECT ` + strings.Join(borrowingColumns, ", ") + ` FROM meter_borrowings
 ORDER BY event_id, account, unit, kafka_partition, kafka_offset
 ON CONFLICT (event_id, account, unit) DO NOTHING`
+	// And the same credit draws: the key keeps them once.
+	insertCredits = `INSERT INTO credit_consumptions (` + strings.Join(creditColumns, ", ") + `)
+SELECT ` + strings.Join(creditColumns, ", ") + ` FROM meter_credits
+ORDER BY event_id, grant_id, kafka_partition, kafka_offset
+ON CONFLICT (event_id, grant_id) DO NOTHING`
 )
 
 // Voids are rare (a request nobody was told the decision of): inserted from arrays, no
@@ -269,6 +282,9 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 		if w.borrowings, err = writeBorrowings(ctx, tx, usage); err != nil {
 			return written{}, err
 		}
+		if w.credits, err = writeCredits(ctx, tx, usage); err != nil {
+			return written{}, err
+		}
 	}
 	if len(outcomes) > 0 {
 		n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_outcomes"}, outcomeColumns, pgx.CopyFromSlice(len(outcomes), func(i int) ([]any, error) {
@@ -350,6 +366,32 @@ func writeBorrowings(ctx context.Context, tx pgx.Tx, usage []*item) (counts, err
 	tag, err := tx.Exec(ctx, insertBorrowings)
 	if err != nil {
 		return counts{}, fmt.Errorf("insert usage_borrowings: %w", err)
+	}
+	return counts{staged: n, inserted: tag.RowsAffected()}, nil
+}
+
+// writeCredits writes the credit draws of a batch's admissions as writeBorrowings writes
+// their borrowings: with the admissions, in the batch's transaction, the first delivery of
+// each draw kept.
+func writeCredits(ctx context.Context, tx pgx.Tx, usage []*item) (counts, error) {
+	var rows [][]any
+	for _, it := range usage {
+		r := it.usage
+		for _, c := range r.Credits {
+			rows = append(rows, []any{r.EventID, c.Grant, r.BillingPeriod, r.ChargedPeriod, r.EventTime, r.Org,
+				c.Account, c.Unit, c.Units, r.Partition, r.Offset})
+		}
+	}
+	if len(rows) == 0 {
+		return counts{}, nil
+	}
+	n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_credits"}, creditStaging, pgx.CopyFromRows(rows))
+	if err != nil {
+		return counts{}, fmt.Errorf("copy credit rows: %w", err)
+	}
+	tag, err := tx.Exec(ctx, insertCredits)
+	if err != nil {
+		return counts{}, fmt.Errorf("insert credit_consumptions: %w", err)
 	}
 	return counts{staged: n, inserted: tag.RowsAffected()}, nil
 }
