@@ -37,6 +37,10 @@ var Admit = mustScript("admit.lua")
 // (see queue_leave.lua).
 var QueueLeave = mustScript("queue_leave.lua")
 
+// CreditRestore brings a credit grant in Redis back to its ledger, never above it (see
+// credit_restore.lua).
+var CreditRestore = mustScript("credit_restore.lua")
+
 // Outcome releases a request's concurrency leases and appends its outcome event to the
 // outbox (see outcome.lua).
 var Outcome = mustScript("clock.lua", "outcome.lua")

@@ -91,6 +91,12 @@ func (k Keys) GrantTerms(org, account string, unit policy.Unit) string {
 	return k.Grants(org, account, unit) + "|terms"
 }
 
+// CreditMarker is the marker key of reconcile's credit adjustment id of org: present
+// once the adjustment changed its grant (lua/adjust.lua).
+func (k Keys) CreditMarker(org string, id int64) string {
+	return k.tag(k.Shard(org)) + "cadj:" + strconv.FormatInt(id, 10)
+}
+
 // QuotaPattern matches (SCAN MATCH) every quota counter of the period labelled label, of
 // every shard.
 func (k Keys) QuotaPattern(label string) string { return k.Prefix + "{*}:q:*:" + label }

@@ -67,6 +67,12 @@ type Summary struct {
 	EventsSkipped int `json:"events_skipped"`
 	// Plan lists the corrections of a dry run.
 	Plan []Adjustment `json:"plan,omitempty"`
+	// CreditsPlanned counts the credit corrections computed (balances given back),
+	// CreditsApplied those applied to Redis, CreditsRestored the grants brought back to
+	// their ledger (docs/credits.md).
+	CreditsPlanned  int `json:"credits_planned"`
+	CreditsApplied  int `json:"credits_applied"`
+	CreditsRestored int `json:"credits_restored"`
 	// InvariantFailures lists what the checks after a run found (empty when all hold): a
 	// correction left unapplied, one whose recorded Redis values do not differ by its
 	// amount, a counter still below its billable total.
@@ -161,6 +167,10 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	s.AdjustmentsPlanned += len(events)
 	if _, err := apply(ctx, o, &s); err != nil {
+		return s, err
+	}
+
+	if err := credits(ctx, o, &s); err != nil {
 		return s, err
 	}
 
