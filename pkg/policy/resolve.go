@@ -16,7 +16,7 @@ type node struct {
 	kind                  Kind
 	concurrency           *int
 	priority              *int
-	credits               []Unit // units of its credit grants, sorted
+	credits               []Unit      // units of its credit grants, sorted
 	limits                []unitLimit // overrides, sorted by unit
 }
 
