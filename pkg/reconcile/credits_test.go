@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -135,4 +136,41 @@ func TestCreditRestoreAfterWipe(t *testing.T) {
 	require.Equal(t, 3, restores)
 	_, _, _, _, _, balance := b.ledger(t)
 	require.Equal(t, int64(900), balance, "the restore changes Redis, not the books")
+}
+
+// A plan's recurring grant is issued to every account naming the plan once per month,
+// however many runs, usable from the month's start to its end.
+func TestPlanGrantsOncePerMonth(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1000)
+	ctx := testenv.Context(t, 30*time.Second)
+	_, err := b.pool.Exec(ctx, `insert into plan_grants (plan, unit, amount, priority) values ('pro', 'cost_micros', 5000000, 10)`)
+	require.NoError(t, err)
+	for range 2 {
+		run(t, b.opts())
+	}
+	var n int
+	var amount int64
+	var effective, expires time.Time
+	var source string
+	require.NoError(t, b.pool.QueryRow(ctx, `select count(*), max(amount), min(effective_at), max(expires_at), max(source)
+		from credit_grants where account = $1 and unit = 'cost_micros'`, org).Scan(&n, &amount, &effective, &expires, &source))
+	require.Equal(t, 1, n, "once, whatever the runs")
+	require.Equal(t, int64(5000000), amount)
+	require.Equal(t, "plan", source)
+	require.True(t, effective.Equal(b.cur), "from the month's start: %s", effective)
+	require.True(t, expires.Equal(b.cur.AddDate(0, 1, 0)), "to its end: %s", expires)
+	got, err := b.rdb.HGetAll(ctx, b.keys.Grants(org, org, policy.CostMicros)).Result()
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	for _, v := range got {
+		require.Equal(t, "5000000", v, "mirrored into Redis")
+	}
+
+	// Next month, another.
+	next := b.opts()
+	next.Clock = period.Fixed(b.cur.AddDate(0, 1, 3))
+	run(t, next)
+	require.NoError(t, b.pool.QueryRow(ctx, `select count(*) from credit_grants where account = $1 and unit = 'cost_micros'`, org).Scan(&n))
+	require.Equal(t, 2, n)
 }

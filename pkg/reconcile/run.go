@@ -73,6 +73,8 @@ type Summary struct {
 	CreditsPlanned  int `json:"credits_planned"`
 	CreditsApplied  int `json:"credits_applied"`
 	CreditsRestored int `json:"credits_restored"`
+	// PlanGrants counts the plans' recurring grants issued for the run's month.
+	PlanGrants int `json:"plan_grants"`
 	// InvariantFailures lists what the checks after a run found (empty when all hold): a
 	// correction left unapplied, one whose recorded Redis values do not differ by its
 	// amount, a counter still below its billable total.
@@ -170,6 +172,9 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		return s, err
 	}
 
+	if err := issuePlanGrants(ctx, o, &s); err != nil {
+		return s, err
+	}
 	if err := credits(ctx, o, &s); err != nil {
 		return s, err
 	}
