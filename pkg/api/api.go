@@ -99,6 +99,9 @@ type Config struct {
 	// MaxWait bounds admit's max_wait_ms, how long a request may wait for capacity
 	// (ADMIT_MAX_WAIT); 0 refuses every wait with 400 invalid_max_wait.
 	MaxWait time.Duration
+	// Credits grants, voids and reads prepaid credit balances (credit.Store); nil answers
+	// those routes 503.
+	Credits Credits
 }
 
 // Server serves the API.
@@ -137,11 +140,14 @@ var Routes = []string{
 	"POST /v1/estimate",
 	"POST /v1/outcomes",
 	"GET /v1/usage/{account}",
+	"GET /v1/balance/{account}",
 	"POST /v1/admin/accounts",
 	"PUT /v1/admin/accounts/{id}",
 	"GET /v1/admin/accounts/{id}",
 	"POST /v1/admin/api-keys",
 	"DELETE /v1/admin/api-keys/{id}",
+	"POST /v1/admin/accounts/{id}/grants",
+	"DELETE /v1/admin/accounts/{id}/grants/{grant}",
 	"GET /openapi.yaml",
 }
 
@@ -156,6 +162,12 @@ func (s *Server) routes() {
 		"GET /v1/admin/accounts/{id}":    s.admin(s.getAccount),
 		"POST /v1/admin/api-keys":        s.admin(s.createAPIKey),
 		"DELETE /v1/admin/api-keys/{id}": s.admin(s.revokeAPIKey),
+
+		// Prepaid credits (credits.go).
+		"GET /v1/balance/{account}":                     s.service(s.balance),
+		"POST /v1/admin/accounts/{id}/grants":           s.admin(s.createGrant),
+		"DELETE /v1/admin/accounts/{id}/grants/{grant}": s.admin(s.voidGrant),
+
 		"GET /openapi.yaml": func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/yaml")
 			_, _ = w.Write(openAPI)
