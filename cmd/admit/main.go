@@ -30,6 +30,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/config"
+	"github.com/metergate/metergate/pkg/credit"
 	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/outbox"
@@ -104,7 +105,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		ServiceToken: a.ServiceToken, AdminToken: a.AdminToken, Source: a.Node, Tools: a.ToolCredits,
 		RedisDownRateOnly: api.FailPolicy(a.RedisDownRateOnly), RedisDownQuota: api.FailPolicy(a.RedisDownQuota),
 		Registerer: reg, Estimate: estimate.Options{DefaultOutput: int64(a.EstimateDefaultOutput)},
-		MaxWait: a.MaxWait,
+		MaxWait: a.MaxWait, Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil),
 	})
 
 	probes := &ops.Probes{}
