@@ -1,6 +1,6 @@
 // Package api is admit's HTTP interface: the decision API for calling services
 // (POST /v1/admit, POST /v1/estimate, POST /v1/outcomes, GET /v1/usage/{account}) and the admin API for
-// accounts and API keys, described by the OpenAPI document served at /openapi.yaml.
+// accounts, API keys, and plans with their prices, described by the OpenAPI document served at /openapi.yaml.
 package api
 
 import (
@@ -22,6 +22,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/invoice"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -47,6 +48,11 @@ type Admin interface {
 	GetAccount(ctx context.Context, id string) (policy.Account, error)
 	CreateAPIKey(ctx context.Context, account string) (policy.APIKey, string, error)
 	RevokeAPIKey(ctx context.Context, id string) error
+	// Plans: limits, concurrency, rank and priority, and versioned prices (nil: none added).
+	CreatePlan(ctx context.Context, p policy.Plan, price *invoice.Plan) (policy.Plan, error)
+	UpdatePlan(ctx context.Context, p policy.Plan, price *invoice.Plan) (policy.Plan, error)
+	GetPlan(ctx context.Context, id string) (policy.Plan, error)
+	Plans(ctx context.Context) ([]policy.Plan, error)
 }
 
 // Decider takes decisions in Redis (admission.Admitter).
@@ -146,6 +152,10 @@ var Routes = []string{
 	"GET /v1/admin/accounts/{id}",
 	"POST /v1/admin/api-keys",
 	"DELETE /v1/admin/api-keys/{id}",
+	"POST /v1/admin/plans",
+	"GET /v1/admin/plans",
+	"GET /v1/admin/plans/{id}",
+	"PUT /v1/admin/plans/{id}",
 	"POST /v1/admin/accounts/{id}/grants",
 	"DELETE /v1/admin/accounts/{id}/grants/{grant}",
 	"GET /openapi.yaml",
@@ -162,6 +172,10 @@ func (s *Server) routes() {
 		"GET /v1/admin/accounts/{id}":    s.admin(s.getAccount),
 		"POST /v1/admin/api-keys":        s.admin(s.createAPIKey),
 		"DELETE /v1/admin/api-keys/{id}": s.admin(s.revokeAPIKey),
+		"POST /v1/admin/plans":           s.admin(s.createPlan),
+		"GET /v1/admin/plans":            s.admin(s.listPlans),
+		"GET /v1/admin/plans/{id}":       s.admin(s.getPlan),
+		"PUT /v1/admin/plans/{id}":       s.admin(s.updatePlan),
 
 		// Prepaid credits (credits.go).
 		"GET /v1/balance/{account}":                     s.service(s.balance),

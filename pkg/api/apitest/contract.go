@@ -77,6 +77,17 @@ var Inexpressible = []struct {
 		"as for units: 1.0 and 1e3 are integers to the document, not whole numbers to the API"},
 	{"invalid_limits", []string{"no parent to borrow from"},
 		"a ceiling is refused on an org's limits, and a PUT does not repeat the stored account's kind"},
+	{"invalid_rank", []string{"is plan"}, "which ranks other plans have is data"},
+	{"invalid_price", []string{"would be the smallest"},
+		"whether a plan would be the smallest (lowest rank) is data: the smallest plan must have a price"},
+	{"invalid_price_effective_period", []string{"is closed", "applies from the start", "needs the month"},
+		"which periods are closed and whether the plan has a price already are data"},
+	{"invalid_price_units", []string{"starts at", "ends at", "has no end", "the last tier ends"},
+		"that tiers run contiguously from included to no end compares items of an array, which OpenAPI 3.0 cannot"},
+	{"invalid_price_units", []string{"whole number"},
+		"as for units: 1.0 and 1e3 are integers to the document, not whole numbers to the API"},
+	{"invalid_price_base_fee_minor", []string{"whole number"},
+		"as for units: 1.0 and 1e3 are integers to the document, not whole numbers to the API"},
 }
 
 // Unchecked lists the paths served beside the API that the document does not describe.

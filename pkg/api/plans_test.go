@@ -1,0 +1,232 @@
+package api_test
+
+import (
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// planRank is a rank no other plan of the package schema has (they share the plans), far
+// above the seeds' so the smallest plan stays free.
+func planRank() int { return 1_000_000 + rand.IntN(1<<30) }
+
+// examplePrice is the price of docs/api.md.
+func examplePrice() map[string]any {
+	return map[string]any{"currency": "EUR", "base_fee_minor": 4900, "units": map[string]any{
+		"tokens": map[string]any{"included": 10_000_000, "tiers": []any{
+			map[string]any{"from": 10_000_000, "up_to": 100_000_000, "price_minor": 2, "per_units": 1000},
+			map[string]any{"from": 100_000_000, "price_minor": 1, "per_units": 1000},
+		}},
+	}}
+}
+
+func TestPlans(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	id, rank := b.id("gold"), planRank()
+	create := map[string]any{"id": id, "rank": rank, "concurrency": 3, "priority": 70,
+		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 50, "burst": 100, "quota": 1_000_000, "quota_period": "month"}},
+		"price":  examplePrice()}
+	r := b.call(t, "POST", "/v1/admin/plans", adminToken, create)
+	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
+	require.Equal(t, id, r.Body["id"])
+	require.EqualValues(t, rank, r.Body["rank"])
+	require.EqualValues(t, 70, r.Body["priority"])
+	require.EqualValues(t, 1, r.Body["current_price_version"])
+	prices := r.Body["prices"].([]any)
+	require.Len(t, prices, 1)
+	v1 := prices[0].(map[string]any)
+	require.EqualValues(t, 1, v1["version"])
+	require.NotContains(t, v1, "effective_period", "a first price applies from the start")
+	require.EqualValues(t, 4900, v1["base_fee_minor"])
+	tokens := v1["units"].(map[string]any)["tokens"].(map[string]any)
+	require.EqualValues(t, 10_000_000, tokens["included"])
+	require.Len(t, tokens["tiers"], 2)
+	require.NotContains(t, tokens["tiers"].([]any)[1], "up_to", "the last tier has no end")
+
+	got := b.call(t, "GET", "/v1/admin/plans/"+id, adminToken, nil)
+	require.Equal(t, http.StatusOK, got.Status, got.Raw)
+	require.Equal(t, r.Body, got.Body)
+	require.Equal(t, http.StatusConflict, b.call(t, "POST", "/v1/admin/plans", adminToken, create).Status)
+	require.Equal(t, http.StatusNotFound, b.call(t, "GET", "/v1/admin/plans/"+b.id("none"), adminToken, nil).Status)
+
+	list := b.call(t, "GET", "/v1/admin/plans", adminToken, nil)
+	require.Equal(t, http.StatusOK, list.Status, list.Raw)
+	plans := list.Body["plans"].([]any)
+	require.Equal(t, "free", plans[0].(map[string]any)["id"], "smallest first")
+	found := false
+	for i, p := range plans {
+		if i > 0 {
+			require.Greater(t, p.(map[string]any)["rank"], plans[i-1].(map[string]any)["rank"])
+		}
+		found = found || p.(map[string]any)["id"] == id
+	}
+	require.True(t, found)
+
+	// An org on the plan; a PUT changes its limits on every admit node within a second and
+	// adds a price version for a future month.
+	org := b.id("acme")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": id})
+	b.waitResolvable(t, org)
+	price := examplePrice()
+	price["base_fee_minor"], price["effective_period"] = 5900, "2099-01"
+	update := map[string]any{"rank": rank, "priority": 80,
+		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 500, "burst": 1000}}, "price": price}
+	r = b.call(t, "PUT", "/v1/admin/plans/"+id, adminToken, update)
+	require.Equal(t, http.StatusOK, r.Status, r.Raw)
+	written := time.Now()
+	prices = r.Body["prices"].([]any)
+	require.Len(t, prices, 2)
+	require.Equal(t, "2099-01", prices[1].(map[string]any)["effective_period"])
+	require.EqualValues(t, 4900, prices[0].(map[string]any)["base_fee_minor"], "version 1 is kept")
+	require.EqualValues(t, 1, r.Body["current_price_version"], "2099 is not here yet")
+	for {
+		pol, err := b.cache.Resolve(org)
+		require.NoError(t, err)
+		if pol.Path[0].Limits[policy.Requests].Burst == 1000 && pol.Priority == 80 {
+			break
+		}
+		require.Less(t, time.Since(written), time.Second, "the plan's new limits reach the cache within 1 s")
+		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+	}
+
+	// Without a price the prices stay.
+	delete(update, "price")
+	r = b.call(t, "PUT", "/v1/admin/plans/"+id, adminToken, update)
+	require.Equal(t, http.StatusOK, r.Status, r.Raw)
+	require.Len(t, r.Body["prices"], 2)
+	require.Equal(t, http.StatusNotFound, b.call(t, "PUT", "/v1/admin/plans/"+b.id("none"), adminToken, update).Status)
+	update["id"] = b.id("other")
+	r = b.call(t, "PUT", "/v1/admin/plans/"+id, adminToken, update)
+	require.Equal(t, http.StatusBadRequest, r.Status, r.Raw)
+	require.Equal(t, "invalid_id", errCode(r))
+}
+
+func errCode(r reply) string {
+	e, _ := r.Body["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+func TestPlanValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	// A closed period, for the version that would take effect in it.
+	_, err := testenv.Postgres(t).Exec(testenv.Context(t, time.Minute),
+		`INSERT INTO periods (period, closed_at, closed_by) VALUES ('2001-01-01', now(), 'api test') ON CONFLICT DO NOTHING`)
+	require.NoError(t, err)
+	existing := b.id("existing")
+	r := b.call(t, "POST", "/v1/admin/plans", adminToken, map[string]any{"id": existing, "rank": planRank(), "price": examplePrice()})
+	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
+
+	tier := func(from, upTo any, price any) map[string]any {
+		m := map[string]any{"from": from, "price_minor": price, "per_units": 1000}
+		if upTo != nil {
+			m["up_to"] = upTo
+		}
+		return m
+	}
+	withTiers := func(tiers ...any) func(p map[string]any) {
+		return func(p map[string]any) {
+			p["units"] = map[string]any{"tokens": map[string]any{"included": 100, "tiers": tiers}}
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		put   bool // on the existing plan
+		body  func(b map[string]any)
+		price func(p map[string]any)
+		raw   string // the whole body instead
+		code  string
+	}{
+		{name: "no rank", body: func(b map[string]any) { delete(b, "rank") }, code: "invalid_rank"},
+		{name: "rank taken", body: func(b map[string]any) { b["rank"] = 1 }, code: "invalid_rank"},
+		{name: "bad id", body: func(b map[string]any) { b["id"] = "a b" }, code: "invalid_id"},
+		{name: "priority", body: func(b map[string]any) { b["priority"] = 101 }, code: "invalid_priority"},
+		{name: "concurrency", body: func(b map[string]any) { b["concurrency"] = -1 }, code: "invalid_concurrency"},
+		{name: "limit", body: func(b map[string]any) {
+			b["limits"] = map[string]any{"requests": map[string]any{"rate_per_s": 5}}
+		}, code: "invalid_limits"},
+		{name: "limit unit", body: func(b map[string]any) {
+			b["limits"] = map[string]any{"gpus": map[string]any{"rate_per_s": 5, "burst": 5}}
+		}, code: "invalid_limits"},
+		{name: "unknown field", body: func(b map[string]any) { b["tier"] = "gold" }, code: "unknown_field"},
+		{name: "smallest without price", body: func(b map[string]any) { b["rank"] = -1_000_000 - rand.IntN(1<<20); delete(b, "price") },
+			code: "invalid_price"},
+		{name: "currency lowercase", price: func(p map[string]any) { p["currency"] = "eur" }, code: "invalid_price_currency"},
+		{name: "currency missing", price: func(p map[string]any) { delete(p, "currency") }, code: "invalid_price_currency"},
+		{name: "fee fraction", price: func(p map[string]any) { p["base_fee_minor"] = 4900.5 }, code: "invalid_price_base_fee_minor"},
+		{name: "fee exponent", raw: `{"id":"ID","rank":RANK,"price":{"currency":"EUR","base_fee_minor":1e3}}`, code: "invalid_price_base_fee_minor"},
+		{name: "fee quoted", price: func(p map[string]any) { p["base_fee_minor"] = "4900" }, code: "invalid_price_base_fee_minor"},
+		{name: "fee negative", price: func(p map[string]any) { p["base_fee_minor"] = -1 }, code: "invalid_price_base_fee_minor"},
+		{name: "tier gap", price: withTiers(tier(100, 200, 1), tier(300, nil, 1)), code: "invalid_price_units"},
+		{name: "tiers not from included", price: withTiers(tier(0, nil, 1)), code: "invalid_price_units"},
+		{name: "tiers descending", price: withTiers(tier(100, 50, 1), tier(50, nil, 1)), code: "invalid_price_units"},
+		{name: "last tier ends", price: withTiers(tier(100, 200, 1)), code: "invalid_price_units"},
+		{name: "tier up_to 0", price: withTiers(tier(100, 0, 1)), code: "invalid_price_units"},
+		{name: "price fraction", price: withTiers(tier(100, nil, 1.5)), code: "invalid_price_units"},
+		{name: "price negative", price: withTiers(tier(100, nil, -1)), code: "invalid_price_units"},
+		{name: "per_units zero", price: withTiers(map[string]any{"from": 100, "price_minor": 1, "per_units": 0}), code: "invalid_price_units"},
+		{name: "price unit", price: func(p map[string]any) { p["units"] = map[string]any{"gpus": map[string]any{"included": 1}} },
+			code: "invalid_price_units"},
+		{name: "period malformed", put: true, price: func(p map[string]any) { p["effective_period"] = "2026-13" },
+			code: "invalid_price_effective_period"},
+		{name: "period a day", put: true, price: func(p map[string]any) { p["effective_period"] = "2099-01-01" },
+			code: "invalid_price_effective_period"},
+		{name: "first price dated", price: func(p map[string]any) { p["effective_period"] = "2099-01" },
+			code: "invalid_price_effective_period"},
+		{name: "change undated", put: true, code: "invalid_price_effective_period"},
+		{name: "period closed", put: true, price: func(p map[string]any) { p["effective_period"] = "2001-01" },
+			code: "invalid_price_effective_period"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id, rank := b.id(strconv.Itoa(rand.IntN(1<<30))), planRank()
+			method, path := "POST", "/v1/admin/plans"
+			if tc.put {
+				id, method, path = existing, "PUT", "/v1/admin/plans/"+existing
+			}
+			var body any
+			if tc.raw != "" {
+				body = strings.NewReplacer("ID", id, "RANK", strconv.Itoa(rank)).Replace(tc.raw)
+			} else {
+				price := examplePrice()
+				if tc.price != nil {
+					tc.price(price)
+				}
+				m := map[string]any{"id": id, "rank": rank, "price": price}
+				if tc.body != nil {
+					tc.body(m)
+				}
+				body = m
+			}
+			r := b.call(t, method, path, adminToken, body)
+			require.Equal(t, http.StatusBadRequest, r.Status, r.Raw)
+			require.Equal(t, tc.code, errCode(r), r.Raw)
+		})
+	}
+}
+
+// The plan routes take the admin token: none is 401, the service token 403.
+func TestPlansNeedTheAdminToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, rt := range []struct{ method, path string }{
+		{"POST", "/v1/admin/plans"}, {"GET", "/v1/admin/plans"}, {"GET", "/v1/admin/plans/pro"}, {"PUT", "/v1/admin/plans/pro"},
+	} {
+		for token, status := range map[string]int{"": 401, "nope": 401, serviceToken: 403} {
+			r := b.call(t, rt.method, rt.path, token, map[string]any{"id": "x", "rank": planRank()})
+			require.Equal(t, status, r.Status, "%s %s with %q: %s", rt.method, rt.path, token, r.Raw)
+		}
+	}
+	r := b.call(t, "GET", "/v1/admin/plans/pro", adminToken, nil)
+	require.Equal(t, http.StatusOK, r.Status, r.Raw)
+	require.EqualValues(t, 1, r.Body["current_price_version"], "the seeded prices are version 1")
+}
