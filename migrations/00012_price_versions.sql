@@ -61,6 +61,7 @@ ALTER TABLE invoices ADD CONSTRAINT invoices_price_version_fkey
 CREATE INDEX invoices_plan_price_version_idx ON invoices (plan, price_version);
 
 COMMENT ON COLUMN invoices.price_version IS 'The version of the plan''s price (plan_prices.version) the invoice was priced with.';
+COMMENT ON COLUMN plans.priority IS 'Waiting priority of the orgs on this plan, 0-100, higher first; what an account gets when neither it nor an ancestor sets one. Written through the admin API (PUT /v1/admin/plans/{id}).';
 
 -- The rows of a price version that priced an invoice are frozen: no row of it may be
 -- added, changed or removed (a new version is the way to change a price).
@@ -290,3 +291,4 @@ ALTER TABLE plan_prices DROP COLUMN version, DROP COLUMN effective_period, DROP 
 ALTER TABLE plan_price_units ADD FOREIGN KEY (plan) REFERENCES plan_prices (plan) ON DELETE CASCADE;
 ALTER TABLE plan_price_tiers ADD FOREIGN KEY (plan, unit) REFERENCES plan_price_units (plan, unit) ON DELETE CASCADE;
 COMMENT ON TABLE plan_prices IS 'What a plan costs per billing period: its currency (ISO 4217) and base fee in minor units.';
+COMMENT ON COLUMN plans.priority IS 'Waiting priority of the orgs on this plan, 0-100, higher first; what an account gets when neither it nor an ancestor sets one. Set in SQL (no admin API for plans yet).';
