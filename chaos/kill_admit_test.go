@@ -26,26 +26,40 @@ func TestKillAdmit(t *testing.T) {
 		parent = "chaos-" + kind
 	}
 
-	requests, kills := pick(2_000, 20_000), pick(1, 5)
-	admit := s.admits[0]
-	killed := 0
-	var injectErr error
-	res := s.load(loadSpec{Requests: requests, Workers: 32, Keys: keys, Deadline: 5 * time.Minute,
-		Progress: func(done int) {
-			// Runs in a caller's goroutine, under the load's progress lock: no require here.
-			// Evenly through the load: kill, then start again at once (callers keep retrying).
-			if injectErr == nil && killed < kills && done == (killed+1)*requests/(kills+1) {
-				killed++
-				if injectErr = admit.kill(); injectErr == nil {
-					injectErr = admit.start()
-				}
-			}
-		}})
-	require.NoError(t, injectErr, "inject the kills")
-	require.Equal(t, kills, killed, "every kill happened during the load")
+	requests := pick(2_000, 20_000)
+	k := &killer{node: s.admits[0], kills: pick(1, 5), requests: requests}
+	res := s.load(loadSpec{Requests: requests, Workers: 32, Keys: keys, Deadline: 5 * time.Minute, Progress: k.progress})
+	k.require(t)
 	b := s.waitBooks(2*time.Minute, res)
 	sc.fill(b, res)
-	sc.Note = fmt.Sprintf("%d kills; final answers %v", killed, res.Status)
+	sc.Note = fmt.Sprintf("%d kills; final answers %v", k.killed, res.Status)
 	require.Equal(t, requests, res.Status[200], "every request is admitted in the end")
 	b.requireExact(t, requests)
+}
+
+// killer kills a node with SIGKILL kills times, evenly through a load of requests, and
+// starts it again at once each time (callers keep retrying): its progress is the load's
+// Progress.
+type killer struct {
+	node            *node
+	kills, requests int
+	killed          int
+	err             error
+}
+
+// progress runs in a caller's goroutine, under the load's progress lock: no require here.
+func (k *killer) progress(done int) {
+	if k.err == nil && k.killed < k.kills && done == (k.killed+1)*k.requests/(k.kills+1) {
+		k.killed++
+		if k.err = k.node.kill(); k.err == nil {
+			k.err = k.node.start()
+		}
+	}
+}
+
+// require fails unless every kill happened during the load.
+func (k *killer) require(t *testing.T) {
+	t.Helper()
+	require.NoError(t, k.err, "inject the kills")
+	require.Equal(t, k.kills, k.killed, "every kill happened during the load")
 }
