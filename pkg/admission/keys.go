@@ -91,6 +91,12 @@ func (k Keys) GrantTerms(org, account string, unit policy.Unit) string {
 	return k.Grants(org, account, unit) + "|terms"
 }
 
+// GrantVoided is the marker of grant id's void (lua/grant_void.lua), beside the grant's
+// hashes: while it is there, the grant is never put back into Redis.
+func (k Keys) GrantVoided(org, account string, unit policy.Unit, id string) string {
+	return k.Grants(org, account, unit) + "|void:" + id
+}
+
 // CreditMarker is the marker key of reconcile's credit adjustment id of org: present
 // once the adjustment changed its grant (lua/adjust.lua).
 func (k Keys) CreditMarker(org string, id int64) string {

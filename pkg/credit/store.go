@@ -41,7 +41,7 @@ func NewStore(pool *pgxpool.Pool, rdb redis.UniversalClient, keys admission.Keys
 // voidMarker is the key that remembers the void of grant id, beside the grant's hashes (one
 // Redis Cluster slot).
 func (s *Store) voidMarker(g Grant) string {
-	return s.keys.Grants(g.Org, g.Account, g.Unit) + "|void:" + g.ID
+	return s.keys.GrantVoided(g.Org, g.Account, g.Unit, g.ID)
 }
 
 const grantColumns = `id, org, account, unit, amount, effective_at, expires_at, priority, source,

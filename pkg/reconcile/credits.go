@@ -141,8 +141,9 @@ func restoreCredits(ctx context.Context, o Options, s *Summary) error {
 	}
 	for _, g := range grants {
 		terms := strconv.Itoa(g.priority) + "|" + strconv.FormatInt(g.effective, 10) + "|" + strconv.FormatInt(g.exp, 10)
-		got, err := lua.CreditRestore.Run(ctx, o.Redis, []string{o.Keys.Grants(g.org, g.account, g.unit), o.Keys.GrantTerms(g.org, g.account, g.unit)},
-			g.id, g.remaining, terms).Int64Slice()
+		keys := []string{o.Keys.Grants(g.org, g.account, g.unit), o.Keys.GrantTerms(g.org, g.account, g.unit),
+			o.Keys.GrantVoided(g.org, g.account, g.unit, g.id)}
+		got, err := lua.CreditRestore.Run(ctx, o.Redis, keys, g.id, g.remaining, terms).Int64Slice()
 		if err != nil {
 			return fmt.Errorf("restore grant %s: %w", g.id, err)
 		}

@@ -174,3 +174,18 @@ func TestPlanGrantsOncePerMonth(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `select count(*) from credit_grants where account = $1 and unit = 'cost_micros'`, org).Scan(&n))
 	require.Equal(t, 2, n)
 }
+
+// A grant voided in Redis whose void PostgreSQL has not recorded yet (the void's second
+// step failed) is not put back by the restore.
+func TestCreditRestoreHonoursAVoidInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1000)
+	g := creditGrant(1)
+	b.grant(t, g, 1000, 0)
+	ctx := testenv.Context(t, 10*time.Second)
+	require.NoError(t, b.rdb.HDel(ctx, b.keys.Grants(org, org, policy.Tokens), g).Err())
+	require.NoError(t, b.rdb.Set(ctx, b.keys.GrantVoided(org, org, policy.Tokens, g), 1000, time.Hour).Err())
+	s := run(t, b.opts())
+	require.Zero(t, s.CreditsRestored)
+	require.Empty(t, b.remaining(t))
+}
