@@ -78,6 +78,7 @@ func run(ctx context.Context, cfg Config, out io.Writer) (*Results, error) {
 		{"memory", "admit memory with a large policy cache", s.admitMemory},
 		{"redismem", "Redis memory per active account and per idempotency record", s.redisMemory},
 		{"waiters", "Redis CPU with 1,000 requests waiting for capacity", s.waiters},
+		{"credits", "Redis CPU per decision with a prepaid balance against without", s.credits},
 		{"go", "Go benchmarks: meter vs INSERT … SELECT, reconcile, the decision path", s.goBenchmarks},
 	}
 	for _, st := range steps {

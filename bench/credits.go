@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/metergate/metergate/internal/sandbox"
+	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// credits measures what drawing a prepaid balance costs Redis (issue 18: "Redis CPU per
+// decision with a balance check within 10 % of the same decision without"): the bench's
+// decision (4 levels, requests and tokens buckets, a monthly quota, the outbox event)
+// (-credits-decisions per sample) taken by 32 concurrent callers of an in-process Admitter, with and without a balance of
+// tokens at the org (one grant, never spent during the run), in interleaved samples. Redis
+// CPU is INFO cpu's delta over each sample ÷ its decisions; no relay reads the prefix, so
+// only the decisions count.
+func (s *stack) credits(ctx context.Context, res *Results) error {
+	pol, err := s.benchPolicy(ctx)
+	if err != nil {
+		return err
+	}
+	prefix := s.cfg.KeyPrefix + "-credits"
+	adm := admission.New(s.rdb, admission.Options{KeyPrefix: prefix, Shards: shards})
+	defer adm.Close()
+	defer func() { _, _ = sandbox.DeleteKeys(context.WithoutCancel(ctx), s.rdb, prefix) }()
+
+	withCredits := pol
+	withCredits.Path = append([]policy.Level(nil), pol.Path...)
+	withCredits.Path[0].Credits = []policy.Unit{policy.Tokens}
+	withCredits.Memo = new(policy.Memo)
+	pol.Memo = new(policy.Memo)
+	keys := adm.Keys()
+	grants := keys.Grants(pol.Org, pol.Org, policy.Tokens)
+	if err := s.rdb.HSet(ctx, grants, "gr_00000000000000000000000000000001", int64(1e15)).Err(); err != nil {
+		return err
+	}
+	terms := fmt.Sprintf("0|%d|0", time.Now().Add(-time.Hour).UnixMilli())
+	if err := s.rdb.HSet(ctx, keys.GrantTerms(pol.Org, pol.Org, policy.Tokens), "gr_00000000000000000000000000000001", terms).Err(); err != nil {
+		return err
+	}
+
+	sample := func(p policy.Resolved) (float64, error) {
+		cpu0, err := s.redisCPU(ctx)
+		if err != nil {
+			return 0, err
+		}
+		n := int64(s.cfg.CreditsDecisions)
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, 32)
+		for range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= n {
+					d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(p.Org), Policy: p, Units: decisionUnits, Source: "bench"})
+					if err == nil && d.Result != admission.Allow {
+						err = fmt.Errorf("decision %s", d.Result)
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			return 0, err
+		}
+		cpu1, err := s.redisCPU(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return float64((cpu1 - cpu0).Microseconds()) / float64(n), nil
+	}
+
+	var without, with, ratio []float64
+	for range s.cfg.Rounds {
+		a, err := sample(pol)
+		if err != nil {
+			return err
+		}
+		b, err := sample(withCredits)
+		if err != nil {
+			return err
+		}
+		without, with, ratio = append(without, a), append(with, b), append(ratio, b/a)
+	}
+	res.addSpread("credits_redis_cost_ratio", spreadOf(ratio), "×", "≤ 1.1",
+		fmt.Sprintf("Redis CPU per decision drawing a balance of tokens at the org (one grant) ÷ the same decision without, %d decisions of 32 callers per sample, each round's pair; with %v µs, without %v µs (medians)",
+			s.cfg.CreditsDecisions, round(spreadOf(with).Median), round(spreadOf(without).Median)))
+	return nil
+}
