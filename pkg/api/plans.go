@@ -14,12 +14,19 @@ import (
 
 // planBody is the body of POST and PUT /v1/admin/plans.
 type planBody struct {
-	ID          string                       `json:"id"`
-	Rank        *int                         `json:"rank"`
-	Limits      map[policy.Unit]policy.Limit `json:"limits"`
-	Concurrency int                          `json:"concurrency"`
-	Priority    int                          `json:"priority"`
-	Price       *priceBody                   `json:"price"`
+	ID          string                        `json:"id"`
+	Rank        *int                          `json:"rank"`
+	Limits      map[policy.Unit]policy.Limit  `json:"limits"`
+	Concurrency int                           `json:"concurrency"`
+	Priority    int                           `json:"priority"`
+	Price       *priceBody                    `json:"price"`
+	Grants      map[policy.Unit]planGrantBody `json:"grants"`
+}
+
+// planGrantBody is a plan's recurring grant of a unit, its amount read from its raw JSON.
+type planGrantBody struct {
+	Amount   json.RawMessage `json:"amount"`
+	Priority int             `json:"priority"`
 }
 
 // priceBody is a price version as written. Amounts and counts are read from their raw JSON
@@ -120,7 +127,18 @@ func (b planBody) plan(id string) (policy.Plan, *invoice.Plan, *Error) {
 	if e != nil {
 		return policy.Plan{}, nil, e
 	}
-	return policy.Plan{ID: id, Rank: *b.Rank, Limits: b.Limits, Concurrency: b.Concurrency, Priority: b.Priority}, price, nil
+	var grants map[policy.Unit]policy.PlanGrant
+	for u, g := range b.Grants {
+		amount, err := wholeNumber(g.Amount, -1)
+		if err != nil || amount == 0 {
+			return policy.Plan{}, nil, badRequest("invalid_grants", "grants.%s.amount must be a whole number of units, at least 1", u)
+		}
+		if grants == nil {
+			grants = map[policy.Unit]policy.PlanGrant{}
+		}
+		grants[u] = policy.PlanGrant{Amount: amount, Priority: g.Priority}
+	}
+	return policy.Plan{ID: id, Rank: *b.Rank, Limits: b.Limits, Concurrency: b.Concurrency, Priority: b.Priority, Grants: grants}, price, nil
 }
 
 type planReply struct {
@@ -130,6 +148,8 @@ type planReply struct {
 	Concurrency int                          `json:"concurrency"`
 	Priority    int                          `json:"priority"`
 	Prices      []priceReply                 `json:"prices"`
+	// Grants are the plan's recurring credit grants, per unit (docs/credits.md).
+	Grants map[policy.Unit]policy.PlanGrant `json:"grants,omitempty"`
 	// CurrentPriceVersion is the version that prices the current month; left out when the
 	// plan has no price.
 	CurrentPriceVersion int `json:"current_price_version,omitempty"`
@@ -157,7 +177,8 @@ type tierReply struct {
 }
 
 func (s *Server) planReply(p policy.Plan) planReply {
-	out := planReply{ID: p.ID, Rank: p.Rank, Limits: p.Limits, Concurrency: p.Concurrency, Priority: p.Priority, Prices: []priceReply{}}
+	out := planReply{ID: p.ID, Rank: p.Rank, Limits: p.Limits, Concurrency: p.Concurrency, Priority: p.Priority, Prices: []priceReply{},
+		Grants: p.Grants}
 	if out.Limits == nil {
 		out.Limits = map[policy.Unit]policy.Limit{}
 	}

@@ -230,3 +230,30 @@ func TestPlansNeedTheAdminToken(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, r.Raw)
 	require.EqualValues(t, 1, r.Body["current_price_version"], "the seeded prices are version 1")
 }
+
+// A plan's recurring credit grants go through the plans API: written with the plan, read
+// back, replaced by a PUT (left out: none), refused when malformed with nothing written.
+func TestPlanGrants(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	id, rank := b.id("prepaid"), planRank()
+	create := map[string]any{"id": id, "rank": rank, "price": examplePrice(),
+		"grants": map[string]any{"cost_micros": map[string]any{"amount": 5_000_000, "priority": 10}}}
+	r := b.call(t, "POST", "/v1/admin/plans", adminToken, create)
+	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
+	require.Equal(t, map[string]any{"cost_micros": map[string]any{"amount": 5e6, "priority": 10.0}}, r.Body["grants"])
+	got := b.call(t, "GET", "/v1/admin/plans/"+id, adminToken, nil)
+	require.Equal(t, r.Body["grants"], got.Body["grants"])
+
+	for _, bad := range []any{0, -5, 1.5, "100", 2e15} {
+		body := map[string]any{"rank": rank, "grants": map[string]any{"credits": map[string]any{"amount": bad}}}
+		r := b.call(t, "PUT", "/v1/admin/plans/"+id, adminToken, body)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%v: %s", bad, r.Raw)
+		require.Equal(t, "invalid_grants", r.Body["error"].(map[string]any)["code"], bad)
+	}
+	require.Equal(t, r.Body["grants"], b.call(t, "GET", "/v1/admin/plans/"+id, adminToken, nil).Body["grants"], "nothing written")
+
+	upd := b.call(t, "PUT", "/v1/admin/plans/"+id, adminToken, map[string]any{"rank": rank})
+	require.Equal(t, http.StatusOK, upd.Status, upd.Raw)
+	require.NotContains(t, upd.Body, "grants", "a PUT without grants leaves none")
+}

@@ -56,9 +56,19 @@ type Plan struct {
 	// Priority is the waiting priority of the plan's orgs (0-100, higher first; see
 	// Resolved.Priority).
 	Priority int `json:"priority"`
+	// Grants are the plan's recurring credit grants, per unit: every account naming the
+	// plan gets Amount units each month, expiring at its end (reconcile issues them;
+	// docs/credits.md).
+	Grants map[Unit]PlanGrant `json:"grants,omitempty"`
 	// Prices are the versions of the plan's price, oldest first (the store's reads fill
 	// them in; the cache does not: admit does not price).
 	Prices []invoice.Plan `json:"-"`
+}
+
+// PlanGrant is a plan's recurring grant of one unit.
+type PlanGrant struct {
+	Amount   int64 `json:"amount"`
+	Priority int   `json:"priority"`
 }
 
 // Account is one node of the account tree as stored: its own plan, overrides and
@@ -340,7 +350,7 @@ func (s *Store) CreatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("plan %q: %w", p.ID, ErrExists)
 		}
-		if err := writePlanRest(ctx, tx, p.ID, limits, price); err != nil {
+		if err := writePlanRest(ctx, tx, p.ID, limits, p.Grants, price); err != nil {
 			return err
 		}
 		out, err = getPlan(ctx, tx, p.ID)
@@ -385,7 +395,7 @@ func (s *Store) UpdatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 		if _, err := tx.Exec(ctx, `DELETE FROM plan_limits WHERE plan = $1`, p.ID); err != nil {
 			return fmt.Errorf("delete limits of plan %q: %w", p.ID, err)
 		}
-		if err := writePlanRest(ctx, tx, p.ID, limits, price); err != nil {
+		if err := writePlanRest(ctx, tx, p.ID, limits, p.Grants, price); err != nil {
 			return err
 		}
 		out, err = getPlan(ctx, tx, p.ID)
@@ -409,6 +419,17 @@ func checkPlanFields(p Plan) (map[Unit]Limit, error) {
 	}
 	if p.Priority < 0 || p.Priority > 100 { // as the plans_priority constraint
 		return nil, invalid("priority", "must be 0 to 100 (higher waits first)")
+	}
+	for _, u := range sortedUnits(p.Grants) {
+		g := p.Grants[u]
+		switch {
+		case !u.Valid():
+			return nil, invalid("grants", "unknown unit %q (want requests, tokens, credits or cost_micros)", u)
+		case g.Amount <= 0 || g.Amount > maxGrantAmount:
+			return nil, invalid("grants", "%s: amount must be 1 to %d", u, int64(maxGrantAmount))
+		case g.Priority < 0 || g.Priority > 100:
+			return nil, invalid("grants", "%s: priority must be 0 to 100", u)
+		}
 	}
 	out := make(map[Unit]Limit, len(p.Limits))
 	for _, u := range sortedUnits(p.Limits) {
@@ -440,7 +461,20 @@ func checkRank(ctx context.Context, tx pgx.Tx, p Plan) error {
 
 // writePlanRest writes a plan's limits and, if any, a price version, then checks that the
 // smallest plan has a price (invoices of orgs on unknown or unpriced plans use it).
-func writePlanRest(ctx context.Context, tx pgx.Tx, plan string, limits map[Unit]Limit, price *invoice.Plan) error {
+// maxGrantAmount bounds a grant's units: the admission script reads balances as doubles.
+const maxGrantAmount = 1e15
+
+func writePlanRest(ctx context.Context, tx pgx.Tx, plan string, limits map[Unit]Limit, grants map[Unit]PlanGrant, price *invoice.Plan) error {
+	if _, err := tx.Exec(ctx, `DELETE FROM plan_grants WHERE plan = $1`, plan); err != nil {
+		return fmt.Errorf("delete grants of plan %q: %w", plan, err)
+	}
+	for _, u := range sortedUnits(grants) {
+		g := grants[u]
+		if _, err := tx.Exec(ctx, `INSERT INTO plan_grants (plan, unit, amount, priority) VALUES ($1, $2, $3, $4)`,
+			plan, string(u), g.Amount, g.Priority); err != nil {
+			return fmt.Errorf("insert grant %s of plan %q: %w", u, plan, err)
+		}
+	}
 	for _, u := range sortedUnits(limits) {
 		l := limits[u]
 		_, err := tx.Exec(ctx, `
@@ -507,6 +541,27 @@ func getPlan(ctx context.Context, tx pgx.Tx, id string) (Plan, error) {
 	}
 	if p.Prices, err = invoice.PriceVersions(ctx, tx, id); err != nil {
 		return Plan{}, err
+	}
+	grows, err := tx.Query(ctx, `SELECT unit, amount, priority FROM plan_grants WHERE plan = $1`, id)
+	if err != nil {
+		return Plan{}, fmt.Errorf("read grants of plan %q: %w", id, err)
+	}
+	defer grows.Close()
+	for grows.Next() {
+		var (
+			u Unit
+			g PlanGrant
+		)
+		if err := grows.Scan(&u, &g.Amount, &g.Priority); err != nil {
+			return Plan{}, fmt.Errorf("read grants of plan %q: %w", id, err)
+		}
+		if p.Grants == nil {
+			p.Grants = map[Unit]PlanGrant{}
+		}
+		p.Grants[u] = g
+	}
+	if err := grows.Err(); err != nil {
+		return Plan{}, fmt.Errorf("read grants of plan %q: %w", id, err)
 	}
 	return p, nil
 }
@@ -654,7 +709,7 @@ func checkLimit(l Limit) error {
 	return nil
 }
 
-func sortedUnits(m map[Unit]Limit) []Unit {
+func sortedUnits[V any](m map[Unit]V) []Unit {
 	us := make([]Unit, 0, len(m))
 	for u := range m {
 		us = append(us, u)
