@@ -149,6 +149,7 @@ type lateEvent struct {
 	org     string
 	path    string
 	units   map[string]int64
+	covered map[string]int64 // of units, what the org's own credit grants covered
 }
 
 // issue writes the invoices of a period being closed.
@@ -211,6 +212,32 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 		return fmt.Errorf("read usage: %w", err)
 	}
 
+	// What the org's own credit grants covered of the same events (credits_covered).
+	covered := map[string]map[string]int64{}
+	rows, err = tx.Query(ctx, `
+		select org, unit, sum(covered)::bigint
+		from credits_covered
+		where billing_period = $1 and not late
+		group by org, unit`, period)
+	if err != nil {
+		return fmt.Errorf("read covered usage: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var org, unit string
+		var q int64
+		if err := rows.Scan(&org, &unit, &q); err != nil {
+			return fmt.Errorf("read covered usage: %w", err)
+		}
+		if covered[org] == nil {
+			covered[org] = map[string]int64{}
+		}
+		covered[org][unit] = q
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read covered usage: %w", err)
+	}
+
 	late, err := loadLate(ctx, tx, period)
 	if err != nil {
 		return err
@@ -259,7 +286,7 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 	sort.Strings(sorted)
 	for _, org := range sorted {
 		plan := plans[planOf(org)]
-		lines, err := Price(plan, org, usage[org])
+		lines, err := Price(plan, org, usage[org], covered[org])
 		if err != nil {
 			return fmt.Errorf("price org %s: %w", org, err)
 		}
@@ -271,7 +298,7 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 		}
 		// Corrections first: they bring what was billed for a period up (or down) to what is
 		// billable, and the late lines are priced at the margin after them.
-		billed := map[[2]string]int64{}
+		billed := map[[2]string]billedUnits{}
 		for _, c := range corrections {
 			if c.org != org {
 				continue
@@ -280,10 +307,8 @@ func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time) erro
 			if err != nil {
 				return fmt.Errorf("price correction of org %s: %w", org, err)
 			}
-			if l != nil {
-				lines = append(lines, *l)
-			}
-			billed[[2]string{c.period.Format(dateLayout), c.unit}] = c.billable
+			lines = append(lines, l...)
+			billed[[2]string{c.period.Format(dateLayout), c.unit}] = billedUnits{quantity: c.billable, covered: c.covered}
 		}
 		lateLines, err := priceLate(ctx, tx, versions, plan, org, mine, billed)
 		if err != nil {
@@ -344,11 +369,18 @@ func insertLines(ctx context.Context, tx pgx.Tx, id int64, lines []Line) error {
 // flagged late by the meter, or ingested after their period's close.
 func loadLate(ctx context.Context, tx pgx.Tx, period time.Time) ([]lateEvent, error) {
 	rows, err := tx.Query(ctx, `
-		select event_id, billing_period, org, account_path,
-		       billable_requests, billable_tokens, billable_credits, billable_cost_micros
-		from finance_late_events
-		where billed_on is null and billing_period < $1
-		order by billing_period, org, account_path, event_id`, period)
+		select l.event_id, l.billing_period, l.org, l.account_path,
+		       l.billable_requests, l.billable_tokens, l.billable_credits, l.billable_cost_micros,
+		       c.requests, c.tokens, c.credits, c.cost_micros
+		from finance_late_events l
+		cross join lateral (
+			select coalesce(sum(covered) filter (where unit = 'requests'), 0)::bigint as requests,
+			       coalesce(sum(covered) filter (where unit = 'tokens'), 0)::bigint as tokens,
+			       coalesce(sum(covered) filter (where unit = 'credits'), 0)::bigint as credits,
+			       coalesce(sum(covered) filter (where unit = 'cost_micros'), 0)::bigint as cost_micros
+			from credits_covered c where c.event_id = l.event_id and c.billing_period = l.billing_period) c
+		where l.billed_on is null and l.billing_period < $1
+		order by l.billing_period, l.org, l.account_path, l.event_id`, period)
 	if err != nil {
 		return nil, fmt.Errorf("read late events: %w", err)
 	}
@@ -356,13 +388,13 @@ func loadLate(ctx context.Context, tx pgx.Tx, period time.Time) ([]lateEvent, er
 	var out []lateEvent
 	for rows.Next() {
 		var e lateEvent
-		var q [4]int64
-		if err := rows.Scan(&e.eventID, &e.period, &e.org, &e.path, &q[0], &q[1], &q[2], &q[3]); err != nil {
+		var q, c [4]int64
+		if err := rows.Scan(&e.eventID, &e.period, &e.org, &e.path, &q[0], &q[1], &q[2], &q[3], &c[0], &c[1], &c[2], &c[3]); err != nil {
 			return nil, fmt.Errorf("read late events: %w", err)
 		}
-		e.units = map[string]int64{}
+		e.units, e.covered = map[string]int64{}, map[string]int64{}
 		for i, u := range units {
-			e.units[u] = q[i]
+			e.units[u], e.covered[u] = q[i], c[i]
 		}
 		out = append(out, e)
 	}
@@ -372,18 +404,28 @@ func loadLate(ctx context.Context, tx pgx.Tx, period time.Time) ([]lateEvent, er
 	return out, nil
 }
 
+// billedUnits is what was billed for a closed period and unit so far: units (usage, late
+// and adjustment lines) and, of them, the units credits covered (credits_applied lines).
+// The tiers priced quantity − covered.
+type billedUnits struct {
+	quantity, covered int64
+}
+
 // priceLate prices late events at the margin of the period they belong to: with B units
-// already billed for that period (its invoice's usage lines and earlier late lines) and L
-// late ones, they cost price(B+L) − price(B), under the plan of that period's invoice
-// and the price version it was priced with (the current plan if the org had none). One late line per period, account path and unit,
-// each the margin over the lines before it, so the lines add up to the exact margin.
-func priceLate(ctx context.Context, tx pgx.Tx, versions map[priceKey]Plan, current Plan, org string, events []lateEvent, billed map[[2]string]int64) ([]Line, error) {
+// already billed for that period (its invoice's usage lines and earlier late lines), Cb of
+// them covered by credits, and L late ones of which the org's credits covered C, they cost
+// price(B−Cb+L−C) − price(B−Cb), under the plan of that period's invoice and the price
+// version it was priced with (the current plan if the org had none). One late line per
+// period, account path and unit, each the margin over the lines before it, so the lines add
+// up to the exact margin; each followed by a credits_applied line (amount 0) of its C when
+// C > 0.
+func priceLate(ctx context.Context, tx pgx.Tx, versions map[priceKey]Plan, current Plan, org string, events []lateEvent, billed map[[2]string]billedUnits) ([]Line, error) {
 	type key struct {
 		period time.Time
 		path   string
 		unit   string
 	}
-	qty := map[key]int64{}
+	qty, cov := map[key]int64{}, map[key]int64{}
 	var keys []key
 	for _, e := range events {
 		for _, u := range units {
@@ -395,6 +437,7 @@ func priceLate(ctx context.Context, tx pgx.Tx, versions map[priceKey]Plan, curre
 				keys = append(keys, k)
 			}
 			qty[k] += e.units[u]
+			cov[k] += min(e.covered[u], e.units[u])
 		}
 	}
 	sort.Slice(keys, func(i, j int) bool {
@@ -438,27 +481,33 @@ func priceLate(ctx context.Context, tx pgx.Tx, versions map[priceKey]Plan, curre
 			continue // a unit the plan does not bill
 		}
 		if _, ok := billed[pk]; !ok {
-			var b int64
+			var b billedUnits
 			if err := tx.QueryRow(ctx, `
 				select coalesce(sum(l.quantity) filter (where i.period = $2 and l.kind = 'usage'), 0)::bigint
-				     + coalesce(sum(l.quantity) filter (where l.kind in ('late', 'adjustment') and l.for_period = $2), 0)::bigint
+				     + coalesce(sum(l.quantity) filter (where l.kind in ('late', 'adjustment') and l.for_period = $2), 0)::bigint,
+				       coalesce(sum(l.quantity) filter (where l.kind = 'credits_applied' and coalesce(l.for_period, i.period) = $2), 0)::bigint
 				from invoices i join invoice_lines l on l.invoice_id = i.id
-				where i.org = $1 and l.unit = $3`, org, k.period, k.unit).Scan(&b); err != nil {
+				where i.org = $1 and l.unit = $3`, org, k.period, k.unit).Scan(&b.quantity, &b.covered); err != nil {
 				return nil, fmt.Errorf("read billed units: %w", err)
 			}
 			billed[pk] = b
 		}
-		before, err := up.Amount(billed[pk])
+		b := billed[pk]
+		before, err := up.Amount(b.quantity - b.covered)
 		if err != nil {
 			return nil, err
 		}
-		after, err := up.Amount(billed[pk] + qty[k])
+		after, err := up.Amount(b.quantity - b.covered + qty[k] - cov[k])
 		if err != nil {
 			return nil, err
 		}
-		billed[pk] += qty[k]
+		billed[pk] = billedUnits{quantity: b.quantity + qty[k], covered: b.covered + cov[k]}
 		lines = append(lines, Line{Kind: KindLate, AccountPath: k.path, Unit: k.unit, Quantity: qty[k],
 			PerUnits: 1, AmountMinor: after - before, ForPeriod: pk[0]})
+		if cov[k] > 0 {
+			lines = append(lines, Line{Kind: KindCreditsApplied, AccountPath: k.path, Unit: k.unit, Quantity: cov[k],
+				PerUnits: 1, ForPeriod: pk[0]})
+		}
 	}
 	return lines, nil
 }
@@ -472,26 +521,30 @@ type correction struct {
 	version          int // the price version of the period's invoice
 	period           time.Time
 	billed, billable int64
+	// billedCovered is what credits_applied lines for the period said credits covered;
+	// covered is what the org's credits cover of the period's billed events now.
+	billedCovered, covered int64
 }
 
 // loadCorrections reads, for the closed periods of the correctionWindow months before
-// period, every (org, period, unit) whose billed units differ from its billable units now
+// period, every (org, period, unit) whose billed units differ from its billable units now,
+// or whose credits applied differ from what the org's credits cover now
 // (finance_period_billing).
 func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correction, error) {
 	var out []correction
 	for m := correctionWindow; m >= 1; m-- {
 		// One period per query: the equality reaches into the view's grouped subqueries.
 		rows, err := tx.Query(ctx, `
-			select org, plan, price_version, unit, billed_quantity, billable_quantity
+			select org, plan, price_version, unit, billed_quantity, billable_quantity, billed_covered, covered_quantity
 			from finance_period_billing
-			where period = $1 and billed_quantity <> billable_quantity
+			where period = $1 and (billed_quantity <> billable_quantity or billed_covered <> covered_quantity)
 			order by org, unit`, period.AddDate(0, -m, 0))
 		if err != nil {
 			return nil, fmt.Errorf("read corrections: %w", err)
 		}
 		for rows.Next() {
 			c := correction{period: period.AddDate(0, -m, 0)}
-			if err := rows.Scan(&c.org, &c.plan, &c.version, &c.unit, &c.billed, &c.billable); err != nil {
+			if err := rows.Scan(&c.org, &c.plan, &c.version, &c.unit, &c.billed, &c.billable, &c.billedCovered, &c.covered); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("read corrections: %w", err)
 			}
@@ -505,9 +558,11 @@ func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correc
 }
 
 // priceCorrection prices the change from billed to billable units of a closed period at its
-// margin, under that period's invoice's plan and price version: price(billable) − price(billed), negative for
-// a refund. nil when the plan does not bill the unit.
-func priceCorrection(versions map[priceKey]Plan, current Plan, c correction) (*Line, error) {
+// margin, under that period's invoice's plan and price version: price(billable − covered) −
+// price(billed − billed covered), negative for a refund, as an adjustment line (left out
+// when both its quantity and amount are 0), then a credits_applied line (amount 0) of the
+// change in covered units when there is one. nil when the plan does not bill the unit.
+func priceCorrection(versions map[priceKey]Plan, current Plan, c correction) ([]Line, error) {
 	plan, ok := versions[priceKey{c.plan, c.version}]
 	if !ok {
 		return nil, fmt.Errorf("price version %d of plan %s of the %s invoice is gone", c.version, c.plan, period.MonthLabel(c.period))
@@ -519,16 +574,24 @@ func priceCorrection(versions map[priceKey]Plan, current Plan, c correction) (*L
 		if up.Unit != c.unit {
 			continue
 		}
-		before, err := up.Amount(c.billed)
+		before, err := up.Amount(c.billed - c.billedCovered)
 		if err != nil {
 			return nil, err
 		}
-		after, err := up.Amount(c.billable)
+		after, err := up.Amount(c.billable - c.covered)
 		if err != nil {
 			return nil, err
 		}
-		return &Line{Kind: KindAdjustment, AccountPath: c.org, Unit: c.unit, Quantity: c.billable - c.billed,
-			PerUnits: 1, AmountMinor: after - before, ForPeriod: c.period.Format(dateLayout)}, nil
+		var lines []Line
+		if c.billable != c.billed || after != before {
+			lines = append(lines, Line{Kind: KindAdjustment, AccountPath: c.org, Unit: c.unit, Quantity: c.billable - c.billed,
+				PerUnits: 1, AmountMinor: after - before, ForPeriod: c.period.Format(dateLayout)})
+		}
+		if c.covered != c.billedCovered {
+			lines = append(lines, Line{Kind: KindCreditsApplied, AccountPath: c.org, Unit: c.unit, Quantity: c.covered - c.billedCovered,
+				PerUnits: 1, ForPeriod: c.period.Format(dateLayout)})
+		}
+		return lines, nil
 	}
 	return nil, nil
 }

@@ -20,6 +20,9 @@ const (
 	KindOverageTier = "overage_tier"
 	KindAdjustment  = "adjustment"
 	KindLate        = "late"
+	// KindCreditsApplied is the units of a unit that the org's own prepaid credit grants
+	// covered (amount 0: the credits were paid when bought); the tiers price the rest.
+	KindCreditsApplied = "credits_applied"
 )
 
 // ErrOverflow is returned when an amount does not fit in an int64 of minor units.
@@ -172,11 +175,12 @@ type Usage struct {
 }
 
 // Price builds an org's invoice lines for a period: the base fee, one usage line per
-// account path and billed unit (amount 0: the breakdown), then per billed unit the included
-// line and the overage tier lines of the org's total. Units the plan does not bill are left
-// out. The order is deterministic: base fee, then units in the plan's order, usage lines by
-// path.
-func Price(plan Plan, org string, usage []Usage) ([]Line, error) {
+// account path and billed unit (amount 0: the breakdown), then per billed unit a
+// credits_applied line when covered (unit → units the org's prepaid credits covered; nil:
+// none) has units of it, and the included line and the overage tier lines of the org's
+// total less the covered units (never below 0). Units the plan does not bill are left out.
+// The order is deterministic: base fee, then units in the plan's order, usage lines by path.
+func Price(plan Plan, org string, usage []Usage, covered map[string]int64) ([]Line, error) {
 	lines := []Line{{Kind: KindBaseFee, AccountPath: org, Quantity: 1, UnitPriceMinor: plan.BaseFeeMinor, PerUnits: 1, AmountMinor: plan.BaseFeeMinor}}
 	for _, up := range plan.Units {
 		var rows []Usage
@@ -194,6 +198,14 @@ func Price(plan Plan, org string, usage []Usage) ([]Line, error) {
 		sort.Slice(rows, func(i, j int) bool { return rows[i].AccountPath < rows[j].AccountPath })
 		for _, r := range rows {
 			lines = append(lines, Line{Kind: KindUsage, AccountPath: r.AccountPath, Unit: r.Unit, Quantity: r.Quantity, PerUnits: 1})
+		}
+		c := covered[up.Unit]
+		if c < 0 {
+			return nil, fmt.Errorf("unit %s: negative covered units %d", up.Unit, c)
+		}
+		if c = min(c, total); c > 0 {
+			lines = append(lines, Line{Kind: KindCreditsApplied, AccountPath: org, Unit: up.Unit, Quantity: c, PerUnits: 1})
+			total -= c
 		}
 		priced, err := up.Lines(org, total)
 		if err != nil {

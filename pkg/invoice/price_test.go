@@ -49,7 +49,7 @@ func (f fixture) usage() []invoice.Usage {
 func TestProOverageMatchesHandComputedFixture(t *testing.T) {
 	t.Parallel()
 	f := loadFixture(t)
-	lines, err := invoice.Price(f.Plan, f.Org, f.usage())
+	lines, err := invoice.Price(f.Plan, f.Org, f.usage(), nil)
 	require.NoError(t, err)
 	require.Equal(t, f.Lines, lines)
 	total, err := invoice.Sum(lines)
