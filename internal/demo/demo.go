@@ -1,9 +1,9 @@
 // Package demo is `make demo`: a guided run of the whole pipeline on the local stack. It
 // starts admit and meter (the binaries of bin/) on a database, a Redis key prefix and a
-// Kafka topic of their own, creates the seeds' account tree plus a free and an enterprise
-// org through admit's admin API, drives synthetic traffic through pkg/client, waits until
-// every admitted event is a row in PostgreSQL, runs reconcile and a period close, and prints
-// a report. See docs/demo.md.
+// Kafka topic of their own, creates a price plan, the seeds' account tree, a free, an
+// enterprise and a prepaid org (and its credit grants) through admit's admin API, drives
+// synthetic traffic through pkg/client, waits until every admitted event is a row in
+// PostgreSQL, runs reconcile and a period close, and prints a report. See docs/demo.md.
 package demo
 
 import (
@@ -197,10 +197,6 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		return r, err
 	}
 	defer pool.Close()
-	done = step("add the price plan %q: %s", teamPlan, teamPlanSummary)
-	if err := done(addTeamPlan(ctx, pool)); err != nil {
-		return r, err
-	}
 
 	admitAddr, err := sandbox.FreeAddr()
 	if err != nil {
@@ -219,14 +215,30 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	}
 
 	httpClient := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
+	admin := sandbox.Admin{Base: admitP.URL(), Token: adminToken, HTTP: httpClient}
+	done = step("add the price plan %q (POST /v1/admin/plans): %s", teamPlan, teamPlanSummary)
+	if err := done(addTeamPlan(ctx, admin)); err != nil {
+		return r, err
+	}
 	tree := accounts(cfg.Duration)
 	done = step("create %d accounts and their API keys (POST /v1/admin/accounts, /v1/admin/api-keys)", len(tree))
-	admin := sandbox.Admin{Base: admitP.URL(), Token: adminToken, HTTP: httpClient}
 	keys, err := setup(ctx, admin, tree)
 	if err := done(err); err != nil {
 		return r, err
 	}
 	printTree(out, tree)
+	r.Credits = Credits{Account: prepaidOrg, Unit: prepaidUnit, Expect: true}
+	firstGrant, topUp := prepaidGrants(cfg.Duration)
+	done = step("grant %s %s %s (POST /v1/admin/accounts/%s/grants, idempotency key %s), then retry it",
+		prepaidOrg, num(firstGrant), prepaidUnit, prepaidOrg, grantKey)
+	if err := done(grantPrepaid(ctx, admin, &r.Credits, firstGrant)); err != nil {
+		return r, err
+	}
+	fmt.Fprintf(out, "  grant %s: 201; the retry: 200, grant %s\n", r.Credits.Grants[0].ID, r.Credits.RetryID)
+	done = step("wait until admit's policy cache holds the accounts and the grant")
+	if err := done(waitLoaded(ctx, admin, tree)); err != nil {
+		return r, err
+	}
 	if err := printReserved(ctx, out, admin, tree); err != nil {
 		return r, fmt.Errorf("effective policy: %w", err)
 	}
@@ -236,7 +248,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	st := newStats()
 	begin := time.Now()
 	t := &traffic{c: &client.Client{BaseURL: admitP.URL(), Token: serviceToken, HTTP: httpClient, Log: discard},
-		keys: keys, st: st, end: begin.Add(cfg.Duration), seed: cfg.Seed}
+		keys: keys, st: st, begin: begin, end: begin.Add(cfg.Duration), seed: cfg.Seed,
+		topUp: func(ctx context.Context) (GrantMade, error) {
+			g, err := grant(ctx, admin, prepaidOrg, prepaidUnit, topUp, topUpKey, http.StatusCreated)
+			return GrantMade{ID: g.ID, Amount: g.Amount, Key: g.IdempotencyKey}, err
+		}}
 	stop := make(chan struct{})
 	printed := make(chan struct{})
 	go func() { progress(out, st, begin, cfg.Duration, stop); close(printed) }()
@@ -318,6 +334,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	_, err = sandbox.RunTool(ctx, cfg.BinDir, cfg.LogDir, "reconcile", env, "verify")
 	r.Verified = err == nil
 	if err := done(err); err != nil {
+		problem(err)
+	}
+	done = step("read %s's credits: finance_credit_balances, and GET /v1/balance/%s", prepaidOrg, prepaidOrg)
+	svc := sandbox.Admin{Base: admitP.URL(), Token: serviceToken, HTTP: httpClient}
+	if err := done(readCredits(ctx, pool, svc, &r.Credits)); err != nil {
 		problem(err)
 	}
 

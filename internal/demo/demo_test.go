@@ -21,7 +21,9 @@ func TestMain(m *testing.M) {
 // topic of this test: every admitted event is recorded once, the hierarchy shows in the
 // refusals (429 at the agent level, the free org's quota spent: 402), a team borrows past
 // its guarantee while its sibling keeps its own, requests wait for capacity, reconcile
-// refunds 5xx and settles tokens, the close issues one invoice per org, verify passes.
+// refunds 5xx and settles tokens, the close issues one invoice per org, verify passes; the
+// prepaid org runs out of balance (402), is topped up and passes again, and its ledger ties
+// out with Redis's balance after reconcile's refunds.
 func TestDemo(t *testing.T) {
 	name := testenv.Name(t)
 	ctx := testenv.Context(t, 3*time.Minute)
@@ -42,8 +44,11 @@ func TestDemo(t *testing.T) {
 	begin := time.Now()
 	r, err := Run(ctx, cfg, &out)
 	t.Logf("demo in %s:\n%s", time.Since(begin).Round(time.Millisecond), out.String())
-	if err != nil {
-		t.Fatalf("demo failed: %v", err)
+	if err != nil { // the report's checks below say more when it was printed
+		t.Errorf("demo failed: %v", err)
+		if r == nil || !r.Printed {
+			t.FailNow()
+		}
 	}
 
 	if r.Admitted == 0 || r.Admitted != r.Rows || r.Missing+r.Unexpected+r.Duplicates != 0 {
@@ -103,8 +108,8 @@ func TestDemo(t *testing.T) {
 			t.Errorf("acme's invoice has no priced usage past the team plan's included units: %+v", inv.Lines)
 		}
 	}
-	if len(orgs) != 3 || orgs["acme"] != 1 || orgs["tinyco"] != 1 || orgs["bigcorp"] != 1 {
-		t.Errorf("invoices by org: %v, want one each for acme, tinyco and bigcorp", orgs)
+	if len(orgs) != 4 || orgs["acme"] != 1 || orgs["tinyco"] != 1 || orgs["bigcorp"] != 1 || orgs[prepaidOrg] != 1 {
+		t.Errorf("invoices by org: %v, want one each for acme, tinyco, bigcorp and %s", orgs, prepaidOrg)
 	}
 	if !r.Verified {
 		t.Error("reconcile verify did not pass")
@@ -147,7 +152,33 @@ func TestDemo(t *testing.T) {
 	if len(r.Waits) != 2 || sent == 0 || waited == 0 || admittedAfter == 0 {
 		t.Errorf("waiting requests: %+v; want oncall's and batch's, some admitted after waiting", r.Waits)
 	}
-	for _, want := range []string{"OK: ", "Refusals by blocking level", "refund_5xx", "settle_tokens", "EUR 19.00",
+	// Prepaid credits: the balance ran out (402 insufficient_balance at the org), the top-up
+	// came after and let calls pass again, reconcile refunded the 5xx draws, and the ledger
+	// ties out and equals Redis's balance.
+	c := r.Credits
+	if c.Refused == 0 || count(402, "org", prepaidOrg) != c.Refused || r.Insufficient != c.Refused {
+		t.Errorf("prepaid 402s: caller %d, blocked_by %d, insufficient_balance %d; want equal and > 0",
+			c.Refused, count(402, "org", prepaidOrg), r.Insufficient)
+	}
+	if len(c.Grants) != 2 || c.Grants[1].At <= c.FirstRefusal || c.AdmittedAfterTopUp == 0 {
+		t.Errorf("top-up: grants %+v, first 402 at %s, admitted after the top-up %d; want a top-up after the first 402 and calls passing after it",
+			c.Grants, c.FirstRefusal, c.AdmittedAfterTopUp)
+	}
+	if len(c.Grants) == 0 || c.RetryID != c.Grants[0].ID {
+		t.Errorf("the retried grant was answered %q, the first grant is %+v", c.RetryID, c.Grants)
+	}
+	l := c.Ledger
+	if !c.Read || !l.TiesOut() || l.Balance != c.Redis || l.Consumed != c.Charged || l.Consumed == 0 {
+		t.Errorf("prepaid ledger %+v (read %v), Redis balance %d, charged %d: want it to tie out, equal Redis and the charges", l, c.Read, c.Redis, c.Charged)
+	}
+	if c.FiveXX == 0 || c.Refunds == 0 || c.Refunds > c.FiveXX || l.Refunded <= 0 || l.Refunded != c.RefundedUnits {
+		t.Errorf("credit refunds: %d rows of %d units for %d 5xx, ledger refunded %d; want > 0", c.Refunds, c.RefundedUnits, c.FiveXX, l.Refunded)
+	}
+	if first, topUp := prepaidGrants(cfg.Duration); l.Granted != first+topUp {
+		t.Errorf("granted %d in the ledger, want %d and a top-up of %d: grants %+v", l.Granted, first, topUp, c.Grants)
+	}
+	for _, want := range []string{"OK: ", "Refusals by blocking level", "Prepaid credits", "402 insufficient_balance",
+		"the same grant, nothing granted again", "(top-up)", "agrees with the ledger", "(ties out)", "refund_5xx", "settle_tokens", "EUR 19.00",
 		"overage_tier", "EUR 990.00", "Borrowing", "units borrowed", "Waiting", "out of time",
 		"acme reserves tokens 20,000/s burst 80,000"} {
 		if !strings.Contains(out.String(), want) {
@@ -158,7 +189,7 @@ func TestDemo(t *testing.T) {
 
 // The verdict fails when the books do not add up.
 func TestCheck(t *testing.T) {
-	good := Report{Admitted: 10, Rows: 10, OutcomesReported: 4, OutcomesMetered: 4}
+	good := Report{Admitted: 10, Rows: 10, OutcomesReported: 4, OutcomesMetered: 4, Credits: credits(nil)}
 	if err := good.Check(); err != nil {
 		t.Fatalf("good books: %v", err)
 	}
@@ -171,6 +202,13 @@ func TestCheck(t *testing.T) {
 		"a step failed":    {Admitted: 1, Rows: 1, Problems: []string{"bin/reconcile verify: exit 1"}},
 		"view ≠ table":     {Admitted: 1, Rows: 1, BorrowedUnits: 10, BorrowedView: 9},
 		"nothing borrowed": {Admitted: 1, Rows: 1, ExpectBorrowing: true},
+		"credit ledger":    {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.Ledger.Refunded++ })},
+		"Redis ≠ ledger":   {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.Redis-- })},
+		"no 402":           {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.Refused = 0 })},
+		"no top-up":        {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.Grants = c.Grants[:1] })},
+		"none passed":      {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.AdmittedAfterTopUp = 0 })},
+		"retry regranted":  {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.RetryID = "gr_other" })},
+		"charged≠consumed": {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.Charged++ })},
 	} {
 		if err := r.Check(); err == nil {
 			t.Errorf("%s: Check passed", name)
@@ -182,6 +220,18 @@ func TestCheck(t *testing.T) {
 	if !strings.Contains(out.String(), "FAIL: admitted 10 ≠ recorded 9") {
 		t.Errorf("report of bad books:\n%s", out.String())
 	}
+}
+
+// credits returns a prepaid org's books that add up, changed by change.
+func credits(change func(*Credits)) Credits {
+	c := Credits{Account: prepaidOrg, Unit: prepaidUnit, Expect: true, Read: true,
+		Grants:  []GrantMade{{ID: "gr_1", Amount: 100}, {ID: "gr_2", Amount: 300, At: time.Second}},
+		RetryID: "gr_1", Sent: 50, Admitted: 40, Refused: 10, AdmittedAfterTopUp: 20, FiveXX: 3, Charged: 350,
+		Ledger: CreditLedger{Granted: 400, Consumed: 350, Refunded: 30, Balance: 80}, Refunds: 3, RefundedUnits: 30, Redis: 80}
+	if change != nil {
+		change(&c)
+	}
+	return c
 }
 
 func TestMoney(t *testing.T) {

@@ -25,6 +25,9 @@ type Report struct {
 	Requests  int
 	Decisions map[int]int
 	Replays   int
+	// Insufficient: the 402s of a spent balance (insufficient_balance), of Decisions[402];
+	// the others are quotas (quota_exceeded).
+	Insufficient int
 	// Estimated: 200s charged the tokens admit estimated from the model request.
 	Estimated int
 	Errors    map[string]int
@@ -52,6 +55,9 @@ type Report struct {
 
 	// Waits: the requests sent with max_wait_ms, by account.
 	Waits []Wait
+
+	// Credits: the prepaid org's grants, calls and books.
+	Credits Credits
 
 	// Reconcile is reconcile's summary; Adjustments the adjustments table grouped.
 	Reconcile   Summary
@@ -107,6 +113,95 @@ type Wait struct {
 // Waited is how many of the requests waited.
 func (w Wait) Waited() int { return w.AdmittedAfterWait + w.OutOfTime }
 
+// Credits is what the prepaid org (prepaidOrg) was granted, what its calls saw, and its
+// balance in the ledger and in Redis after the drain and reconcile.
+type Credits struct {
+	Account, Unit string
+	// Expect: the scenario has a prepaid org, so its books are checked.
+	Expect bool
+	// Grants made: the first (sent twice: RetryID is the grant the retry was answered
+	// with), then the top-up (At: since the traffic began).
+	Grants  []GrantMade
+	RetryID string
+	// Its calls: sent, admitted (Charged: their units), refused 402 insufficient_balance
+	// (the first FirstRefusal after the traffic began), admitted after the top-up, and
+	// admitted ones that ended in a 5xx.
+	Sent, Admitted, Refused, AdmittedAfterTopUp, FiveXX int
+	RefusedAfterTopUp                                   int // 402s once the top-up was spent too
+	Charged                                             int64
+	FirstRefusal                                        time.Duration
+	TopUpErr                                            string
+	// Ledger is finance_credit_balances' row; Refunds the refund rows of credit_adjustments
+	// (RefundedUnits their units, RefundsNotApplied not yet applied to Redis).
+	Ledger            CreditLedger
+	Refunds           int
+	RefundedUnits     int64
+	RefundsNotApplied int
+	Redis             int64 // GET /v1/balance/{account}: what Redis holds
+	Read              bool  // Ledger, Refunds and Redis were read
+}
+
+// GrantMade is a grant the demo made through the admin API.
+type GrantMade struct {
+	ID     string
+	Amount int64
+	Key    string        // idempotency key
+	At     time.Duration // since the traffic began (0: before it)
+}
+
+// CreditLedger is a row of finance_credit_balances.
+type CreditLedger struct {
+	Granted, Consumed, Refunded, Voided, Expired, Balance int64
+}
+
+// TiesOut reports whether balance = granted - consumed + refunded - voided - expired.
+func (l CreditLedger) TiesOut() bool {
+	return l.Balance == l.Granted-l.Consumed+l.Refunded-l.Voided-l.Expired
+}
+
+// check returns what is wrong with the prepaid org's books and run.
+func (c Credits) check() []error {
+	if !c.Expect || !c.Read { // not read: a problem of the report already
+		return nil
+	}
+	var errs []error
+	l := c.Ledger
+	if !l.TiesOut() {
+		errs = append(errs, fmt.Errorf("%s %s: ledger balance %d ≠ granted %d - consumed %d + refunded %d - voided %d - expired %d",
+			c.Account, c.Unit, l.Balance, l.Granted, l.Consumed, l.Refunded, l.Voided, l.Expired))
+	}
+	if c.Redis != l.Balance {
+		errs = append(errs, fmt.Errorf("%s %s: balance in Redis %d ≠ ledger %d", c.Account, c.Unit, c.Redis, l.Balance))
+	}
+	if c.Charged != l.Consumed {
+		errs = append(errs, fmt.Errorf("%s %s: the callers were admitted %d, the ledger consumed %d", c.Account, c.Unit, c.Charged, l.Consumed))
+	}
+	var granted int64
+	for _, g := range c.Grants {
+		granted += g.Amount
+	}
+	if granted != l.Granted {
+		errs = append(errs, fmt.Errorf("%s %s: granted %d through the API, %d in the ledger", c.Account, c.Unit, granted, l.Granted))
+	}
+	if len(c.Grants) == 0 || c.RetryID != c.Grants[0].ID {
+		errs = append(errs, fmt.Errorf("%s: the retried grant was answered %q, not the first grant", c.Account, c.RetryID))
+	}
+	if c.RefundsNotApplied > 0 {
+		errs = append(errs, fmt.Errorf("%s: %d credit refunds not applied to Redis", c.Account, c.RefundsNotApplied))
+	}
+	switch {
+	case c.Refused == 0:
+		errs = append(errs, fmt.Errorf("%s never ran out of balance (no 402 insufficient_balance)", c.Account))
+	case c.TopUpErr != "":
+		errs = append(errs, fmt.Errorf("%s: top-up: %s", c.Account, c.TopUpErr))
+	case len(c.Grants) < 2:
+		errs = append(errs, fmt.Errorf("%s was not topped up during the traffic", c.Account))
+	case c.AdmittedAfterTopUp == 0:
+		errs = append(errs, fmt.Errorf("%s: no call passed after the top-up", c.Account))
+	}
+	return errs
+}
+
 // Borrowing is a row of finance_borrowing: what account borrowed of lender's spare.
 type Borrowing struct {
 	Account, Lender, Unit, Period string
@@ -133,6 +228,7 @@ func (r *Report) Check() error {
 	if r.ExpectBorrowing && r.BorrowedUnits <= 0 {
 		errs = append(errs, errors.New("nothing borrowed: the traffic should have gone past a guarantee"))
 	}
+	errs = append(errs, r.Credits.check()...)
 	for _, p := range r.Problems {
 		errs = append(errs, errors.New(p))
 	}
@@ -156,6 +252,10 @@ func (r *Report) Print(w io.Writer) {
 	sort.Ints(statuses[3:])
 	names := map[int]string{200: "allow", 429: "rate_limited", 402: "quota_exceeded"}
 	for _, s := range statuses {
+		n := r.Decisions[s]
+		if s == 402 {
+			n -= r.Insufficient
+		}
 		var notes []string
 		if s == 200 && r.Replays > 0 {
 			notes = append(notes, fmt.Sprintf("%d of them replays of an idempotency key: same event id, charged once", r.Replays))
@@ -167,7 +267,10 @@ func (r *Report) Print(w io.Writer) {
 		if len(notes) > 0 {
 			note = "   (" + strings.Join(notes, "; ") + ")"
 		}
-		fmt.Fprintf(w, "  %-24s %8s%s\n", fmt.Sprintf("%d %s", s, names[s]), num(int64(r.Decisions[s])), note)
+		fmt.Fprintf(w, "  %-24s %8s%s\n", fmt.Sprintf("%d %s", s, names[s]), num(int64(n)), note)
+		if s == 402 && r.Insufficient > 0 {
+			fmt.Fprintf(w, "  %-24s %8s\n", "402 insufficient_balance", num(int64(r.Insufficient)))
+		}
 	}
 	errKeys := make([]string, 0, len(r.Errors))
 	for k := range r.Errors {
@@ -200,6 +303,7 @@ func (r *Report) Print(w io.Writer) {
 
 	r.printBorrowing(w)
 	r.printWaiting(w)
+	r.printCredits(w)
 
 	s := r.Reconcile
 	kinds := make([]string, 0, len(s.ByKind))
@@ -285,6 +389,58 @@ func (r *Report) printWaiting(w io.Writer) {
 	}
 }
 
+// printCredits writes the prepaid org's grants, calls and books.
+func (r *Report) printCredits(w io.Writer) {
+	c := r.Credits
+	if !c.Expect {
+		return
+	}
+	fmt.Fprintf(w, "\nPrepaid credits (%s, %s: grants through the admin API; finance_credit_balances; GET /v1/balance/%s)\n", c.Account, c.Unit, c.Account)
+	for i, g := range c.Grants {
+		when := "before the traffic"
+		if g.At > 0 {
+			when = fmt.Sprintf("at %s of the traffic (top-up)", g.At.Round(100*time.Millisecond))
+		}
+		fmt.Fprintf(w, "  grant %s  %12s  key %s  %s\n", g.ID, num(g.Amount), g.Key, when)
+		if i == 0 {
+			same := "the same grant, nothing granted again"
+			if c.RetryID != g.ID {
+				same = "ANOTHER grant: " + c.RetryID
+			}
+			fmt.Fprintf(w, "    retried with the same idempotency key: 200, %s\n", same)
+		}
+	}
+	if c.TopUpErr != "" {
+		fmt.Fprintf(w, "  top-up FAILED: %s\n", c.TopUpErr)
+	}
+	first := "never"
+	if c.Refused > 0 {
+		first = fmt.Sprintf("first at %s, %d after the top-up", c.FirstRefusal.Round(100*time.Millisecond), c.RefusedAfterTopUp)
+	}
+	fmt.Fprintf(w, "  calls %d: admitted %d (%s %s drawn; %d after the top-up; %d ended in a 5xx), 402 insufficient_balance %d (%s)\n",
+		c.Sent, c.Admitted, num(c.Charged), c.Unit, c.AdmittedAfterTopUp, c.FiveXX, c.Refused, first)
+	if !c.Read {
+		fmt.Fprintf(w, "  (the ledger was not read)\n")
+		return
+	}
+	l := c.Ledger
+	fmt.Fprintf(w, "  %-28s %12s\n", "granted", num(l.Granted))
+	fmt.Fprintf(w, "  %-28s %12s\n", "consumed", num(-l.Consumed))
+	fmt.Fprintf(w, "  %-28s %12s   (%d refunds of 5xx draws by reconcile)\n", "refunded", signed(l.Refunded), c.Refunds)
+	fmt.Fprintf(w, "  %-28s %12s\n", "voided", num(-l.Voided))
+	fmt.Fprintf(w, "  %-28s %12s\n", "expired", num(-l.Expired))
+	ties := "ties out"
+	if !l.TiesOut() {
+		ties = fmt.Sprintf("DOES NOT tie out: the terms give %s", num(l.Granted-l.Consumed+l.Refunded-l.Voided-l.Expired))
+	}
+	fmt.Fprintf(w, "  %-28s %12s   (%s)\n", "balance (ledger)", num(l.Balance), ties)
+	agree := "agrees with the ledger"
+	if c.Redis != l.Balance {
+		agree = fmt.Sprintf("DIFFERS from the ledger by %s", signed(c.Redis-l.Balance))
+	}
+	fmt.Fprintf(w, "  %-28s %12s   (%s)\n", "balance (Redis, GET balance)", num(c.Redis), agree)
+}
+
 // printTree shows the accounts the demo created and their limits.
 func printTree(w io.Writer, tree []account) {
 	depth := map[string]int{}
@@ -309,6 +465,9 @@ func printTree(w io.Writer, tree []account) {
 		sort.Strings(units)
 		for _, u := range units {
 			what = append(what, u+" "+describe(a.Limits[u].(map[string]any)))
+		}
+		if a.note != "" {
+			what = append(what, a.note)
 		}
 		key := ""
 		if a.key {

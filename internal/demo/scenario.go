@@ -8,8 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/metergate/metergate/internal/sandbox"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -25,41 +23,52 @@ type account struct {
 	Priority    int            `json:"priority,omitempty"`
 	// key: an API key is issued for this account (the traffic uses it).
 	key bool
+	// note is shown beside the account's limits.
+	note string
 }
 
-// teamPlan is a plan the demo adds to its own database so that half a minute of traffic
+// teamPlan is a plan the demo adds through the admin API so that half a minute of traffic
 // goes past what the base fee includes and acme's invoice shows overage priced by
 // graduated tiers (the seeded plans include millions of units).
 const teamPlan = "team"
 
 const teamPlanSummary = "EUR 19.00 a month with 200 requests and 100,000 tokens included, then graduated tiers"
 
-// addTeamPlan adds teamPlan: pro's rate limits, a base fee, small included units and two
-// graduated tiers per unit. Plans are rows (there is no plan API); the demo's database is
-// its own.
-func addTeamPlan(ctx context.Context, db *pgxpool.Pool) error {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	for _, q := range []string{
-		`INSERT INTO plans (id, rank) VALUES ($1, 10)`,
-		`INSERT INTO plan_limits (plan, unit, rate_per_s, burst, quota, quota_period)
-			SELECT $1, unit, rate_per_s, burst, quota, quota_period FROM plan_limits WHERE plan = 'pro'`,
-		`INSERT INTO plan_prices (plan, currency, base_fee_minor) VALUES ($1, 'EUR', 1900)`,
-		`INSERT INTO plan_price_units (plan, unit, included_units) VALUES ($1, 'requests', 200), ($1, 'tokens', 100000)`,
-		`INSERT INTO plan_price_tiers (plan, unit, from_units, up_to_units, price_minor, per_units) VALUES
-			($1, 'requests', 200, 1000, 100, 100),      -- EUR 1.00 per 100 requests
-			($1, 'requests', 1000, NULL, 50, 100),      -- then EUR 0.50 per 100
-			($1, 'tokens', 100000, 1000000, 20, 10000), -- EUR 0.20 per 10,000 tokens
-			($1, 'tokens', 1000000, NULL, 10, 10000)    -- then EUR 0.10 per 10,000`,
-	} {
-		if _, err := tx.Exec(ctx, q, teamPlan); err != nil {
-			return err
+// teamPlanBody is teamPlan as POST /v1/admin/plans takes it: pro's rate limits (100
+// requests/s, burst 300, 5,000,000 a month), a base fee, small included units and two
+// graduated tiers per unit.
+func teamPlanBody() map[string]any {
+	tier := func(from, upTo, price, per int64) map[string]any {
+		t := map[string]any{"from": from, "price_minor": price, "per_units": per}
+		if upTo > 0 {
+			t["up_to"] = upTo
 		}
+		return t
 	}
-	return tx.Commit(ctx)
+	return map[string]any{
+		"id": teamPlan, "rank": 10,
+		"limits": map[string]any{
+			"requests": map[string]any{"rate_per_s": 100, "burst": 300, "quota": 5_000_000, "quota_period": "month"},
+		},
+		"price": map[string]any{
+			"currency": "EUR", "base_fee_minor": 1900,
+			"units": map[string]any{
+				"requests": map[string]any{"included": 200, "tiers": []any{
+					tier(200, 1000, 100, 100), // EUR 1.00 per 100 requests
+					tier(1000, 0, 50, 100),    // then EUR 0.50 per 100
+				}},
+				"tokens": map[string]any{"included": 100_000, "tiers": []any{
+					tier(100_000, 1_000_000, 20, 10_000), // EUR 0.20 per 10,000 tokens
+					tier(1_000_000, 0, 10, 10_000),       // then EUR 0.10 per 10,000
+				}},
+			},
+		},
+	}
+}
+
+// addTeamPlan creates teamPlan through admit's admin API.
+func addTeamPlan(ctx context.Context, a sandbox.Admin) error {
+	return a.Do(ctx, http.MethodPost, "/v1/admin/plans", teamPlanBody(), http.StatusCreated, nil)
 }
 
 // accounts is the demo's tree. acme (on teamPlan) is the seeds' hierarchy, each level with a limit
@@ -71,7 +80,8 @@ func addTeamPlan(ctx context.Context, db *pgxpool.Pool) error {
 // marketing has a sliding window of 20 requests per 5 s (429 at the team level), and a
 // spike from bob goes past the plan's 300-request burst (pro's rates) (429 at the org level). tinyco is a free
 // org whose monthly quota is sized to run out early in the traffic (402), and bigcorp
-// an enterprise org (no quota: counted, never refused).
+// an enterprise org (no quota: counted, never refused). prepaidco is a free org that pays
+// in advance: its calls carry cost_micros, drawn from the grants of credits.go.
 //
 // Guarantees: acme has 50,000 tokens/s (burst 400,000); engineering is guaranteed 15,000/s
 // (burst 60,000) with a ceiling of 300,000 (75,000/s), marketing 5,000/s (burst 20,000).
@@ -107,6 +117,7 @@ func accounts(d time.Duration) []account {
 			Limits: map[string]any{"requests": map[string]any{"rate_per_s": 5, "burst": 5}}},
 		{ID: "oncall", Kind: "user", Parent: "support", Priority: 90, key: true},
 		{ID: "batch", Kind: "user", Parent: "support", Priority: 10, key: true},
+		{ID: prepaidOrg, Kind: "org", Plan: "free", note: "prepaid: its calls carry " + prepaidUnit + ", drawn from its grants", key: true},
 	}
 }
 
@@ -115,8 +126,8 @@ func accounts(d time.Duration) []account {
 // a third of the way through the traffic.
 func freeQuota(d time.Duration) int64 { return 20 + int64(1.5*d.Seconds()) }
 
-// setup creates the accounts and their API keys and returns the keys by account, once
-// admit's policy cache holds them all.
+// setup creates the accounts and their API keys and returns the keys by account (waitLoaded
+// then waits for admit's policy cache).
 func setup(ctx context.Context, a sandbox.Admin, tree []account) (map[string]string, error) {
 	keys := map[string]string{}
 	for _, acc := range tree {
@@ -136,11 +147,14 @@ func setup(ctx context.Context, a sandbox.Admin, tree []account) (map[string]str
 		}
 		keys[acc.ID] = reply.APIKey
 	}
-	first := tree[0]
-	if err := a.WaitLoaded(ctx, first.ID, map[string]any{"plan": first.Plan, "limits": first.Limits}); err != nil {
-		return nil, err
-	}
 	return keys, nil
+}
+
+// waitLoaded returns once admit's policy cache holds every write made so far: the accounts,
+// and which of them have credit grants (drawn from only once the cache knows).
+func waitLoaded(ctx context.Context, a sandbox.Admin, tree []account) error {
+	first := tree[0]
+	return a.WaitLoaded(ctx, first.ID, map[string]any{"plan": first.Plan, "limits": first.Limits})
 }
 
 // guarantees lists the tree's tokens guarantees (limits with a ceiling) with the accounts

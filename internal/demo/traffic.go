@@ -48,6 +48,19 @@ type stats struct {
 	tokenRefused map[[2]string]int // sender, blocked_by.account
 	// waits: the requests sent with a MaxWait, by account.
 	waits map[string]*Wait
+	// insufficient: the 402s for a spent balance (insufficient_balance), of byStatus[402].
+	insufficient int
+	prepaid      prepaidSeen
+}
+
+// prepaidSeen is what prepaidco's caller saw.
+type prepaidSeen struct {
+	sent, admitted, refused, afterTopUp, fiveXX int
+	refusedAfterTopUp                           int
+	charged                                     int64 // units of its admitted calls
+	firstRefusal                                time.Duration
+	topUp                                       *GrantMade
+	topUpErr                                    error
 }
 
 func newStats() *stats {
@@ -67,11 +80,13 @@ func errorKey(err error) string {
 
 // traffic drives the demo's callers through pkg/client until end.
 type traffic struct {
-	c    *client.Client
-	keys map[string]string
-	st   *stats
-	end  time.Time
-	seed uint64
+	c          *client.Client
+	keys       map[string]string
+	st         *stats
+	begin, end time.Time
+	seed       uint64
+	// topUp grants prepaidco more once its balance has run out; nil: no top-up.
+	topUp func(context.Context) (GrantMade, error)
 }
 
 func (t *traffic) running(ctx context.Context) bool {
@@ -131,6 +146,9 @@ func (t *traffic) admit(ctx context.Context, account string, r client.Request) (
 			t.st.tokens[account] += r.Units["tokens"]
 		}
 	case d.BlockedBy != nil:
+		if d.Decision == "insufficient_balance" {
+			t.st.insufficient++
+		}
 		t.st.blocked[Blocked{Status: d.Status, Level: d.BlockedBy.Level, Account: d.BlockedBy.Account, Unit: d.BlockedBy.Unit}]++
 		if d.BlockedBy.Unit == "tokens" {
 			t.st.tokenRefused[[2]string{account, d.BlockedBy.Account}]++
@@ -227,6 +245,7 @@ func (t *traffic) run(ctx context.Context, d time.Duration) {
 		goFn(func(rng *rand.Rand) { t.support(ctx, rng, "batch", 150*time.Millisecond) })
 	}
 	goFn(func(rng *rand.Rand) { t.tinyco(ctx, rng) })
+	goFn(func(*rand.Rand) { t.prepaid(ctx, d) })
 	goFn(func(*rand.Rand) {
 		t.sleep(ctx, d*2/5)
 		if t.running(ctx) {
@@ -388,6 +407,65 @@ func (t *traffic) tinyco(ctx context.Context, rng *rand.Rand) {
 	}
 }
 
+// prepaid is prepaidco's caller: a call of 2,000-8,000 cost_micros every 100 ms or so,
+// each drawn from its grants; one admitted call in six ends in a 5xx, whose draw reconcile
+// gives back. Once its balance has run out (402 insufficient_balance) for a tenth of the
+// run (and three calls at least), it is topped up (t.topUp), and its calls pass again.
+func (t *traffic) prepaid(ctx context.Context, d time.Duration) {
+	refusedFor := max(d/10, 300*time.Millisecond)
+	var firstRefusal time.Time
+	for n := 0; t.running(ctx); n++ {
+		cost := int64(2000 + (n*1237)%6001) // spread over 2,000-8,000, no rng: runs compare
+		dec, ok := t.admit(ctx, prepaidOrg, client.Request{Units: map[string]int64{prepaidUnit: cost}})
+		t.st.mu.Lock()
+		p := &t.st.prepaid
+		p.sent++
+		switch {
+		case ok:
+			p.admitted++
+			p.charged += cost
+			if p.topUp != nil {
+				p.afterTopUp++
+			}
+		case dec.Decision == "insufficient_balance":
+			p.refused++
+			if p.topUp != nil {
+				p.refusedAfterTopUp++
+			}
+			if firstRefusal.IsZero() {
+				firstRefusal = time.Now()
+				p.firstRefusal = firstRefusal.Sub(t.begin)
+			}
+		}
+		fiveXX := ok && p.admitted%6 == 3
+		if fiveXX {
+			p.fiveXX++
+		}
+		topUp := t.topUp != nil && p.topUp == nil && p.topUpErr == nil &&
+			p.refused >= 3 && !firstRefusal.IsZero() && time.Since(firstRefusal) >= refusedFor
+		t.st.mu.Unlock()
+		if ok {
+			status := http.StatusOK
+			if fiveXX {
+				status = http.StatusBadGateway
+			}
+			t.outcome(ctx, dec.EventID, status, nil)
+		}
+		if topUp {
+			g, err := t.topUp(ctx)
+			g.At = time.Since(t.begin)
+			t.st.mu.Lock()
+			if err != nil {
+				t.st.prepaid.topUpErr = err
+			} else {
+				t.st.prepaid.topUp = &g
+			}
+			t.st.mu.Unlock()
+		}
+		t.sleep(ctx, 100*time.Millisecond)
+	}
+}
+
 // bigcorp, an enterprise org: tool-weighted calls with tokens, some 5xx, actual tokens
 // reported.
 func (t *traffic) bigcorp(ctx context.Context, rng *rand.Rand) {
@@ -500,6 +578,16 @@ func (st *stats) snapshot(r *Report) {
 	}
 	sort.Strings(r.Periods)
 	r.OutcomesReported, r.Outcomes5xx, r.OutcomesActual = st.reported, st.fiveXX, st.actual
+	r.Insufficient = st.insufficient
+	c, p := &r.Credits, st.prepaid
+	c.Sent, c.Admitted, c.Refused, c.AdmittedAfterTopUp, c.FiveXX = p.sent, p.admitted, p.refused, p.afterTopUp, p.fiveXX
+	c.Charged, c.FirstRefusal, c.RefusedAfterTopUp = p.charged, p.firstRefusal, p.refusedAfterTopUp
+	if p.topUp != nil && len(c.Grants) < 2 {
+		c.Grants = append(c.Grants, *p.topUp)
+	}
+	if p.topUpErr != nil {
+		c.TopUpErr = p.topUpErr.Error()
+	}
 	r.Waits = r.Waits[:0]
 	for _, w := range st.waits {
 		r.Waits = append(r.Waits, *w)
