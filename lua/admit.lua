@@ -177,41 +177,62 @@ local function window(key, width)
   return sum, entries
 end
 
--- draw returns the balance of the grants in gkey drawable now and, when it covers amount,
--- the draws that take it: {grant, units, grant, units, ...} in drawing order.
-local function draw(gkey, tkey, amount)
+-- The grants of a call, read once per grants hash and kept in drawing order: gc[gkey] =
+-- {n, ids, rem, prio, exp} for the grants drawable now with units left (the clock does not
+-- move during a call). Draws change rem here and add to gw[gkey][id]; the hash is written
+-- once per grant at the end of the call (HINCRBY).
+local gc, gw = {}, {}
+local function grants(gkey, tkey)
+  local g = gc[gkey]
+  if g then return g end
   local rem, terms = call('HGETALL', gkey), call('HGETALL', tkey)
   local tm = {}
   for j = 1, #terms, 2 do tm[terms[j]] = terms[j + 1] end
-  local list, n, bal = {}, 0, 0
+  local ids, rs, ps, xs, n = {}, {}, {}, {}, 0
   for j = 1, #rem, 2 do
     local id, r, t = rem[j], tonumber(rem[j + 1]), tm[rem[j]]
     if r and r > 0 and t then
       local p, e, x = match(t, '^(%d+)|(%d+)|(%d+)$')
       p, e, x = tonumber(p), tonumber(e), tonumber(x)
       if p and e <= now and (x == 0 or now < x) then
+        if x == 0 then x = math.huge end
+        -- Insertion in drawing order: priority down, then expiry, then id (a handful of
+        -- grants: no sort with a comparator closure).
+        local k = n
+        while k > 0 and (ps[k] < p or ps[k] == p and (xs[k] > x or xs[k] == x and ids[k] > id)) do
+          ids[k + 1], rs[k + 1], ps[k + 1], xs[k + 1] = ids[k], rs[k], ps[k], xs[k]
+          k = k - 1
+        end
+        ids[k + 1], rs[k + 1], ps[k + 1], xs[k + 1] = id, r, p, x
         n = n + 1
-        list[n] = {id, r, p, x == 0 and math.huge or x}
-        bal = bal + r
       end
     end
   end
+  g = {n = n, ids = ids, rem = rs}
+  gc[gkey] = g
+  return g
+end
+
+-- draw returns the balance of the grants in gkey drawable now and, when it covers amount,
+-- the draws that take it: {grant index, units, ...} in drawing order (nothing is taken
+-- yet: take does).
+local function draw(gkey, tkey, amount)
+  local g = grants(gkey, tkey)
+  local rem, bal = g.rem, 0
+  for j = 1, g.n do bal = bal + rem[j] end
   if bal < amount then return bal, false end
-  table.sort(list, function(g, h)
-    if g[3] ~= h[3] then return g[3] > h[3] end
-    if g[4] ~= h[4] then return g[4] < h[4] end
-    return g[1] < h[1]
-  end)
   local draws, dn, need = {}, 0, amount
-  for j = 1, n do
+  for j = 1, g.n do
     if need <= 0 then break end
-    local take = math.min(need, list[j][2])
-    draws[dn + 1], draws[dn + 2] = list[j][1], take
-    dn, need = dn + 2, need - take
+    local r = rem[j]
+    if r > 0 then
+      local t = r < need and r or need
+      draws[dn + 1], draws[dn + 2] = j, t
+      dn, need = dn + 2, need - t
+    end
   end
   return bal, draws
 end
-
 local out = {DECIDED, tonumber(sec), tonumber(usec)}
 
 for dn = 1, tonumber(decisions) do
@@ -499,11 +520,15 @@ for dn = 1, tonumber(decisions) do
     end
     local credits = ''
     for i = 1, n_credit do
-      local draws = gd[i]
+      local draws, g = gd[i], gc[gk[i]]
+      local w = gw[gk[i]]
+      if not w then w = {}; gw[gk[i]] = w end
       for j = 1, #draws, 2 do
-        local units = fmt('%d', draws[j + 1])
-        call('HINCRBY', gk[i], draws[j], '-' .. units)
-        credits = credits .. (credits == '' and '' or ',') .. gl[i] .. ':' .. draws[j] .. '=' .. units
+        local k, t = draws[j], draws[j + 1]
+        local id = g.ids[k]
+        g.rem[k] = g.rem[k] - t
+        w[id] = (w[id] or 0) + t
+        credits = credits .. (credits == '' and '' or ',') .. gl[i] .. ':' .. id .. '=' .. fmt('%d', t)
       end
       gb[i] = gb[i] - ga[i]
     end
@@ -598,5 +623,10 @@ for key, e in pairs(qexp) do
 end
 if idem_written then
   call('PEXPIREAT', idem_cur, fmt('%d', (idem_b + 2) * idem_w))
+end
+for gkey, w in pairs(gw) do
+  for id, t in pairs(w) do
+    call('HINCRBY', gkey, id, '-' .. fmt('%d', t))
+  end
 end
 return out
