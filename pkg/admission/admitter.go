@@ -765,7 +765,7 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 		}
 		for _, u := range lv.Credits {
 			l.credits = append(l.credits, creditArgs{level: lv, unit: u, grants: a.keys.grants(shard, lv.Account, u),
-				term: a.keys.grants(shard, lv.Account, u) + "|terms", label: lv.Account + ":" + string(u)})
+				term: a.keys.grantTerms(shard, lv.Account, u), label: lv.Account + ":" + string(u)})
 		}
 	}
 	l.buckets, l.tiered = bucketChains(pol, l.checks)

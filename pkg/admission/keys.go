@@ -88,7 +88,11 @@ func (k Keys) grants(shard int, account string, unit policy.Unit) string {
 // GrantTerms is the hash beside Grants of how each grant is drawn: field = grant id →
 // "<priority>|<effective ms>|<expires ms, 0 for never>" (ms since the epoch).
 func (k Keys) GrantTerms(org, account string, unit policy.Unit) string {
-	return k.Grants(org, account, unit) + "|terms"
+	return k.grantTerms(k.Shard(org), account, unit)
+}
+
+func (k Keys) grantTerms(shard int, account string, unit policy.Unit) string {
+	return k.grants(shard, account, unit) + "|terms"
 }
 
 // GrantVoided is the marker of grant id's void (lua/grant_void.lua), beside the grant's

@@ -17,6 +17,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/credit"
+	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -104,7 +105,7 @@ func TestGrantAPI(t *testing.T) {
 		r := b.grant(t, b.org, body)
 		require.Equal(t, http.StatusCreated, r.Status, r.Raw)
 		id, _ := r.Body["id"].(string)
-		require.True(t, credit.ValidGrantID(id), r.Raw)
+		require.True(t, event.ValidGrantID(id), r.Raw)
 		require.Equal(t, b.org, r.Body["org"])
 		require.Equal(t, b.org, r.Body["account"])
 		require.Equal(t, "credits", r.Body["unit"])

@@ -89,14 +89,17 @@ type Grant struct {
 	VoidedUnits *int64     `json:"voided_units,omitempty"`
 }
 
-// terms is the grant's field in the GrantTerms hash:
-// "<priority>|<effective ms>|<expires ms, 0 = never>".
-func (g Grant) terms() string {
-	var expires int64
-	if g.ExpiresAt != nil {
-		expires = g.ExpiresAt.UnixMilli()
+// terms is the grant's field in the GrantTerms hash.
+func (g Grant) terms() string { return Terms(g.Priority, g.EffectiveAt, g.ExpiresAt) }
+
+// Terms is a grant's field in the GrantTerms hash, as lua/admit.lua reads it:
+// "<priority>|<effective ms>|<expires ms, 0 = never>" (expires nil: never).
+func Terms(priority int, effective time.Time, expires *time.Time) string {
+	var exp int64
+	if expires != nil {
+		exp = expires.UnixMilli()
 	}
-	return strconv.Itoa(g.Priority) + "|" + strconv.FormatInt(g.EffectiveAt.UnixMilli(), 10) + "|" + strconv.FormatInt(expires, 10)
+	return strconv.Itoa(priority) + "|" + strconv.FormatInt(effective.UnixMilli(), 10) + "|" + strconv.FormatInt(exp, 10)
 }
 
 // terms of a grant as Redis holds them.
@@ -122,20 +125,6 @@ func parseTerms(s string) (terms, bool) {
 // at now (ms since the epoch).
 func (t terms) drawable(now int64) bool {
 	return t.effective <= now && (t.expires == 0 || now < t.expires)
-}
-
-// ValidGrantID reports whether id is a grant id: "gr_" and 32 lowercase hex digits.
-func ValidGrantID(id string) bool {
-	if len(id) != 35 || id[:3] != "gr_" {
-		return false
-	}
-	for i := 3; i < len(id); i++ {
-		c := id[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 func newGrantID() string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -133,7 +134,7 @@ func (s *Store) Mirror(ctx context.Context, g Grant) error {
 // Redis is written first: the units taken are what admission could still have drawn. If
 // recording them fails, a retry gets the same units from the void's marker.
 func (s *Store) Void(ctx context.Context, account, id string) (Grant, error) {
-	if !policy.ValidID(account) || !ValidGrantID(id) {
+	if !policy.ValidID(account) || !event.ValidGrantID(id) {
 		return Grant{}, fmt.Errorf("grant %q of %q: %w", id, account, ErrNotFound)
 	}
 	g, err := s.get(ctx, account, id)

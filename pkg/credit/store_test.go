@@ -16,6 +16,7 @@ import (
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/credit"
+	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -84,7 +85,7 @@ func TestGrantMirrors(t *testing.T) {
 			EffectiveAt: &eff, ExpiresAt: &exp, Priority: 7, Source: credit.Purchase, IdempotencyKey: "order-1"})
 		require.NoError(t, err)
 		require.True(t, created)
-		require.True(t, credit.ValidGrantID(g.ID), g.ID)
+		require.True(t, event.ValidGrantID(g.ID), g.ID)
 		require.Equal(t, b.org, g.Org)
 		require.Equal(t, b.team, g.Account)
 		require.True(t, eff.Equal(g.EffectiveAt))

@@ -4,11 +4,12 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/metergate/metergate/lua"
+	"github.com/metergate/metergate/pkg/credit"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -129,18 +130,19 @@ func restoreCredits(ctx context.Context, o Options, s *Summary) error {
 		unit             policy.Unit
 		remaining        int64
 		priority         int
-		effective, exp   int64
+		effective        time.Time
+		expires          *time.Time
 	}
 	grants, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (grant, error) {
 		var g grant
-		err := r.Scan(&g.id, &g.org, &g.account, &g.unit, &g.remaining, &g.priority, &g.effective, &g.exp)
+		err := r.Scan(&g.id, &g.org, &g.account, &g.unit, &g.remaining, &g.priority, &g.effective, &g.expires)
 		return g, err
 	})
 	if err != nil {
 		return fmt.Errorf("read credit ledger: %w", err)
 	}
 	for _, g := range grants {
-		terms := strconv.Itoa(g.priority) + "|" + strconv.FormatInt(g.effective, 10) + "|" + strconv.FormatInt(g.exp, 10)
+		terms := credit.Terms(g.priority, g.effective, g.expires)
 		keys := []string{o.Keys.Grants(g.org, g.account, g.unit), o.Keys.GrantTerms(g.org, g.account, g.unit),
 			o.Keys.GrantVoided(g.org, g.account, g.unit, g.id)}
 		got, err := lua.CreditRestore.Run(ctx, o.Redis, keys, g.id, g.remaining, terms).Int64Slice()
