@@ -172,15 +172,8 @@ func (d *decoder) outcome() (*event.Outcome, bool) {
 
 // path decodes an array of path nodes; [] is an empty slice, as encoding/json makes it.
 func (d *decoder) path() ([]event.PathNode, bool) {
-	if !d.take('[') {
-		return nil, false
-	}
 	path := make([]event.PathNode, 0, 4)
-	d.space()
-	if d.take(']') {
-		return path, true
-	}
-	for {
+	ok := d.array(func() bool {
 		var n event.PathNode
 		var seen uint
 		ok := d.object(func(key string) bool {
@@ -200,32 +193,19 @@ func (d *decoder) path() ([]event.PathNode, bool) {
 			seen |= bit
 			return true
 		})
-		if !ok {
-			return nil, false
-		}
 		path = append(path, n)
-		d.space()
-		if d.take(']') {
-			return path, true
-		}
-		if !d.take(',') {
-			return nil, false
-		}
-		d.space()
+		return ok
+	})
+	if !ok {
+		return nil, false
 	}
+	return path, true
 }
 
 // borrowed decodes an array of borrowings; [] is an empty slice, as encoding/json makes it.
 func (d *decoder) borrowed() ([]event.Borrowing, bool) {
-	if !d.take('[') {
-		return nil, false
-	}
 	out := make([]event.Borrowing, 0, 2)
-	d.space()
-	if d.take(']') {
-		return out, true
-	}
-	for {
+	ok := d.array(func() bool {
 		var b event.Borrowing
 		var seen uint
 		ok := d.object(func(key string) bool {
@@ -251,32 +231,19 @@ func (d *decoder) borrowed() ([]event.Borrowing, bool) {
 			seen |= bit
 			return true
 		})
-		if !ok {
-			return nil, false
-		}
 		out = append(out, b)
-		d.space()
-		if d.take(']') {
-			return out, true
-		}
-		if !d.take(',') {
-			return nil, false
-		}
-		d.space()
+		return ok
+	})
+	if !ok {
+		return nil, false
 	}
+	return out, true
 }
 
 // credits decodes an array of credit draws; [] is an empty slice, as encoding/json makes it.
 func (d *decoder) credits() ([]event.CreditDraw, bool) {
-	if !d.take('[') {
-		return nil, false
-	}
 	out := make([]event.CreditDraw, 0, 2)
-	d.space()
-	if d.take(']') {
-		return out, true
-	}
-	for {
+	ok := d.array(func() bool {
 		var c event.CreditDraw
 		var seen uint
 		ok := d.object(func(key string) bool {
@@ -302,19 +269,13 @@ func (d *decoder) credits() ([]event.CreditDraw, bool) {
 			seen |= bit
 			return true
 		})
-		if !ok {
-			return nil, false
-		}
 		out = append(out, c)
-		d.space()
-		if d.take(']') {
-			return out, true
-		}
-		if !d.take(',') {
-			return nil, false
-		}
-		d.space()
+		return ok
+	})
+	if !ok {
+		return nil, false
 	}
+	return out, true
 }
 
 // units decodes an object of integers; {} is an empty map, as encoding/json makes it.
@@ -329,6 +290,30 @@ func (d *decoder) units() (map[string]int64, bool) {
 		return ok
 	})
 	return u, ok
+}
+
+// array reads an array, calling elem for each element with the decoder at it.
+func (d *decoder) array(elem func() bool) bool {
+	if !d.take('[') {
+		return false
+	}
+	d.space()
+	if d.take(']') {
+		return true
+	}
+	for {
+		if !elem() {
+			return false
+		}
+		d.space()
+		if d.take(']') {
+			return true
+		}
+		if !d.take(',') {
+			return false
+		}
+		d.space()
+	}
 }
 
 // object reads an object, calling member for each member with the decoder at the value.
