@@ -521,23 +521,12 @@ func getPlan(ctx context.Context, tx pgx.Tx, id string) (Plan, error) {
 	if err != nil {
 		return Plan{}, fmt.Errorf("read plan %q: %w", id, err)
 	}
-	rows, err := tx.Query(ctx, `SELECT unit, `+limitColumns+` FROM plan_limits WHERE plan = $1`, id)
+	limits, err := readLimits(ctx, tx, `SELECT unit, `+limitColumns+` FROM plan_limits WHERE plan = $1`, id)
 	if err != nil {
 		return Plan{}, fmt.Errorf("read limits of plan %q: %w", id, err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			u Unit
-			l limitRow
-		)
-		if err := rows.Scan(append([]any{&u}, l.dest()...)...); err != nil {
-			return Plan{}, fmt.Errorf("read limits of plan %q: %w", id, err)
-		}
-		p.Limits[u] = l.toLimit()
-	}
-	if err := rows.Err(); err != nil {
-		return Plan{}, fmt.Errorf("read limits of plan %q: %w", id, err)
+	if limits != nil {
+		p.Limits = limits
 	}
 	if p.Prices, err = invoice.PriceVersions(ctx, tx, id); err != nil {
 		return Plan{}, err
@@ -762,28 +751,35 @@ func getAccount(ctx context.Context, tx pgx.Tx, id string, forUpdate bool) (Acco
 	if err != nil {
 		return Account{}, fmt.Errorf("read account %q: %w", id, err)
 	}
-	rows, err := tx.Query(ctx, `SELECT unit, `+limitColumns+` FROM account_limits WHERE account = $1`, id)
-	if err != nil {
+	if a.Limits, err = readLimits(ctx, tx, `SELECT unit, `+limitColumns+` FROM account_limits WHERE account = $1`, id); err != nil {
 		return Account{}, fmt.Errorf("read overrides of %q: %w", id, err)
 	}
+	return a, nil
+}
+
+// readLimits reads the limits of one plan or account: query selects the unit and
+// limitColumns of id's rows. nil when it has none.
+func readLimits(ctx context.Context, tx pgx.Tx, query, id string) (map[Unit]Limit, error) {
+	rows, err := tx.Query(ctx, query, id)
+	if err != nil {
+		return nil, err
+	}
 	defer rows.Close()
+	var out map[Unit]Limit
 	for rows.Next() {
 		var (
 			u Unit
 			l limitRow
 		)
 		if err := rows.Scan(append([]any{&u}, l.dest()...)...); err != nil {
-			return Account{}, fmt.Errorf("read overrides of %q: %w", id, err)
+			return nil, err
 		}
-		if a.Limits == nil {
-			a.Limits = make(map[Unit]Limit)
+		if out == nil {
+			out = make(map[Unit]Limit)
 		}
-		a.Limits[u] = l.toLimit()
+		out[u] = l.toLimit()
 	}
-	if err := rows.Err(); err != nil {
-		return Account{}, fmt.Errorf("read overrides of %q: %w", id, err)
-	}
-	return a, nil
+	return out, rows.Err()
 }
 
 // limitColumns are the columns of a limit in plan_limits and account_limits, in the
