@@ -42,7 +42,8 @@
 --   end), n_bucket, n_window, n_quota, n_conc, ev (the compact usage event up to its
 --   time, see pkg/admission/event.go), prio (the request's priority, 0-100), n_tier (0,
 --   or n_bucket when a level has a ceiling: a tier record follows each bucket record),
---   n_wait (1 when a wait record follows the limits), n_credit (the credit records)
+--   n_wait (1 when a wait record follows the limits), n_credit (the credit records),
+--   n_alert (the alert records)
 --   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
 --   ids of the requests that were answered with this decision (the first and each replay)
 --   and not voided since (void.lua). A record without "\n" has one attempt, its own. An
@@ -67,6 +68,9 @@
 --                        remaining units), tkey (their terms: grant id → "<priority>|
 --                        <effective ms>|<expires ms, 0 never>"), amount, label
 --                        ("<account>:<unit>", how the event names the draws)
+--   per alert:           ref ("q<i>": the decision's quota record i, "c<i>": its credit
+--                        record i), at (the threshold, units), spec (its name: "p80",
+--                        "b5000", "bp20"), label ("<account>:<unit>")
 --   wait record:         wait (ms the request may still wait), ticket (its id), member
 --                        and tq (its place in a queue and that queue's key, "" when not
 --                        queued)
@@ -80,6 +84,17 @@
 -- Credits (docs/credits.md): a request draws each credit record's amount from the grants
 -- drawable now (effective <= TIME < expires, remaining > 0), highest priority first, then
 -- the earliest expiry, then the grant id; less than the amount in all of them refuses it.
+--
+-- Alerts (docs/alerts.md): a threshold fires in the call whose request crosses it: a quota
+-- counter going from below at to at or more (or, for a threshold at the quota, the first
+-- request the quota refuses), a balance going from at or more to below at. Each fires once:
+-- a quota's thresholds per counter (so per period), marked in the hash "<counter>|a"
+-- (spec -> 1, expiring with the counter); a balance's per arming grant, the latest grant
+-- effective (greatest effective time, then id), marked in "<grants>|a" (spec -> that
+-- grant): a top-up re-arms it, a refund does not. A firing appends an entry to the outbox
+-- after the request's usage event: "a" = "<ev><sec>|<usec>|<period>|<label>|<spec>|<at>|
+-- <value>|<window>|<admitted>" (window: the counter's period label, or the arming grant;
+-- value: the counter after the request, before it when refused, or the balance after it).
 --
 -- Queues (docs/admission.md "Waiting for capacity"): each limit has a queue, a sorted set
 -- ("<tag>k:<bucket field>", "<window key>|q", "<lease set>|q") scored class × 2^40 + seq
@@ -150,6 +165,7 @@ local qk, qa, qc, qd = {}, {}, {}, {}     -- quota: key, amount, quota, daily
 local ck, cc                              -- concurrency: key, cap
 local tu, tcf, tci, tcw, tb, ct, bb       -- tier: up, ceiling field, inc, win, borrow, new TAT, borrowed
 local gk, gt, ga, gl, gb, gd              -- credit: grants, terms, amount, label, balance, draws
+local xr, xa, xs, xl                      -- alert: ref, at, spec, label
 local CLASS = 2 ^ 40                      -- a queue score's class unit
 
 -- head returns the first live member of queue qkey and its score, dropping (and telling)
@@ -208,7 +224,7 @@ local function grants(gkey, tkey)
       end
     end
   end
-  g = {n = n, ids = ids, rem = rs}
+  g = {n = n, ids = ids, rem = rs, terms = terms}
   gc[gkey] = g
   return g
 end
@@ -233,15 +249,32 @@ local function draw(gkey, tkey, amount)
   end
   return bal, draws
 end
+-- arming returns the grant that arms a balance's thresholds: of the grants in gkey's terms
+-- effective now, the latest (greatest effective time, then id); "" for none.
+local function arming(gkey)
+  local t, best, be = gc[gkey].terms, '', -1
+  for j = 1, #t, 2 do
+    local e = tonumber(match(t[j + 1], '^%d+|(%d+)|'))
+    if e and e <= now and (e > be or e == be and t[j] > best) then best, be = t[j], e end
+  end
+  return best
+end
+
+-- fire appends alert record i's threshold event to the outbox (see "Alerts" above).
+local function fire(ev, i, value, window, admitted)
+  call('XADD', K[1], '*', 'a', ev .. stamp .. '|' .. xl[i] .. '|' .. xs[i] .. '|' .. fmt('%d', xa[i]) .. '|' ..
+    fmt('%d', value) .. '|' .. window .. '|' .. (admitted and '1' or '0'))
+end
+
 local out = {DECIDED, tonumber(sec), tonumber(usec)}
 
 for dn = 1, tonumber(decisions) do
   -- layout: decision
   local event_id, idem, legacy, legacy_fp, fingerprint, id_tail, n_bucket, n_window, n_quota, n_conc,
-    ev, prio, n_tier, n_wait, n_credit = unpack(A, a, a + 14)
-  a = a + 15
+    ev, prio, n_tier, n_wait, n_credit, n_alert = unpack(A, a, a + 15)
+  a = a + 16
   n_bucket, n_window, n_quota, n_conc = tonumber(n_bucket), tonumber(n_window), tonumber(n_quota), tonumber(n_conc)
-  n_tier, n_credit = tonumber(n_tier), tonumber(n_credit)
+  n_tier, n_credit, n_alert = tonumber(n_tier), tonumber(n_credit), tonumber(n_alert)
   local hash = K[1 + dn]
 
   -- Read the limits; fetch the state not read yet by this call.
@@ -310,6 +343,13 @@ for dn = 1, tonumber(decisions) do
     local gkey, tkey, amount, label = unpack(A, a, a + 3)
     a = a + 4
     gk[i], gt[i], ga[i], gl[i], gb[i], gd[i] = gkey, tkey, tonumber(amount), label, -1, false
+  end
+  if n_alert > 0 and not xr then xr, xa, xs, xl = {}, {}, {}, {} end
+  for i = 1, n_alert do
+    -- layout: alert
+    local ref, at, spec, label = unpack(A, a, a + 3)
+    a = a + 4
+    xr[i], xa[i], xs[i], xl[i] = ref, tonumber(at), spec, label
   end
   local wait, ticket, member, tq = 0, '', '', ''
   if n_wait == '1' then
@@ -536,6 +576,34 @@ for dn = 1, tonumber(decisions) do
     if credits ~= '' then tail = '|' .. borrowed .. '|' .. credits
     elseif borrowed ~= '' then tail = '|' .. borrowed end
     call('XADD', K[1], '*', 'e', ev .. stamp .. tail)
+  end
+
+  -- Alerts: the thresholds this request crossed fire, each once (see "Alerts" above).
+  for i = 1, n_alert do
+    local ref, at = xr[i], xa[i]
+    local j = tonumber(sub(ref, 2))
+    if sub(ref, 1, 1) == 'q' then
+      local key = qk[j]
+      local val, crossed = used[key], false
+      if code == ALLOWED and replayed == 0 then
+        crossed = val - qa[j] < at and val >= at
+      elseif code == OVER_QUOTA and ra == j then
+        crossed = val < at and at >= qc[j]
+      end
+      if crossed and call('HSETNX', key .. '|a', xs[i], 1) == 1 then
+        call('PEXPIREAT', key .. '|a', qd[j] and d_exp or m_exp)
+        fire(ev, i, val, qd[j] and day or period, code == ALLOWED)
+      end
+    elseif code == ALLOWED and replayed == 0 then
+      local bal = gb[j]
+      if bal < at and bal + ga[j] >= at then
+        local grant, mark = arming(gk[j]), gk[j] .. '|a'
+        if call('HGET', mark, xs[i]) ~= grant then
+          call('HSET', mark, xs[i], grant)
+          fire(ev, i, bal, grant, true)
+        end
+      end
+    end
   end
 
   -- Waiting: a request that may wait and was refused by a rate or concurrency limit

@@ -368,6 +368,13 @@ type plan struct {
 	quotas  []check
 	concs   []policy.Level
 	credits []creditCheck
+	alerts  []alertRecord
+}
+
+// alertRecord is one threshold a decision may fire: the script's alert record.
+type alertRecord struct {
+	*alertArgs
+	ref string // "q<i>": the decision's quota i; "c<i>": its credit record i
 }
 
 type creditCheck struct {
@@ -433,6 +440,7 @@ const (
 	decTiers
 	decWait
 	decCredits
+	decAlerts
 	decisionLen
 )
 
@@ -466,6 +474,14 @@ const (
 	creditAmount
 	creditLabel // "<account>:<unit>"
 	creditLen
+)
+
+const (
+	alertRef   = iota // "q<i>" or "c<i>": the decision's quota or credit record it watches
+	alertAt           // the threshold in units
+	alertSpec         // "p80", "b5000", "bp20" (policy.Alert.Spec)
+	alertLabel        // "<account>:<unit>"
+	alertLen
 )
 
 const (
@@ -503,9 +519,10 @@ var argNames = map[string][]string{
 	"decision": (&[decisionLen]string{
 		decEventID: "event_id", decIdem: "idem", decLegacy: "legacy", decLegacyFP: "legacy_fp",
 		decFingerprint: "fingerprint", decIDTail: "id_tail", decBuckets: "n_bucket", decWindows: "n_window", decQuotas: "n_quota", decConcs: "n_conc", decEvent: "ev",
-		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait", decCredits: "n_credit",
+		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait", decCredits: "n_credit", decAlerts: "n_alert",
 	})[:],
 	"credit": (&[creditLen]string{creditGrants: "gkey", creditTerms: "tkey", creditAmount: "amount", creditLabel: "label"})[:],
+	"alert":  (&[alertLen]string{alertRef: "ref", alertAt: "at", alertSpec: "spec", alertLabel: "label"})[:],
 	"bucket": (&[bucketLen]string{bucketField: "field", bucketInc: "inc", bucketWin: "win"})[:],
 	"tier":   (&[tierLen]string{tierUp: "up", tierCeilingField: "cfield", tierCeilingInc: "cinc", tierCeilingWin: "cwin", tierBorrow: "borrow"})[:],
 	"wait":   (&[waitLen]string{waitMS: "w", waitTicket: "t", waitMember: "m", waitQueue: "q"})[:],
@@ -597,6 +614,11 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan
 			p.credits = append(p.credits, creditCheck{creditArgs: c, amount: amount})
 		}
 	}
+	for i := range lim.alerts {
+		if ref := lim.alerts[i].ref(p); ref != "" {
+			p.alerts = append(p.alerts, alertRecord{alertArgs: &lim.alerts[i], ref: ref})
+		}
+	}
 
 	e.keys = append(e.keys, lim.state)
 	var d [decisionLen]any
@@ -619,7 +641,7 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan
 	if w != nil {
 		d[decWait] = "1"
 	}
-	d[decCredits] = strconv.Itoa(len(p.credits))
+	d[decCredits], d[decAlerts] = strconv.Itoa(len(p.credits)), strconv.Itoa(len(p.alerts))
 	e.args = append(e.args, d[:]...)
 	for _, c := range p.rates[:p.buckets] {
 		var rec [bucketLen]any
@@ -663,6 +685,11 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan
 		rec[creditAmount] = strconv.FormatInt(c.amount, 10)
 		e.args = append(e.args, rec[:]...)
 	}
+	for _, al := range p.alerts {
+		var rec [alertLen]any
+		rec[alertRef], rec[alertAt], rec[alertSpec], rec[alertLabel] = al.ref, al.at, al.spec, al.label
+		e.args = append(e.args, rec[:]...)
+	}
 	if w != nil {
 		var rec [waitLen]any
 		rec[waitMS], rec[waitTicket], rec[waitMember], rec[waitQueue] = strconv.FormatInt(w.left(), 10), w.ticket, w.member, w.queue
@@ -693,8 +720,78 @@ type limits struct {
 	concs    []policy.Level
 	concKeys []string
 	credits  []creditArgs // by level, org first, then in the level's order of units
+	alerts   []alertArgs  // the thresholds of the levels' alert rules
 	event    eventStatic
 }
+
+// alertArgs is one threshold of an alert rule of a level: what it watches (a quota of
+// limits.checks, or a balance of limits.credits) and its constant arguments.
+type alertArgs struct {
+	check  *limitArgs  // the quota watched, nil for a balance
+	credit *creditArgs // the balance watched, nil for a quota
+	at     string      // the threshold in units
+	spec   string
+	label  string
+}
+
+// ref is the script's name of the record a decision's plan has for what a watches, ""
+// when the decision does not charge it.
+func (a *alertArgs) ref(p *plan) string {
+	if a.check != nil {
+		for i, c := range p.quotas {
+			if c.limitArgs == a.check {
+				return "q" + strconv.Itoa(i+1)
+			}
+		}
+		return ""
+	}
+	for i, c := range p.credits {
+		if c.creditArgs == a.credit {
+			return "c" + strconv.Itoa(i+1)
+		}
+	}
+	return ""
+}
+
+// alertsOf derives the thresholds of pol's alert rules that l can watch: a quota_percent
+// rule needs a quota of its unit and period at its level, a balance rule credit grants of
+// its unit (and, for balance_percent, units granted). Thresholds below one unit are left out.
+func (l *limits) alertsOf(pol policy.Resolved) {
+	for _, lv := range pol.Path {
+		for _, al := range lv.Alerts {
+			label := lv.Account + ":" + string(al.Unit)
+			for _, t := range al.Thresholds {
+				arg := alertArgs{spec: al.Spec(t), label: label}
+				var at int64
+				switch al.Kind {
+				case policy.QuotaPercent:
+					for i := range l.checks {
+						c := &l.checks[i]
+						if c.level.Account == lv.Account && c.unit == al.Unit && c.limit.HasQuota() && c.limit.QuotaPeriod == al.Period {
+							arg.check, at = c, ceilDiv(*c.limit.Quota*t, 100)
+						}
+					}
+				default:
+					for i := range l.credits {
+						c := &l.credits[i]
+						if c.level.Account == lv.Account && c.unit == al.Unit {
+							arg.credit, at = c, t
+							if al.Kind == policy.BalancePercent {
+								at = ceilDiv(lv.Granted[al.Unit]*t, 100)
+							}
+						}
+					}
+				}
+				if at > 0 && (arg.check != nil || arg.credit != nil) {
+					arg.at = strconv.FormatInt(at, 10)
+					l.alerts = append(l.alerts, arg)
+				}
+			}
+		}
+	}
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
 // limitArgs is one unit's limit at one level.
 type limitArgs struct {
@@ -769,6 +866,7 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 		}
 	}
 	l.buckets, l.tiered = bucketChains(pol, l.checks)
+	l.alertsOf(pol)
 	if pol.Memo != nil {
 		pol.Memo.Store(l)
 	}

@@ -227,10 +227,18 @@ func unescape(s string) string {
 var ErrMalformedEntry = errors.New("malformed outbox entry")
 
 // OutboxMessage returns the Kafka key and value of an outbox stream entry: a compact
-// usage event rendered as its CloudEvent JSON, or an entry's "k" and "v" as they are (the
+// usage event rendered as its CloudEvent JSON, an alert entry (alert.go) as its
+// usage.threshold CloudEvent, or an entry's "k" and "v" as they are (the
 // events of void.lua and outcome.lua, and usage events written before the compact form).
 // A malformed compact entry returns its raw text as the value with ErrMalformedEntry.
 func OutboxMessage(values map[string]any) (key string, value []byte, err error) {
+	if a, ok := values["a"].(string); ok {
+		org, v, err := renderAlert(a)
+		if err != nil {
+			return "", []byte(a), fmt.Errorf("%w: %w", ErrMalformedEntry, err)
+		}
+		return org, v, nil
+	}
 	e, ok := values["e"].(string)
 	if !ok {
 		key, _ = values["k"].(string)

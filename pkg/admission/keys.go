@@ -101,6 +101,12 @@ func (k Keys) GrantVoided(org, account string, unit policy.Unit, id string) stri
 	return k.Grants(org, account, unit) + "|void:" + id
 }
 
+// AlertMarks is the hash beside a quota counter or a grants hash (key) of the alert
+// thresholds fired for it (lua/admit.lua, "Alerts"): field = the threshold's spec ("p80",
+// "b5000") → 1 for a counter, the arming grant for a balance. A counter's expires with it,
+// so a new period re-arms every threshold.
+func (k Keys) AlertMarks(key string) string { return key + "|a" }
+
 // CreditMarker is the marker key of reconcile's credit adjustment id of org: present
 // once the adjustment changed its grant (lua/adjust.lua).
 func (k Keys) CreditMarker(org string, id int64) string {

@@ -11,9 +11,10 @@ import (
 
 // Event types.
 const (
-	TypeAdmitted = "io.metergate.usage.admitted.v1"
-	TypeOutcome  = "io.metergate.usage.outcome.v1"
-	TypeVoided   = "io.metergate.usage.voided.v1"
+	TypeAdmitted  = "io.metergate.usage.admitted.v1"
+	TypeOutcome   = "io.metergate.usage.outcome.v1"
+	TypeVoided    = "io.metergate.usage.voided.v1"
+	TypeThreshold = "io.metergate.usage.threshold.v1"
 )
 
 // VoidSuffix makes a usage.voided event's id from the id of the event it voids.
@@ -92,6 +93,36 @@ func ValidGrantID(s string) bool {
 		}
 	}
 	return true
+}
+
+// Threshold is the data of a usage.threshold event: an alert rule's threshold crossed by an
+// admission (docs/alerts.md). The admission script fires it in the call that crosses it,
+// once per threshold and period (quotas) or per arming grant (balances); its event id
+// names the threshold, so a redelivery is the same event.
+type Threshold struct {
+	Org     string     `json:"org"`
+	Account string     `json:"account"`
+	Path    []PathNode `json:"path"` // org first, down to Account
+	Unit    string     `json:"unit"`
+	// Kind is the rule's: quota_percent, balance_below or balance_percent.
+	Kind string `json:"kind"`
+	// Threshold is as the rule names it (a percentage, or an amount for balance_below); At
+	// is it in units when it fired.
+	Threshold int64 `json:"threshold"`
+	At        int64 `json:"at"`
+	// Value is the quota counter after the request (before it when the quota refused it),
+	// or the balance after it.
+	Value int64 `json:"value"`
+	// Period is the counter's period ("YYYY-MM", or "YYYY-MM-DD" for a daily quota); for
+	// balances, the month the request was charged to.
+	Period string `json:"period"`
+	// Grant is, for balances, the latest grant of the account and unit when it fired: a
+	// later grant (a top-up) re-arms the threshold.
+	Grant string `json:"grant,omitempty"`
+	// EventID is the request that crossed the threshold; Admitted is false when the quota
+	// refused it (a 100 % threshold fires with the first refusal).
+	EventID  string `json:"event_id"`
+	Admitted bool   `json:"admitted"`
 }
 
 // Outcome is the data of a usage.outcome event: how the admitted request ended upstream.

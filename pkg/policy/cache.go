@@ -239,6 +239,24 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 		return nil, fmt.Errorf("read credit grants: %w", err)
 	}
 
+	alerts, err := loadAlerts(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	granted, err := loadGranted(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	for id, a := range alerts.byPlan {
+		if p, ok := byID[id]; ok {
+			p.alerts = a
+		}
+	}
+	for i := range nodes {
+		n := &nodes[i]
+		n.alerts, n.granted = alerts.byAccount[n.id], granted[n.id]
+	}
+
 	resolved, bad := resolveAll(nodes, plans)
 	if len(bad) > 0 {
 		logged := 0

@@ -305,6 +305,12 @@ type Level struct {
 	// Credits are the units this node has credit grants of: a request carrying one draws
 	// it from the node's balance, all-or-nothing with every limit (docs/credits.md).
 	Credits []Unit `json:"credits,omitempty"`
+	// Alerts are the node's alert rules: its own, and its plan's of every kind, unit and
+	// period it has none of (docs/alerts.md).
+	Alerts []Alert `json:"alerts,omitempty"`
+	// Granted is, per unit, the units of the node's grants neither voided nor expired when
+	// the policies were loaded: what a BalancePercent rule's percentages are of.
+	Granted map[Unit]int64 `json:"granted,omitempty"`
 }
 
 // Reservation is the sum of some guarantees: a token bucket's rate and burst.

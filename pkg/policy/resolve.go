@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -16,7 +17,9 @@ type node struct {
 	kind                  Kind
 	concurrency           *int
 	priority              *int
-	credits               []Unit      // units of its credit grants, sorted
+	credits               []Unit  // units of its credit grants, sorted
+	alerts                []Alert // its own alert rules
+	granted               map[Unit]int64
 	limits                []unitLimit // overrides, sorted by unit
 }
 
@@ -226,6 +229,7 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 			lv := b.level(n)
 			lv.Reserved = reserved[n.id]
 			lv.Credits = n.credits
+			lv.Alerts, lv.Granted = effectiveAlerts(n.alerts, lv.Plan, plans), n.granted
 			arena = append(arena, lv)
 			path := arena[start:len(arena):len(arena)] // capped: an append by a reader copies
 			prio := priority[n.parent]
@@ -240,6 +244,22 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 		}
 	}
 	return resolved, bad
+}
+
+// effectiveAlerts is a level's alert rules: its own, and its plan's of every kind, unit and
+// period it has none of.
+func effectiveAlerts(own []Alert, plan string, plans planSet) []Alert {
+	p, ok := plans.byID[plan]
+	if !ok || len(p.alerts) == 0 {
+		return own
+	}
+	out := slices.Clone(own)
+	for _, d := range p.alerts {
+		if !slices.ContainsFunc(own, func(a Alert) bool { return a.Kind == d.Kind && a.Unit == d.Unit && a.Period == d.Period }) {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // reservations sums, per parent and unit, the guarantees of its children: their token

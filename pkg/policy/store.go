@@ -63,6 +63,8 @@ type Plan struct {
 	// Prices are the versions of the plan's price, oldest first (the store's reads fill
 	// them in; the cache does not: admit does not price).
 	Prices []invoice.Plan `json:"-"`
+	// alerts are the plan's default alert rules (the cache fills them in).
+	alerts []Alert
 }
 
 // PlanGrant is a plan's recurring grant of one unit.
