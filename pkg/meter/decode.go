@@ -20,6 +20,8 @@ type decoded struct {
 	admitted *event.Admitted
 	outcome  *event.Outcome
 	void     *event.Voided // decoded by encoding/json only: voids are rare
+	// threshold is decoded by encoding/json only: thresholds are rarer still.
+	threshold *event.Threshold
 }
 
 // decoder reads a message; the strings it decodes are slices of s.

@@ -277,7 +277,7 @@ func (b *batch) parse() {
 	for i, msg := range b.msgs {
 		p := parse(msg.Value, msg.Partition, msg.Offset)
 		b.items[i] = item{partition: msg.Partition, offset: msg.Offset, key: msg.Key, value: msg.Value,
-			usage: p.usage, outcome: p.outcome, void: p.void, err: p.err}
+			usage: p.usage, outcome: p.outcome, void: p.void, alert: p.alert, err: p.err}
 	}
 }
 
@@ -362,8 +362,8 @@ func (m *Meter) commit(ctx context.Context, reader *kafka.Reader, b *batch) {
 	m.metrics.batch.Observe(elapsed.Seconds())
 	m.metrics.batchSize.Observe(float64(len(b.msgs)))
 	m.metrics.messages.Add(float64(len(b.msgs))) // last: a reader that sees it sees the rest of the batch's counts
-	m.log.Debug("batch written", "messages", len(b.msgs), "usage_events", w.usage.inserted, "usage_borrowings", w.borrowings.inserted, "credit_consumptions", w.credits.inserted, "usage_outcomes", w.outcomes.inserted, "usage_voids", w.voids.inserted,
-		"dead_letters", w.deadLetters.staged, "duplicates", w.usage.staged-w.usage.inserted+w.borrowings.staged-w.borrowings.inserted+w.credits.staged-w.credits.inserted+w.outcomes.staged-w.outcomes.inserted+w.voids.staged-w.voids.inserted,
+	m.log.Debug("batch written", "messages", len(b.msgs), "usage_events", w.usage.inserted, "usage_borrowings", w.borrowings.inserted, "credit_consumptions", w.credits.inserted, "usage_outcomes", w.outcomes.inserted, "usage_voids", w.voids.inserted, "usage_alerts", w.alerts.inserted,
+		"dead_letters", w.deadLetters.staged, "duplicates", w.usage.staged-w.usage.inserted+w.borrowings.staged-w.borrowings.inserted+w.credits.staged-w.credits.inserted+w.outcomes.staged-w.outcomes.inserted+w.voids.staged-w.voids.inserted+w.alerts.staged-w.alerts.inserted,
 		"elapsed", elapsed.String())
 }
 

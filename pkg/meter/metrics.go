@@ -26,7 +26,7 @@ func newMetrics(lag func() float64) *metrics {
 		}),
 		rows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "metergate_meter_rows_inserted_total",
-			Help: "Rows inserted, by table (usage_events, usage_borrowings, credit_consumptions, usage_outcomes, usage_voids, dead_letters).",
+			Help: "Rows inserted, by table (usage_events, usage_borrowings, credit_consumptions, usage_outcomes, usage_voids, usage_alerts, dead_letters).",
 		}, []string{"table"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "metergate_meter_duplicates_total",
@@ -70,7 +70,7 @@ func newMetrics(lag func() float64) *metrics {
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
-	for _, table := range []string{"usage_events", "usage_borrowings", "credit_consumptions", "usage_outcomes", "usage_voids", "dead_letters"} { // present from the start, at 0
+	for _, table := range []string{"usage_events", "usage_borrowings", "credit_consumptions", "usage_outcomes", "usage_voids", "usage_alerts", "dead_letters"} { // present from the start, at 0
 		m.rows.WithLabelValues(table)
 		m.duplicates.WithLabelValues(table)
 	}
@@ -83,7 +83,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 }
 
 func (m *metrics) observe(w written) {
-	for table, c := range map[string]counts{"usage_events": w.usage, "usage_borrowings": w.borrowings, "credit_consumptions": w.credits, "usage_outcomes": w.outcomes, "usage_voids": w.voids, "dead_letters": w.deadLetters} {
+	for table, c := range map[string]counts{"usage_events": w.usage, "usage_borrowings": w.borrowings, "credit_consumptions": w.credits, "usage_outcomes": w.outcomes, "usage_voids": w.voids, "usage_alerts": w.alerts, "dead_letters": w.deadLetters} {
 		m.rows.WithLabelValues(table).Add(float64(c.inserted))
 		m.duplicates.WithLabelValues(table).Add(float64(c.staged - c.inserted))
 	}

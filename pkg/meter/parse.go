@@ -71,6 +71,25 @@ type outcomeRow struct {
 	Offset      int64
 }
 
+// alertRow is one row of usage_alerts: a threshold crossed (event.Threshold).
+type alertRow struct {
+	ID          string
+	EventTime   time.Time
+	Org         string
+	Account     string
+	Path        []string
+	Unit        string
+	Kind        string
+	Threshold   int64
+	At          int64
+	Value       int64
+	Period      string
+	Grant       string // "" for a quota's threshold: stored as NULL
+	TriggeredBy string
+	Admitted    bool
+	Payload     []byte // the CloudEvent as received
+}
+
 // voidRow is one row of usage_voids.
 type voidRow struct {
 	EventID   string
@@ -111,11 +130,12 @@ func parseUnits(field string, m map[string]int64) (units, error) {
 	return u, nil
 }
 
-// parsed is what a message became: exactly one of the four is set.
+// parsed is what a message became: exactly one of the five is set.
 type parsed struct {
 	usage   *usageRow
 	outcome *outcomeRow
 	void    *voidRow
+	alert   *alertRow
 	err     error // the reason the message is a dead letter
 }
 
@@ -155,8 +175,14 @@ func parse(value []byte, partition int, offset int64) parsed {
 		}
 		row.Partition, row.Offset = partition, offset
 		return parsed{void: row}
+	case m.threshold != nil:
+		row, err := parseThreshold(m.ce, m.threshold, value)
+		if err != nil {
+			return parsed{err: err}
+		}
+		return parsed{alert: row}
 	}
-	return parsed{err: fmt.Errorf("type %q: want %s, %s or %s", m.ce.Type, event.TypeAdmitted, event.TypeOutcome, event.TypeVoided)}
+	return parsed{err: fmt.Errorf("type %q: want %s, %s, %s or %s", m.ce.Type, event.TypeAdmitted, event.TypeOutcome, event.TypeVoided, event.TypeThreshold)}
 }
 
 // decode decodes any message with encoding/json: the envelope, then the data of a known
@@ -183,6 +209,11 @@ func decode(value []byte) (decoded, error) {
 	case event.TypeVoided:
 		m.void = new(event.Voided)
 		if err := json.Unmarshal(m.ce.Data, m.void); err != nil {
+			return decoded{}, fmt.Errorf("data: %w", err)
+		}
+	case event.TypeThreshold:
+		m.threshold = new(event.Threshold)
+		if err := json.Unmarshal(m.ce.Data, m.threshold); err != nil {
 			return decoded{}, fmt.Errorf("data: %w", err)
 		}
 	}
@@ -375,6 +406,49 @@ func parseVoid(ce event.CloudEvent, d *event.Voided) (*voidRow, error) {
 		return nil, fmt.Errorf("data.reason %q: want %s or %s", d.Reason, event.VoidUnavailable, event.VoidCallerGone)
 	}
 	return &voidRow{EventID: d.EventID, Attempt: d.Attempt, Reason: d.Reason, VoidTime: eventTime(ce), Source: ce.Source}, nil
+}
+
+// alertKinds are the kinds of alert rules (policy.AlertKind), as usage_alerts checks them.
+var alertKinds = map[string]bool{"quota_percent": true, "balance_below": true, "balance_percent": true}
+
+func parseThreshold(ce event.CloudEvent, d *event.Threshold, value []byte) (*alertRow, error) {
+	if err := printable("data.org", d.Org, 255, false); err != nil {
+		return nil, err
+	}
+	if len(d.Path) == 0 || d.Path[0].Account != d.Org || d.Path[len(d.Path)-1].Account != d.Account {
+		return nil, errors.New("data.path: want the org first and data.account last")
+	}
+	path := make([]string, len(d.Path))
+	for i, n := range d.Path {
+		if err := printable("data.path.account", n.Account, 255, false); err != nil {
+			return nil, err
+		}
+		path[i] = n.Account
+	}
+	if !policy.Unit(d.Unit).Valid() {
+		return nil, fmt.Errorf("data.unit %q: unknown unit", d.Unit)
+	}
+	if !alertKinds[d.Kind] {
+		return nil, fmt.Errorf("data.kind %q: want quota_percent, balance_below or balance_percent", d.Kind)
+	}
+	if d.Threshold <= 0 || d.At <= 0 || d.Value < 0 {
+		return nil, fmt.Errorf("data.threshold %d, at %d, value %d: want positive, positive, at least 0", d.Threshold, d.At, d.Value)
+	}
+	if _, err := period.Parse(d.Period); err != nil {
+		return nil, fmt.Errorf("data.period %q: %w", d.Period, err)
+	}
+	if (d.Kind == "quota_percent") != (d.Grant == "") || d.Grant != "" && !event.ValidGrantID(d.Grant) {
+		return nil, fmt.Errorf("data.grant %q: a balance's threshold names its grant, a quota's none", d.Grant)
+	}
+	if err := printable("data.event_id", d.EventID, 255, false); err != nil {
+		return nil, err
+	}
+	if !json.Valid(value) {
+		return nil, errors.New("not valid JSON")
+	}
+	return &alertRow{ID: ce.ID, EventTime: eventTime(ce), Org: d.Org, Account: d.Account, Path: path, Unit: d.Unit,
+		Kind: d.Kind, Threshold: d.Threshold, At: d.At, Value: d.Value, Period: d.Period, Grant: d.Grant,
+		TriggeredBy: d.EventID, Admitted: d.Admitted, Payload: bytes.Clone(value)}, nil
 }
 
 // printable checks an identifier: printable ASCII without spaces, at most maxLen bytes.

@@ -26,6 +26,7 @@ type item struct {
 	usage      *usageRow
 	outcome    *outcomeRow
 	void       *voidRow
+	alert      *alertRow
 	err        error
 }
 
@@ -37,7 +38,7 @@ func (c *counts) add(o counts) { c.staged += o.staged; c.inserted += o.inserted 
 
 // written is what a batch wrote, per table.
 type written struct {
-	usage, borrowings, credits, outcomes, voids, deadLetters counts
+	usage, borrowings, credits, outcomes, voids, alerts, deadLetters counts
 	// refused counts rows PostgreSQL refused for their content, written as dead letters.
 	refused int
 }
@@ -48,6 +49,7 @@ func (w *written) add(o written) {
 	w.credits.add(o.credits)
 	w.outcomes.add(o.outcomes)
 	w.voids.add(o.voids)
+	w.alerts.add(o.alerts)
 	w.deadLetters.add(o.deadLetters)
 	w.refused += o.refused
 }
@@ -173,6 +175,19 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::
 ORDER BY 1, 6, 7
 ON CONFLICT (event_id) DO NOTHING`
 
+// insertAlerts writes usage_alerts rows; a redelivered threshold is its first row. The
+// webhook deliveries of a new row are made by its trigger (migrations 00017), in this
+// transaction.
+const insertAlerts = `INSERT INTO usage_alerts (id, event_time, org, account, path, unit, kind, threshold, at_units,
+	value, period, arming_grant, triggered_by, admitted, payload)
+SELECT a.id, a.t, a.org, a.account, string_to_array(a.path, '/'), a.unit, a.kind, a.threshold, a.at_units,
+	a.value, a.period, nullif(a.arming, ''), a.triggered_by, a.admitted, a.payload::jsonb
+FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
+	$9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], $14::boolean[], $15::text[])
+	AS a(id, t, org, account, path, unit, kind, threshold, at_units, value, period, arming, triggered_by, admitted, payload)
+ORDER BY 1
+ON CONFLICT (id) DO NOTHING`
+
 const insertDeadLetters = `INSERT INTO dead_letters (topic, "partition", "offset", key, value, error)
 SELECT $1, d.p, d.o, d.k, d.v, d.e FROM unnest($2::integer[], $3::bigint[], $4::bytea[], $5::bytea[], $6::text[]) AS d(p, o, k, v, e)
 ON CONFLICT ON CONSTRAINT dead_letters_position_key DO NOTHING`
@@ -203,7 +218,7 @@ func ptr(p *int64) any {
 // tables and INSERT … ON CONFLICT DO NOTHING, dead letters keyed by their Kafka position.
 // Either everything is written or nothing is.
 func (s *store) write(ctx context.Context, items []item) (w written, err error) {
-	var usage, outcomes, voids, dead []*item
+	var usage, outcomes, voids, alerts, dead []*item
 	var months []time.Time
 	seen := map[time.Time]bool{}
 	for i := range items {
@@ -221,6 +236,8 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 			outcomes = append(outcomes, it)
 		case it.void != nil:
 			voids = append(voids, it)
+		case it.alert != nil:
+			alerts = append(alerts, it)
 		}
 	}
 	sort.Slice(months, func(i, j int) bool { return months[i].Before(months[j]) })
@@ -318,6 +335,11 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 		}
 		w.voids = counts{staged: int64(len(voids)), inserted: tag.RowsAffected()}
 	}
+	if len(alerts) > 0 {
+		if w.alerts, err = writeAlerts(ctx, tx, alerts); err != nil {
+			return written{}, err
+		}
+	}
 	if len(dead) > 0 {
 		parts := make([]int32, len(dead))
 		offsets := make([]int64, len(dead))
@@ -342,6 +364,28 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 		return written{}, fmt.Errorf("commit: %w", err)
 	}
 	return w, nil
+}
+
+// writeAlerts writes a batch's thresholds into usage_alerts.
+func writeAlerts(ctx context.Context, tx pgx.Tx, alerts []*item) (counts, error) {
+	n := len(alerts)
+	ids, orgs, accounts, paths, unitNames, kinds := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	periods, grants, triggers, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	times := make([]time.Time, n)
+	thresholds, ats, values := make([]int64, n), make([]int64, n), make([]int64, n)
+	admitted := make([]bool, n)
+	for i, it := range alerts {
+		a := it.alert
+		ids[i], times[i], orgs[i], accounts[i], paths[i] = a.ID, a.EventTime, a.Org, a.Account, strings.Join(a.Path, "/")
+		unitNames[i], kinds[i], thresholds[i], ats[i], values[i] = a.Unit, a.Kind, a.Threshold, a.At, a.Value
+		periods[i], grants[i], triggers[i], admitted[i], payloads[i] = a.Period, a.Grant, a.TriggeredBy, a.Admitted, string(a.Payload)
+	}
+	tag, err := tx.Exec(ctx, insertAlerts, ids, times, orgs, accounts, paths, unitNames, kinds, thresholds, ats, values,
+		periods, grants, triggers, admitted, payloads)
+	if err != nil {
+		return counts{}, fmt.Errorf("insert usage_alerts: %w", err)
+	}
+	return counts{staged: int64(n), inserted: tag.RowsAffected()}, nil
 }
 
 // writeBorrowings writes the borrowings of a batch's admissions, in the batch's
@@ -405,7 +449,7 @@ func (s *store) writeEach(ctx context.Context, items []item) (written, error) {
 	for i := range items {
 		w, err := s.write(ctx, items[i:i+1])
 		if isContentError(err) && items[i].err == nil {
-			items[i].usage, items[i].outcome, items[i].void = nil, nil, nil
+			items[i].usage, items[i].outcome, items[i].void, items[i].alert = nil, nil, nil, nil
 			items[i].err = fmt.Errorf("refused by PostgreSQL: %w", err)
 			w, err = s.write(ctx, items[i:i+1])
 			w.refused = 1
