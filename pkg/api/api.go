@@ -53,6 +53,12 @@ type Admin interface {
 	UpdatePlan(ctx context.Context, p policy.Plan, price *invoice.Plan) (policy.Plan, error)
 	GetPlan(ctx context.Context, id string) (policy.Plan, error)
 	Plans(ctx context.Context) ([]policy.Plan, error)
+	// Alert rules of accounts and plans (docs/alerts.md).
+	CreateAlert(ctx context.Context, r policy.AlertRule) (policy.AlertRule, error)
+	UpdateAlert(ctx context.Context, r policy.AlertRule) (policy.AlertRule, error)
+	GetAlert(ctx context.Context, id string) (policy.AlertRule, error)
+	Alerts(ctx context.Context, account, plan string) ([]policy.AlertRule, error)
+	DeleteAlert(ctx context.Context, id string) error
 }
 
 // Decider takes decisions in Redis (admission.Admitter).
@@ -158,6 +164,11 @@ var Routes = []string{
 	"PUT /v1/admin/plans/{id}",
 	"POST /v1/admin/accounts/{id}/grants",
 	"DELETE /v1/admin/accounts/{id}/grants/{grant}",
+	"POST /v1/admin/alerts",
+	"GET /v1/admin/alerts",
+	"GET /v1/admin/alerts/{id}",
+	"PUT /v1/admin/alerts/{id}",
+	"DELETE /v1/admin/alerts/{id}",
 	"GET /openapi.yaml",
 }
 
@@ -181,6 +192,13 @@ func (s *Server) routes() {
 		"GET /v1/balance/{account}":                     s.service(s.balance),
 		"POST /v1/admin/accounts/{id}/grants":           s.admin(s.createGrant),
 		"DELETE /v1/admin/accounts/{id}/grants/{grant}": s.admin(s.voidGrant),
+
+		// Alert rules (alerts.go).
+		"POST /v1/admin/alerts":        s.admin(s.createAlert),
+		"GET /v1/admin/alerts":         s.admin(s.listAlerts),
+		"GET /v1/admin/alerts/{id}":    s.admin(s.getAlert),
+		"PUT /v1/admin/alerts/{id}":    s.admin(s.updateAlert),
+		"DELETE /v1/admin/alerts/{id}": s.admin(s.deleteAlert),
 
 		"GET /openapi.yaml": func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/yaml")
@@ -312,6 +330,8 @@ func errorFor(err error) (*Error, bool) {
 		return badRequest("invalid_"+strings.ReplaceAll(inv.Field, ".", "_"), "%s", inv.Error()), true
 	case errors.Is(err, policy.ErrNotFound):
 		return &Error{Status: 404, Code: "not_found", Message: err.Error()}, true
+	case errors.Is(err, policy.ErrAlertExists):
+		return &Error{Status: 409, Code: "alert_exists", Message: "the account or plan has a rule of that kind, unit and period already: change it with PUT"}, true
 	case errors.Is(err, policy.ErrExists):
 		return &Error{Status: 409, Code: "exists", Message: err.Error()}, true
 	}

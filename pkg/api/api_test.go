@@ -45,6 +45,7 @@ type testBundle struct {
 	topic  string               // set when a Kafka recorder is wired
 	reg    *prometheus.Registry // the API's metrics
 	srv    *api.Server
+	keys   admission.Keys // the admitter's
 }
 
 type options struct {
@@ -80,10 +81,11 @@ func setup(t *testing.T, o options) *testBundle {
 	}
 	b := &testBundle{rdb: rdb, store: policy.NewStore(pool), cache: cache, prefix: strings.ReplaceAll(testenv.Name(t), "_", "-"),
 		reg: prometheus.NewRegistry()}
+	adm := admission.New(rdb, admission.Options{KeyPrefix: testenv.Prefix(t) + "mg", LeaseTTL: 5 * time.Second,
+		CallTimeout: o.callTimeout})
+	b.keys = adm.Keys()
 	cfg := api.Config{
-		Log: log, Policies: cache, Admin: b.store,
-		Decider: admission.New(rdb, admission.Options{KeyPrefix: testenv.Prefix(t) + "mg", LeaseTTL: 5 * time.Second,
-			CallTimeout: o.callTimeout}),
+		Log: log, Policies: cache, Admin: b.store, Decider: adm,
 		ServiceToken: serviceToken, AdminToken: adminToken, Source: "test-node", Registerer: b.reg,
 	}
 	if o.recorder {

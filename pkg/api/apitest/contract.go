@@ -86,6 +86,11 @@ var Inexpressible = []struct {
 		"that tiers run contiguously from included to no end compares items of an array, which OpenAPI 3.0 cannot"},
 	{"invalid_price_units", []string{"whole number"},
 		"as for units: 1.0 and 1e3 are integers to the document, not whole numbers to the API"},
+	{"invalid_owner", []string{"exactly one of account and plan", "no such account or plan"},
+		"that a rule names one owner, and which accounts and plans exist, are not the document's to state"},
+	{"invalid_period", []string{"only a quota_percent rule"}, "which periods a rule may watch depends on its kind"},
+	{"invalid_thresholds", []string{"percentages must be from 1 to 100", "whole numbers"},
+		"whether thresholds are percentages depends on the rule's kind; and, as for units, 1.0 is an integer to the document"},
 	{"invalid_price_base_fee_minor", []string{"whole number"},
 		"as for units: 1.0 and 1e3 are integers to the document, not whole numbers to the API"},
 }
