@@ -114,6 +114,9 @@ type Config struct {
 	// Credits grants, voids and reads prepaid credit balances (credit.Store); nil answers
 	// those routes 503.
 	Credits Credits
+	// Webhooks keeps webhook endpoints and their delivery log (webhook.Store, which refuses
+	// private targets unless WEBHOOK_ALLOW_PRIVATE); nil answers those routes 503.
+	Webhooks Webhooks
 }
 
 // Server serves the API.
@@ -169,6 +172,16 @@ var Routes = []string{
 	"GET /v1/admin/alerts/{id}",
 	"PUT /v1/admin/alerts/{id}",
 	"DELETE /v1/admin/alerts/{id}",
+	"POST /v1/admin/webhooks",
+	"GET /v1/admin/webhooks",
+	"GET /v1/admin/webhooks/{id}",
+	"PUT /v1/admin/webhooks/{id}",
+	"DELETE /v1/admin/webhooks/{id}",
+	"POST /v1/admin/webhooks/{id}/rotate",
+	"GET /v1/admin/webhooks/{id}/deliveries",
+	"GET /v1/admin/webhooks/{id}/deliveries/{delivery}",
+	"POST /v1/admin/webhooks/{id}/deliveries/{delivery}/replay",
+	"POST /v1/admin/webhooks/{id}/replay",
 	"GET /openapi.yaml",
 }
 
@@ -199,6 +212,18 @@ func (s *Server) routes() {
 		"GET /v1/admin/alerts/{id}":    s.admin(s.getAlert),
 		"PUT /v1/admin/alerts/{id}":    s.admin(s.updateAlert),
 		"DELETE /v1/admin/alerts/{id}": s.admin(s.deleteAlert),
+
+		// Webhook endpoints, the delivery log and replay (webhooks.go).
+		"POST /v1/admin/webhooks":                                   s.webhooks(s.createWebhook),
+		"GET /v1/admin/webhooks":                                    s.webhooks(s.listWebhooks),
+		"GET /v1/admin/webhooks/{id}":                               s.webhooks(s.getWebhook),
+		"PUT /v1/admin/webhooks/{id}":                               s.webhooks(s.updateWebhook),
+		"DELETE /v1/admin/webhooks/{id}":                            s.webhooks(s.deleteWebhook),
+		"POST /v1/admin/webhooks/{id}/rotate":                       s.webhooks(s.rotateWebhook),
+		"GET /v1/admin/webhooks/{id}/deliveries":                    s.webhooks(s.listDeliveries),
+		"GET /v1/admin/webhooks/{id}/deliveries/{delivery}":         s.webhooks(s.getDelivery),
+		"POST /v1/admin/webhooks/{id}/deliveries/{delivery}/replay": s.webhooks(s.replayDelivery),
+		"POST /v1/admin/webhooks/{id}/replay":                       s.webhooks(s.replayWebhooks),
 
 		"GET /openapi.yaml": func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/yaml")
