@@ -36,6 +36,7 @@ import (
 	"github.com/metergate/metergate/pkg/outbox"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/topic"
+	"github.com/metergate/metergate/pkg/webhook"
 )
 
 func main() {
@@ -106,6 +107,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		RedisDownRateOnly: api.FailPolicy(a.RedisDownRateOnly), RedisDownQuota: api.FailPolicy(a.RedisDownQuota),
 		Registerer: reg, Estimate: estimate.Options{DefaultOutput: int64(a.EstimateDefaultOutput)},
 		MaxWait: a.MaxWait, Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil),
+		Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
 	})
 
 	probes := &ops.Probes{}

@@ -1,6 +1,8 @@
 // Command meter consumes usage events from Kafka as a consumer group and writes one exact
 // row per event into PostgreSQL, committing Kafka offsets only after the rows are committed
 // (pkg/meter). On SIGTERM it writes the batches in hand, commits their offsets and exits 0.
+// Unless METER_WEBHOOKS=false it also delivers the usage alerts it records to the webhook
+// endpoints (pkg/webhook), beside any other meter.
 //
 // Configuration comes from environment variables, each mirrored by a flag (meter -h lists
 // them); -validate checks it and exits; -migrate applies pending database migrations first.
@@ -23,6 +25,7 @@ import (
 	"github.com/metergate/metergate/pkg/meter"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/topic"
+	"github.com/metergate/metergate/pkg/webhook"
 )
 
 // failpoint is called at pkg/meter's failpoints. It is nil in the command; a test build of
@@ -78,8 +81,23 @@ func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
 		return err
 	}
 
+	var deliverer *webhook.Deliverer
+	if cfg.DeliverWebhooks {
+		w := cfg.Webhooks
+		deliverer = webhook.NewDeliverer(pool, webhook.DelivererOptions{
+			Logger: log.With("component", "webhooks"), Registerer: reg, AllowPrivate: w.AllowPrivate,
+			Timeout: w.Timeout, Poll: w.Poll, Concurrency: w.Concurrency, BackoffBase: w.BackoffBase,
+			BackoffCap: w.BackoffCap, RetryFor: w.RetryFor, DisableAfter: w.DisableAfter,
+		})
+		probes.Add("webhooks", deliverer.Ready)
+	}
+
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
+	if deliverer != nil {
+		// Run ends when ctx does, once the attempts in flight are recorded.
+		g.Go(func() error { return deliverer.Run(ctx) })
+	}
 	g.Go(func() error {
 		if err := topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()); err != nil {
 			return nil // ends with ctx only: a shutdown before the topic was there

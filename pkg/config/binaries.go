@@ -24,6 +24,8 @@ type Admit struct {
 	Postgres  Postgres
 	Kafka     Kafka
 	Admission Admission
+	// Webhooks: admit reads only AllowPrivate, to check endpoints' URLs.
+	Webhooks Webhooks
 	// Migrate applies pending migrations before serving.
 	Migrate bool
 }
@@ -169,6 +171,7 @@ func (c *Admit) Register(l *Loader) {
 	c.Postgres.Register(l)
 	c.Kafka.Register(l)
 	c.Admission.Register(l)
+	c.Webhooks.registerAllowPrivate(l)
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 }
 
@@ -192,7 +195,60 @@ type Meter struct {
 	// SessionTimeout is how long the group waits for a silent meter before giving its
 	// partitions to the others.
 	SessionTimeout time.Duration
-	Migrate        bool
+	// DeliverWebhooks runs the webhook deliverer in the meter (METER_WEBHOOKS).
+	DeliverWebhooks bool
+	Webhooks        Webhooks
+	Migrate         bool
+}
+
+// Webhooks is how webhook targets are guarded (admit and meter) and deliveries retried
+// (meter's deliverer, pkg/webhook).
+type Webhooks struct {
+	AllowPrivate bool
+	Timeout      time.Duration
+	Poll         time.Duration
+	Concurrency  int
+	BackoffBase  time.Duration
+	BackoffCap   time.Duration
+	RetryFor     time.Duration
+	DisableAfter int
+}
+
+func (c *Webhooks) registerAllowPrivate(l *Loader) {
+	l.Bool(&c.AllowPrivate, "WEBHOOK_ALLOW_PRIVATE", false, "let webhook endpoints be loopback, private or link-local addresses (tests, private deployments)")
+}
+
+// Register adds the WEBHOOK_* settings of the deliverer.
+func (c *Webhooks) Register(l *Loader) {
+	c.registerAllowPrivate(l)
+	l.Duration(&c.Timeout, "WEBHOOK_TIMEOUT", 10*time.Second, "bound of one delivery attempt, connection to the end of the reply")
+	l.Duration(&c.Poll, "WEBHOOK_POLL", time.Second, "how often due deliveries are looked for (a queued alert wakes the deliverer sooner through LISTEN/NOTIFY)")
+	l.Int(&c.Concurrency, "WEBHOOK_CONCURRENCY", 8, "most delivery attempts in flight per meter")
+	l.Duration(&c.BackoffBase, "WEBHOOK_BACKOFF_BASE", 5*time.Second, "retry n waits a random time up to min(WEBHOOK_BACKOFF_CAP, base·2^(n-1))")
+	l.Duration(&c.BackoffCap, "WEBHOOK_BACKOFF_CAP", time.Hour, "longest wait between two attempts of a delivery")
+	l.Duration(&c.RetryFor, "WEBHOOK_RETRY_FOR", 24*time.Hour, "how long after its first attempt a delivery is retried before it is failed")
+	l.Int(&c.DisableAfter, "WEBHOOK_DISABLE_AFTER", 50, "failed attempts in a row, across an endpoint's deliveries, that disable it")
+}
+
+// Validate reports every bad deliverer setting.
+func (c Webhooks) Validate() error {
+	var errs []error
+	for name, d := range map[string]time.Duration{"WEBHOOK_TIMEOUT": c.Timeout, "WEBHOOK_POLL": c.Poll,
+		"WEBHOOK_BACKOFF_BASE": c.BackoffBase, "WEBHOOK_BACKOFF_CAP": c.BackoffCap, "WEBHOOK_RETRY_FOR": c.RetryFor} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s=%s: want more than 0", name, d))
+		}
+	}
+	if c.BackoffCap < c.BackoffBase {
+		errs = append(errs, fmt.Errorf("WEBHOOK_BACKOFF_CAP=%s: want at least WEBHOOK_BACKOFF_BASE (%s)", c.BackoffCap, c.BackoffBase))
+	}
+	if c.Concurrency < 1 || c.Concurrency > 1024 {
+		errs = append(errs, fmt.Errorf("WEBHOOK_CONCURRENCY=%d: want 1-1024", c.Concurrency))
+	}
+	if c.DisableAfter < 1 {
+		errs = append(errs, fmt.Errorf("WEBHOOK_DISABLE_AFTER=%d: want at least 1", c.DisableAfter))
+	}
+	return prefix("webhooks", errs)
 }
 
 // Register adds every setting of meter to l.
@@ -205,6 +261,8 @@ func (c *Meter) Register(l *Loader) {
 	l.Int(&c.BatchSize, "METER_BATCH_SIZE", 1000, "most messages per batch (one PostgreSQL transaction, then one offset commit)")
 	l.Duration(&c.BatchWait, "METER_BATCH_WAIT", 200*time.Millisecond, "how long a batch waits to fill once its first message is in")
 	l.Duration(&c.SessionTimeout, "METER_SESSION_TIMEOUT", 30*time.Second, "how long the consumer group waits for a silent meter before giving its partitions to the others (within the broker's group.min/max.session.timeout.ms)")
+	l.Bool(&c.DeliverWebhooks, "METER_WEBHOOKS", true, "run the webhook deliverer in this process (docs/webhooks.md)")
+	c.Webhooks.Register(l)
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 }
 
@@ -223,7 +281,7 @@ func (c Meter) Validate() error {
 	if c.SessionTimeout < time.Second || c.SessionTimeout > 30*time.Minute {
 		errs = append(errs, fmt.Errorf("METER_SESSION_TIMEOUT=%s: want 1s-30m", c.SessionTimeout))
 	}
-	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Postgres.Validate(), c.Kafka.Validate(), prefix("meter", errs))
+	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Postgres.Validate(), c.Kafka.Validate(), prefix("meter", errs), c.Webhooks.Validate())
 }
 
 // Reconcile is the configuration of cmd/reconcile, a run-once job.
