@@ -88,7 +88,7 @@ func TestWebhookEndpointAPI(t *testing.T) {
 	_, err := b.pool.Exec(b.ctx, `UPDATE webhook_endpoints SET consecutive_failures = 7 WHERE id = $1`, id)
 	require.NoError(t, err)
 	r = b.call(t, "PUT", "/v1/admin/webhooks/"+id, adminToken, map[string]any{
-		"url": "https://hooks.example.com/v2", "event_types": []string{"usage.threshold.v1"}, "enabled": true})
+		"url": "https://hooks.example.com/v2", "event_types": []string{"usage.threshold.v1"}, "account": org, "enabled": true})
 	require.Equal(t, http.StatusOK, r.Status, r.Raw)
 	require.Equal(t, true, r.Body["enabled"])
 	require.NotContains(t, r.Body, "disabled_reason")
@@ -117,6 +117,8 @@ func TestWebhookEndpointAPI(t *testing.T) {
 		{"POST", "/v1/admin/webhooks", map[string]any{"url": "https://hooks.example.com/", "event_types": []string{"usage.threshold.v1"}, "account": "no spaces"}, "invalid_account"},
 		{"POST", "/v1/admin/webhooks", map[string]any{"url": "https://hooks.example.com/" + strings.Repeat("a", 2048), "event_types": []string{"usage.threshold.v1"}}, "invalid_url"},
 		{"POST", "/v1/admin/webhooks", map[string]any{"url": "https://hooks.example.com/", "event_types": []string{"usage.threshold.v1"}, "secret": "mine"}, "unknown_field"},
+		{"POST", "/v1/admin/webhooks", map[string]any{"url": "http://127.0.0.1:8080/", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
+		{"PUT", "/v1/admin/webhooks/" + id, map[string]any{"url": "http://127.0.0.1:8080/", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
 		{"POST", "/v1/admin/webhooks", map[string]any{"url": "http://[::1]:8080/", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
 		{"POST", "/v1/admin/webhooks", map[string]any{"url": "http://10.1.2.3/", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
 		{"POST", "/v1/admin/webhooks/" + id + "/rotate", map[string]any{"overlap_s": -1}, "invalid_overlap"},
@@ -164,7 +166,8 @@ func TestWebhookEndpointAPI(t *testing.T) {
 func TestWebhookAPIPrivateAllowedAndUnconfigured(t *testing.T) {
 	t.Parallel()
 	b := setupWebhooks(t, true)
-	r := b.call(t, "POST", "/v1/admin/webhooks", adminToken, map[string]any{"url": "http://127.0.0.1:9/h", "event_types": []string{"usage.threshold.v1"}})
+	r := b.call(t, "POST", "/v1/admin/webhooks", adminToken, map[string]any{"url": "http://127.0.0.1:9/h",
+		"event_types": []string{"usage.threshold.v1"}, "account": b.id("org"), "enabled": false}) // no other test's alert reaches it
 	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
 
 	none := &testBundle{}

@@ -298,8 +298,8 @@ func (s *Store) DeleteEndpoint(ctx context.Context, id string) error {
 }
 
 // Rotate gives an endpoint a new secret, which it returns (shown only here). The current
-// secret keeps signing beside it for overlap (0: DefaultOverlap is not applied, it stops at
-// once); older secrets keep their own expiry.
+// secret keeps signing beside it for overlap (0: it stops at once; the admin API's default
+// is DefaultOverlap); older secrets keep their own expiry.
 func (s *Store) Rotate(ctx context.Context, id string, overlap time.Duration) (Endpoint, string, error) {
 	if overlap < 0 || overlap > MaxOverlap {
 		return Endpoint{}, "", invalid("overlap", "overlap_s must be 0-%d seconds", int64(MaxOverlap/time.Second))
