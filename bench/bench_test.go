@@ -31,7 +31,7 @@ func TestBench(t *testing.T) {
 		RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Brokers: testenv.KafkaBrokers(t),
 		Duration: time.Second, Warmup: 200 * time.Millisecond, Clients: 16, Rounds: 3,
 		Accounts: 2000, E2ERate: 300, EvalshaRequests: 3000, MemoryN: 2000, IdempotencyTTL: 24 * time.Hour, CreditsDecisions: 2000,
-		Only: []string{"throughput", "idle", "e2e", "pipeline", "memory", "redismem", "waiters", "credits"}, // "go": the packages' own benchmarks
+		Only: []string{"throughput", "idle", "e2e", "pipeline", "memory", "redismem", "waiters", "credits", "alerts"}, // "go": the packages' own benchmarks
 	}
 	var out bytes.Buffer
 	res, err := run(ctx, cfg, &out)
@@ -55,7 +55,7 @@ func TestBench(t *testing.T) {
 	// So are server-wide CPU and script calls over 1 s samples: what waiters cost is read
 	// from make bench; TestWaitersDoNotPoll (pkg/admission) counts the calls exactly.
 	for _, k := range []string{"redis_bytes_per_active_account", "redis_bytes_per_idempotency_record", "redis_gb_idempotency_at_10k_per_s",
-		"waiters_1000_redis_cpu_ms_per_s", "waiters_1000_script_calls_per_s", "credits_redis_cost_ratio"} {
+		"waiters_1000_redis_cpu_ms_per_s", "waiters_1000_script_calls_per_s", "credits_redis_cost_ratio", "alerts_redis_cost_ratio"} {
 		_, ok := res.Value(k)
 		require.True(t, ok, "no %s in\n%s", k, out.String())
 	}

@@ -45,40 +45,8 @@ func (s *stack) credits(ctx context.Context, res *Results) error {
 	}
 
 	sample := func(p policy.Resolved) (float64, error) {
-		cpu0, err := s.redisCPU(ctx)
-		if err != nil {
-			return 0, err
-		}
-		n := int64(s.cfg.CreditsDecisions)
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		errs := make(chan error, 32)
-		for range 32 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for next.Add(1) <= n {
-					d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(p.Org), Policy: p, Units: decisionUnits, Source: "bench"})
-					if err == nil && d.Result != admission.Allow {
-						err = fmt.Errorf("decision %s", d.Result)
-					}
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			return 0, err
-		}
-		cpu1, err := s.redisCPU(ctx)
-		if err != nil {
-			return 0, err
-		}
-		return float64((cpu1 - cpu0).Microseconds()) / float64(n), nil
+		c, err := s.decisionCost(ctx, adm, p, s.cfg.CreditsDecisions)
+		return c.cpu, err
 	}
 
 	var without, with, ratio []float64
@@ -97,4 +65,61 @@ func (s *stack) credits(ctx context.Context, res *Results) error {
 		fmt.Sprintf("Redis CPU per decision drawing a balance of tokens at the org (one grant) ÷ the same decision without, %d decisions of 32 callers per sample, each round's pair; with %v µs, without %v µs (medians)",
 			s.cfg.CreditsDecisions, round(spreadOf(with).Median), round(spreadOf(without).Median)))
 	return nil
+}
+
+// cost is what n decisions cost Redis, per decision, µs: its CPU (INFO cpu) and the time
+// its script calls took (INFO commandstats), which leaves out reading requests and writing
+// replies and so varies less.
+type cost struct{ cpu, script, calls float64 }
+
+// decisionCost takes n decisions of p by 32 concurrent callers of adm and returns what they
+// cost Redis per decision.
+func (s *stack) decisionCost(ctx context.Context, adm *admission.Admitter, p policy.Resolved, n int) (cost, error) {
+	cs0, err := s.commandStats(ctx)
+	if err != nil {
+		return cost{}, err
+	}
+	cpu0, err := s.redisCPU(ctx)
+	if err != nil {
+		return cost{}, err
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) {
+				d, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(p.Org), Policy: p, Units: decisionUnits, Source: "bench"})
+				if err == nil && d.Result != admission.Allow {
+					err = fmt.Errorf("decision %s", d.Result)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		return cost{}, err
+	}
+	cpu1, err := s.redisCPU(ctx)
+	if err != nil {
+		return cost{}, err
+	}
+	cs1, err := s.commandStats(ctx)
+	if err != nil {
+		return cost{}, err
+	}
+	var usec float64
+	for _, name := range []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"} {
+		usec += cs1[name].Usec - cs0[name].Usec
+	}
+	calls0, _ := scriptCalls(cs0)
+	calls1, _ := scriptCalls(cs1)
+	return cost{cpu: float64((cpu1 - cpu0).Microseconds()) / float64(n), script: usec / float64(n), calls: (calls1 - calls0) / float64(n)}, nil
 }

@@ -81,7 +81,7 @@ type Config struct {
 	// CreditsDecisions is the decisions of each sample of the credits measurement.
 	CreditsDecisions int
 	// Only names the measurements to take (throughput, idle, e2e, pipeline, memory,
-	// redismem, waiters, credits, go);
+	// redismem, waiters, credits, alerts, go);
 	// empty: all of them.
 	Only []string
 	// MeterEvents is the events of the meter benchmark (its -benchtime Nx), and
@@ -123,8 +123,8 @@ func parse(args []string) (Config, error) {
 	fs.IntVar(&cfg.Accounts, "accounts", 100_000, "accounts in admit's policy cache for the memory figure")
 	fs.Float64Var(&cfg.E2ERate, "e2e-rate", 10_000, "offered rate of the end-to-end run, events/s")
 	fs.IntVar(&cfg.EvalshaRequests, "evalsha-requests", 200_000, "redis-benchmark -n")
-	fs.IntVar(&cfg.CreditsDecisions, "credits-decisions", 20_000, "decisions of each sample of the credits measurement")
-	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, go (default: all)")
+	fs.IntVar(&cfg.CreditsDecisions, "credits-decisions", 20_000, "decisions of each sample of the credits and alerts measurements")
+	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, go (default: all)")
 	fs.StringVar(&cfg.MeterEvents, "meter-events", "100000", "events of the meter benchmark")
 	fs.StringVar(&cfg.ReconcileBenchtime, "reconcile-benchtime", "3x", "-benchtime of the reconcile benchmark")
 	if err := fs.Parse(args); err != nil {

@@ -68,8 +68,10 @@
 --                        remaining units), tkey (their terms: grant id → "<priority>|
 --                        <effective ms>|<expires ms, 0 never>"), amount, label
 --                        ("<account>:<unit>", how the event names the draws)
---   per alert:           ref ("q<i>": the decision's quota record i, "c<i>": its credit
---                        record i), at (the threshold, units), spec (its name: "p80",
+--   per alert rule:      ref (i > 0: the decision's quota record i, i < 0: its credit
+--                        record -i), next (units: the thresholds are looked at when the
+--                        counter is at least next, or the balance below it), list (the
+--                        thresholds, "<units>:<spec>,…" ascending; spec names one: "p80",
 --                        "b5000", "bp20"), label ("<account>:<unit>")
 --   wait record:         wait (ms the request may still wait), ticket (its id), member
 --                        and tq (its place in a queue and that queue's key, "" when not
@@ -86,12 +88,13 @@
 -- the earliest expiry, then the grant id; less than the amount in all of them refuses it.
 --
 -- Alerts (docs/alerts.md): a threshold fires in the call whose request crosses it: a quota
--- counter going from below at to at or more (or, for a threshold at the quota, the first
--- request the quota refuses), a balance going from at or more to below at. Each fires once:
--- a quota's thresholds per counter (so per period), marked in the hash "<counter>|a"
--- (spec -> 1, expiring with the counter); a balance's per arming grant, the latest grant
--- effective (greatest effective time, then id), marked in "<grants>|a" (spec -> that
--- grant): a top-up re-arms it, a refund does not. A firing appends an entry to the outbox
+-- counter reaching it (or, for a threshold at the quota, the first request the quota
+-- refuses), a balance going from at or more to below it. Each fires once: a quota's
+-- thresholds per counter (so per period), marked in the hash "<counter>|a" (spec -> 1,
+-- expiring with the counter); a balance's per arming grant, the latest grant effective
+-- (greatest effective time, then id), marked in "<grants>|a" (spec -> that grant): a
+-- top-up re-arms it, a refund does not. Go leaves out of next the quota thresholds it saw
+-- reached (their decision had them), so most decisions compare one number per rule. A firing appends an entry to the outbox
 -- after the request's usage event: "a" = "<ev><sec>|<usec>|<period>|<label>|<spec>|<at>|
 -- <value>|<window>|<admitted>" (window: the counter's period label, or the arming grant;
 -- value: the counter after the request, before it when refused, or the balance after it).
@@ -129,7 +132,7 @@ local CLOCK_OFF, DECIDED = 0, 1
 local ALLOWED, RATE_LIMITED, OVER_QUOTA, IDEMPOTENCY_REUSED, INSUFFICIENT_BALANCE = 1, 2, 3, 4, 5
 
 local A, K, call, tonumber, unpack, fmt, match, sub = ARGV, KEYS, redis.call, tonumber, unpack, string.format, string.match, string.sub
-local floor, ceil, pairs = math.floor, math.ceil, pairs
+local floor, ceil, pairs, gmatch = math.floor, math.ceil, pairs, string.gmatch
 
 local time = call('TIME')
 local sec, usec = time[1], time[2]
@@ -165,7 +168,7 @@ local qk, qa, qc, qd = {}, {}, {}, {}     -- quota: key, amount, quota, daily
 local ck, cc                              -- concurrency: key, cap
 local tu, tcf, tci, tcw, tb, ct, bb       -- tier: up, ceiling field, inc, win, borrow, new TAT, borrowed
 local gk, gt, ga, gl, gb, gd              -- credit: grants, terms, amount, label, balance, draws
-local xr, xa, xs, xl                      -- alert: ref, at, spec, label
+local xr, xn, xs, xl                      -- alert: ref, next, list, label
 local CLASS = 2 ^ 40                      -- a queue score's class unit
 
 -- head returns the first live member of queue qkey and its score, dropping (and telling)
@@ -260,9 +263,10 @@ local function arming(gkey)
   return best
 end
 
--- fire appends alert record i's threshold event to the outbox (see "Alerts" above).
-local function fire(ev, i, value, window, admitted)
-  call('XADD', K[1], '*', 'a', ev .. stamp .. '|' .. xl[i] .. '|' .. xs[i] .. '|' .. fmt('%d', xa[i]) .. '|' ..
+-- fire appends the threshold event of alert record i's threshold at (units), named spec,
+-- to the outbox (see "Alerts" above).
+local function fire(ev, i, spec, at, value, window, admitted)
+  call('XADD', K[1], '*', 'a', ev .. stamp .. '|' .. xl[i] .. '|' .. spec .. '|' .. at .. '|' ..
     fmt('%d', value) .. '|' .. window .. '|' .. (admitted and '1' or '0'))
 end
 
@@ -344,12 +348,12 @@ for dn = 1, tonumber(decisions) do
     a = a + 4
     gk[i], gt[i], ga[i], gl[i], gb[i], gd[i] = gkey, tkey, tonumber(amount), label, -1, false
   end
-  if n_alert > 0 and not xr then xr, xa, xs, xl = {}, {}, {}, {} end
+  if n_alert > 0 and not xr then xr, xn, xs, xl = {}, {}, {}, {} end
   for i = 1, n_alert do
     -- layout: alert
-    local ref, at, spec, label = unpack(A, a, a + 3)
+    local ref, next, list, label = unpack(A, a, a + 3)
     a = a + 4
-    xr[i], xa[i], xs[i], xl[i] = ref, tonumber(at), spec, label
+    xr[i], xn[i], xs[i], xl[i] = tonumber(ref), tonumber(next), list, label
   end
   local wait, ticket, member, tq = 0, '', '', ''
   if n_wait == '1' then
@@ -580,27 +584,35 @@ for dn = 1, tonumber(decisions) do
 
   -- Alerts: the thresholds this request crossed fire, each once (see "Alerts" above).
   for i = 1, n_alert do
-    local ref, at = xr[i], xa[i]
-    local j = tonumber(sub(ref, 2))
-    if sub(ref, 1, 1) == 'q' then
+    local j = xr[i]
+    if j > 0 then
       local key = qk[j]
-      local val, crossed = used[key], false
-      if code == ALLOWED and replayed == 0 then
-        crossed = val - qa[j] < at and val >= at
-      elseif code == OVER_QUOTA and ra == j then
-        crossed = val < at and at >= qc[j]
-      end
-      if crossed and call('HSETNX', key .. '|a', xs[i], 1) == 1 then
-        call('PEXPIREAT', key .. '|a', qd[j] and d_exp or m_exp)
-        fire(ev, i, val, qd[j] and day or period, code == ALLOWED)
+      local val, refused = used[key], code == OVER_QUOTA and ra == j
+      if refused or code == ALLOWED and replayed == 0 and val >= xn[i] then
+        local marks = key .. '|a'
+        for at, spec in gmatch(xs[i], '(%d+):([^,]+)') do
+          local n = tonumber(at)
+          if (refused and n >= qc[j] and val < n or not refused and val >= n) and call('HSETNX', marks, spec, 1) == 1 then
+            call('PEXPIREAT', marks, qd[j] and d_exp or m_exp)
+            fire(ev, i, spec, at, val, qd[j] and day or period, not refused)
+          end
+        end
       end
     elseif code == ALLOWED and replayed == 0 then
+      j = -j
       local bal = gb[j]
-      if bal < at and bal + ga[j] >= at then
-        local grant, mark = arming(gk[j]), gk[j] .. '|a'
-        if call('HGET', mark, xs[i]) ~= grant then
-          call('HSET', mark, xs[i], grant)
-          fire(ev, i, bal, grant, true)
+      if bal < xn[i] then
+        local was, grant = bal + ga[j], nil
+        for at, spec in gmatch(xs[i], '(%d+):([^,]+)') do
+          local n = tonumber(at)
+          if bal < n and was >= n then
+            if not grant then grant = arming(gk[j]) end
+            local marks = gk[j] .. '|a'
+            if call('HGET', marks, spec) ~= grant then
+              call('HSET', marks, spec, grant)
+              fire(ev, i, spec, at, bal, grant, true)
+            end
+          end
         end
       end
     end

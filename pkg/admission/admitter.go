@@ -371,10 +371,11 @@ type plan struct {
 	alerts  []alertRecord
 }
 
-// alertRecord is one threshold a decision may fire: the script's alert record.
+// alertRecord is one alert rule's thresholds a decision may fire: the script's alert record.
 type alertRecord struct {
 	*alertArgs
-	ref string // "q<i>": the decision's quota i; "c<i>": its credit record i
+	ref  int   // i > 0: the decision's quota i; i < 0: its credit record -i
+	next int64 // the script looks at the thresholds when the counter reaches it, or the balance falls below it
 }
 
 type creditCheck struct {
@@ -477,9 +478,9 @@ const (
 )
 
 const (
-	alertRef   = iota // "q<i>" or "c<i>": the decision's quota or credit record it watches
-	alertAt           // the threshold in units
-	alertSpec         // "p80", "b5000", "bp20" (policy.Alert.Spec)
+	alertRef   = iota // i > 0: the decision's quota record i; i < 0: its credit record -i
+	alertNext         // units: a quota counter reaching it, a balance falling below it
+	alertList         // the thresholds: "<units>:<spec>,…" ascending (spec: policy.Alert.Spec)
 	alertLabel        // "<account>:<unit>"
 	alertLen
 )
@@ -522,7 +523,7 @@ var argNames = map[string][]string{
 		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait", decCredits: "n_credit", decAlerts: "n_alert",
 	})[:],
 	"credit": (&[creditLen]string{creditGrants: "gkey", creditTerms: "tkey", creditAmount: "amount", creditLabel: "label"})[:],
-	"alert":  (&[alertLen]string{alertRef: "ref", alertAt: "at", alertSpec: "spec", alertLabel: "label"})[:],
+	"alert":  (&[alertLen]string{alertRef: "ref", alertNext: "next", alertList: "list", alertLabel: "label"})[:],
 	"bucket": (&[bucketLen]string{bucketField: "field", bucketInc: "inc", bucketWin: "win"})[:],
 	"tier":   (&[tierLen]string{tierUp: "up", tierCeilingField: "cfield", tierCeilingInc: "cinc", tierCeilingWin: "cwin", tierBorrow: "borrow"})[:],
 	"wait":   (&[waitLen]string{waitMS: "w", waitTicket: "t", waitMember: "m", waitQueue: "q"})[:],
@@ -562,8 +563,15 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 		plans: make([]*plan, len(batch)),
 	}
 	e.keys[0] = a.keys.Outbox(shard)
+	var per periods
+	if late := now.Add(skew); period.MonthLabel(ref) == period.MonthLabel(late) {
+		per.month = period.MonthLabel(late)
+		if period.DayLabel(ref) == period.DayLabel(late) {
+			per.day = period.DayLabel(late)
+		}
+	}
 	for i, c := range batch {
-		e.plans[i] = a.encodeOne(&e, shard, c.req, c.wait)
+		e.plans[i] = a.encodeOne(&e, shard, c.req, c.wait, per)
 	}
 	return e
 }
@@ -572,7 +580,11 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 // integer in Lua's doubles.
 const maxMicros = 1e15
 
-func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan {
+// periods are the labels of the month and the day of an encoding, each "" when the script
+// may charge another one (Redis TIME may be up to skew away).
+type periods struct{ month, day string }
+
+func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting, per periods) *plan {
 	pol := r.Policy
 	lim := a.limitsOf(shard, pol)
 	p := &plan{req: r, rates: make([]check, 0, len(lim.checks))}
@@ -614,9 +626,9 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan
 			p.credits = append(p.credits, creditCheck{creditArgs: c, amount: amount})
 		}
 	}
-	for i := range lim.alerts {
-		if ref := lim.alerts[i].ref(p); ref != "" {
-			p.alerts = append(p.alerts, alertRecord{alertArgs: &lim.alerts[i], ref: ref})
+	for _, al := range lim.alerts {
+		if rec, ok := al.record(p, per); ok {
+			p.alerts = append(p.alerts, rec)
 		}
 	}
 
@@ -687,7 +699,8 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting) *plan
 	}
 	for _, al := range p.alerts {
 		var rec [alertLen]any
-		rec[alertRef], rec[alertAt], rec[alertSpec], rec[alertLabel] = al.ref, al.at, al.spec, al.label
+		rec[alertRef], rec[alertNext] = strconv.Itoa(al.ref), strconv.FormatInt(al.next, 10)
+		rec[alertList], rec[alertLabel] = al.list, al.label
 		e.args = append(e.args, rec[:]...)
 	}
 	if w != nil {
@@ -720,72 +733,117 @@ type limits struct {
 	concs    []policy.Level
 	concKeys []string
 	credits  []creditArgs // by level, org first, then in the level's order of units
-	alerts   []alertArgs  // the thresholds of the levels' alert rules
+	alerts   []*alertArgs // the levels' alert rules
 	event    eventStatic
 }
 
-// alertArgs is one threshold of an alert rule of a level: what it watches (a quota of
-// limits.checks, or a balance of limits.credits) and its constant arguments.
+// alertArgs is one alert rule of a level with what it watches (a quota of limits.checks, or
+// a balance of limits.credits) and its thresholds in units, ascending.
 type alertArgs struct {
 	check  *limitArgs  // the quota watched, nil for a balance
 	credit *creditArgs // the balance watched, nil for a quota
-	at     string      // the threshold in units
-	spec   string
+	at     []int64     // the thresholds in units, ascending
+	list   string      // the script's list: "<at>:<spec>,…"
 	label  string
+	// seen is the highest quota counter this node was told of in a period: thresholds at or
+	// below it have fired (the decision that reached them had them), so decisions leave
+	// them out. A new policy (any change of the policies) starts again from nothing.
+	seen atomic.Pointer[seenCounter]
 }
 
-// ref is the script's name of the record a decision's plan has for what a watches, ""
-// when the decision does not charge it.
-func (a *alertArgs) ref(p *plan) string {
+type seenCounter struct {
+	period string
+	used   int64
+}
+
+// record is the script's alert record of a for the decision p, if p charges what a watches
+// and, for a quota, a threshold is left above the counter seen in the current period.
+func (a *alertArgs) record(p *plan, per periods) (alertRecord, bool) {
 	if a.check != nil {
 		for i, c := range p.quotas {
-			if c.limitArgs == a.check {
-				return "q" + strconv.Itoa(i+1)
+			if c.limitArgs != a.check {
+				continue
 			}
+			label := per.month
+			if a.check.limit.QuotaPeriod == policy.Day {
+				label = per.day
+			}
+			next := a.at[0]
+			if s := a.seen.Load(); s != nil && label != "" && s.period == label {
+				j := sort.Search(len(a.at), func(j int) bool { return a.at[j] > s.used })
+				if j == len(a.at) {
+					return alertRecord{}, false // every threshold fired this period
+				}
+				next = a.at[j]
+			}
+			return alertRecord{alertArgs: a, ref: i + 1, next: next}, true
 		}
-		return ""
+		return alertRecord{}, false
 	}
 	for i, c := range p.credits {
 		if c.creditArgs == a.credit {
-			return "c" + strconv.Itoa(i+1)
+			// A balance goes up again (a top-up re-arms its thresholds): the script looks
+			// whenever it is below the highest.
+			return alertRecord{alertArgs: a, ref: -(i + 1), next: a.at[len(a.at)-1]}, true
 		}
 	}
-	return ""
+	return alertRecord{}, false
 }
 
-// alertsOf derives the thresholds of pol's alert rules that l can watch: a quota_percent
-// rule needs a quota of its unit and period at its level, a balance rule credit grants of
-// its unit (and, for balance_percent, units granted). Thresholds below one unit are left out.
+// saw records that the quota counter a watches was used in period.
+func (a *alertArgs) saw(period string, used int64) {
+	for {
+		old := a.seen.Load()
+		if old != nil && old.period == period && old.used >= used {
+			return
+		}
+		if a.seen.CompareAndSwap(old, &seenCounter{period: period, used: used}) {
+			return
+		}
+	}
+}
+
+// alertsOf derives the alert rules of pol that l can watch: a quota_percent rule needs a
+// quota of its unit and period at its level, a balance rule credit grants of its unit (and,
+// for balance_percent, units granted). Thresholds below one unit are left out.
 func (l *limits) alertsOf(pol policy.Resolved) {
 	for _, lv := range pol.Path {
 		for _, al := range lv.Alerts {
-			label := lv.Account + ":" + string(al.Unit)
-			for _, t := range al.Thresholds {
-				arg := alertArgs{spec: al.Spec(t), label: label}
-				var at int64
-				switch al.Kind {
-				case policy.QuotaPercent:
-					for i := range l.checks {
-						c := &l.checks[i]
-						if c.level.Account == lv.Account && c.unit == al.Unit && c.limit.HasQuota() && c.limit.QuotaPeriod == al.Period {
-							arg.check, at = c, ceilDiv(*c.limit.Quota*t, 100)
-						}
-					}
-				default:
-					for i := range l.credits {
-						c := &l.credits[i]
-						if c.level.Account == lv.Account && c.unit == al.Unit {
-							arg.credit, at = c, t
-							if al.Kind == policy.BalancePercent {
-								at = ceilDiv(lv.Granted[al.Unit]*t, 100)
-							}
-						}
+			arg := alertArgs{label: lv.Account + ":" + string(al.Unit)}
+			var of int64 // what percentages are of
+			switch al.Kind {
+			case policy.QuotaPercent:
+				for i := range l.checks {
+					c := &l.checks[i]
+					if c.level.Account == lv.Account && c.unit == al.Unit && c.limit.HasQuota() && c.limit.QuotaPeriod == al.Period {
+						arg.check, of = c, *c.limit.Quota
 					}
 				}
-				if at > 0 && (arg.check != nil || arg.credit != nil) {
-					arg.at = strconv.FormatInt(at, 10)
-					l.alerts = append(l.alerts, arg)
+			default:
+				for i := range l.credits {
+					c := &l.credits[i]
+					if c.level.Account == lv.Account && c.unit == al.Unit {
+						arg.credit, of = c, lv.Granted[al.Unit]
+					}
 				}
+			}
+			if arg.check == nil && arg.credit == nil {
+				continue
+			}
+			var list []string
+			for _, t := range al.Thresholds { // ascending (policy.AlertRule)
+				at := t
+				if al.Kind != policy.BalanceBelow {
+					at = ceilDiv(of*t, 100)
+				}
+				if at > 0 && (len(arg.at) == 0 || at > arg.at[len(arg.at)-1]) {
+					arg.at = append(arg.at, at)
+					list = append(list, strconv.FormatInt(at, 10)+":"+al.Spec(t))
+				}
+			}
+			if len(arg.at) > 0 {
+				arg.list = strings.Join(list, ",")
+				l.alerts = append(l.alerts, &arg)
 			}
 		}
 	}
@@ -1047,6 +1105,11 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		remaining := int64(-1)
 		if quota >= 0 {
 			remaining = max(0, quota-used)
+		}
+		for _, al := range p.alerts {
+			if al.ref == i+1 {
+				al.saw(c.limit.QuotaPeriod.Label(now), used)
+			}
 		}
 		out.Limits = append(out.Limits, LimitState{Account: c.level.Account, Unit: string(c.unit), Quota: true,
 			Limit: quota, Window: end.Sub(start), Remaining: remaining, Reset: end.Sub(now)})

@@ -206,6 +206,11 @@ func TestBalanceThresholdsOncePerGrant(t *testing.T) {
 		}
 		require.Len(t, b.thresholds(t), 2, "a refund does not re-arm a threshold")
 
+		// A top-up that leaves the balance below 30 (28 → 29) crosses nothing when drawn.
+		b.grant(t, b.org, policy.Credits, grantID(3), 1, 0, now.Add(-time.Second), time.Time{})
+		require.Equal(t, admission.Allow, b.mustDecide(t, pol, map[policy.Unit]int64{policy.Credits: 1}).Result)
+		require.Len(t, b.thresholds(t), 2, "nothing was crossed")
+
 		// A top-up (a later grant) lifts it to 128: below 30 fires again, armed by it.
 		b.grant(t, b.org, policy.Credits, grantID(2), 100, 0, now, time.Time{})
 		require.Equal(t, admission.Allow, b.mustDecide(t, pol, map[policy.Unit]int64{policy.Credits: 100}).Result)
