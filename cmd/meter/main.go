@@ -87,7 +87,7 @@ func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
 		deliverer = webhook.NewDeliverer(pool, webhook.DelivererOptions{
 			Logger: log.With("component", "webhooks"), Registerer: reg, AllowPrivate: w.AllowPrivate,
 			Timeout: w.Timeout, Poll: w.Poll, Concurrency: w.Concurrency, BackoffBase: w.BackoffBase,
-			BackoffCap: w.BackoffCap, RetryFor: w.RetryFor, DisableAfter: w.DisableAfter,
+			BackoffCap: w.BackoffCap, RetryFor: w.RetryFor, DisableAfter: w.DisableAfter, DisableOnGone: true,
 		})
 		probes.Add("webhooks", deliverer.Ready)
 	}

@@ -561,3 +561,25 @@ func TestTriggerQueuesMatchingEndpoints(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM webhook_deliveries WHERE alert = 'alert/rolled-back'`).Scan(&count))
 	require.Zero(t, count)
 }
+
+// With DisableOnGone, an endpoint that answers 410 Gone is disabled at its first such
+// attempt; without it, a 410 is a failed attempt like any other.
+func TestGoneDisables(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rc := newReceiver(t, func(int, *http.Request) int { return http.StatusGone })
+	e, secret := b.endpoint(t, rc.srv.URL, "")
+	rc.setSecret(secret)
+	b.run(t, webhook.DelivererOptions{AllowPrivate: true, Poll: 10 * time.Millisecond, DisableOnGone: true, BackoffBase: time.Hour})
+	id, _ := b.alert(t, []string{"acme"}, time.Now())
+	eventually(t, b.ctx, func() bool {
+		got, err := b.store.Endpoint(b.ctx, e.ID)
+		require.NoError(t, err)
+		e = got
+		return !e.Enabled
+	}, "a 410 never disabled the endpoint")
+	require.Equal(t, "the endpoint answered 410 Gone", e.DisabledReason)
+	d := b.delivery(t, e.ID, id)
+	require.Equal(t, 1, d.Attempts)
+	require.Equal(t, webhook.StatusPending, d.Status)
+}
