@@ -186,13 +186,14 @@ func (s *stack) apiKey(t *testing.T, ctx context.Context, account string) string
 	}
 }
 
-func newStack(t *testing.T, partitions int) *stack {
+func newStack(t *testing.T, partitions int, env ...string) *stack {
 	t.Helper()
-	return newStackOn(t, testenv.KafkaBrokers(t), testenv.Topic(t, partitions))
+	return newStackOn(t, testenv.KafkaBrokers(t), testenv.Topic(t, partitions), env...)
 }
 
-// newStackOn is newStack on the given brokers and (existing) topic.
-func newStackOn(t *testing.T, brokers []string, topic string) *stack {
+// newStackOn is newStack on the given brokers and (existing) topic; env is more of the
+// services' environment.
+func newStackOn(t *testing.T, brokers []string, topic string, env ...string) *stack {
 	t.Helper()
 	ctx := testenv.Context(t, 3*time.Minute)
 	db, schema := testenv.EmptySchema(t)
@@ -202,6 +203,7 @@ func newStackOn(t *testing.T, brokers []string, topic string) *stack {
 		"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=",
 		"KAFKA_BROKERS="+strings.Join(brokers, ","), "KAFKA_TOPIC="+topic,
 		"LOG_LEVEL=warn", "REDIS_TIMEOUT=5s")
+	common = append(common, env...)
 	s := &stack{db: db, org: strings.ReplaceAll(name, "_", "-"), topic: topic, brokers: brokers,
 		env:    append(common[:len(common):len(common)], "ADMIT_KEY_PREFIX=t:"+name+":mg"),
 		warmup: map[string]row{}, accounts: map[string][2]string{}, keys: map[string][2]string{}}

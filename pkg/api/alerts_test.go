@@ -65,6 +65,12 @@ func TestAlertAPI(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
 	}
 
+	acc := b.call(t, "GET", "/v1/admin/accounts/"+org, adminToken, nil)
+	require.Equal(t, http.StatusOK, acc.Status, acc.Raw)
+	level := acc.Body["effective"].(map[string]any)["path"].([]any)[0].(map[string]any)
+	require.Equal(t, []any{map[string]any{"kind": "quota_percent", "unit": "tokens", "period": "month", "thresholds": []any{30.0, 60.0}}},
+		level["alerts"], "the effective policy shows the rules that apply")
+
 	// 7 requests of 100 tokens: the 3rd crosses 30 %, the 6th 60 %.
 	var ids []string
 	for range 7 {
