@@ -24,10 +24,10 @@ import (
 type receiver struct {
 	secret atomic.Pointer[string]
 	mu     sync.Mutex
-	tries  map[string]int             // attempts by webhook-id
+	tries  map[string]int              // attempts by webhook-id
 	got    map[string]event.CloudEvent // accepted, by webhook-id
-	dups   int                        // accepted again after an acceptance
-	bad    []string                   // why a request was refused (a bad signature)
+	dups   int                         // accepted again after an acceptance
+	bad    []string                    // why a request was refused (a bad signature)
 }
 
 func newReceiver(t *testing.T) (*receiver, string) {
