@@ -175,6 +175,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		"DATABASE_URL=" + dbURL, "REDIS_URL=" + cfg.RedisURL, "REDIS_CLUSTER_ADDRS=",
 		"KAFKA_BROKERS=" + strings.Join(cfg.Brokers, ","), "KAFKA_TOPIC=" + cfg.Topic, "KAFKA_TOPIC_PARTITIONS=4",
 		"ADMIT_KEY_PREFIX=" + cfg.KeyPrefix, "ADMIT_SHARDS=16", "LOG_FORMAT=text", "LOG_LEVEL=info", "MIGRATE=false",
+		// The demo's webhook receiver listens on 127.0.0.1.
+		"WEBHOOK_ALLOW_PRIVATE=true",
 	}
 
 	// meter first, with -migrate: the schema is there once it is ready.
@@ -235,6 +237,17 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		return r, err
 	}
 	fmt.Fprintf(out, "  grant %s: 201; the retry: 200, grant %s\n", r.Credits.Grants[0].ID, r.Credits.RetryID)
+	rc, stopReceiver, err := startReceiver()
+	if err != nil {
+		return r, err
+	}
+	defer stopReceiver()
+	done = step("webhook endpoint %s (POST /v1/admin/webhooks) and alert rules (POST /v1/admin/alerts)", rc.url)
+	if err := done(setupAlerts(ctx, admin, rc, &r.Alerts)); err != nil {
+		return r, err
+	}
+	fmt.Fprintf(out, "  free plan: 50, 80, 100 %% of the month's requests quota; %s: balance of %s below 50 %% of what was granted\n",
+		prepaidOrg, prepaidUnit)
 	done = step("wait until admit's policy cache holds the accounts and the grant")
 	if err := done(waitLoaded(ctx, admin, tree)); err != nil {
 		return r, err
@@ -291,6 +304,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	}
 	if err := borrowings(ctx, pool, r); err != nil {
 		problem(fmt.Errorf("read usage_borrowings: %w", err))
+	}
+	r.Alerts.told = st.eventIDs()
+	done = step("wait until every alert reached the receiver (usage_alerts, webhook deliveries)")
+	if err := done(readAlerts(ctx, pool, rc, begin, 30*time.Second, &r.Alerts)); err != nil {
+		problem(err)
 	}
 
 	// Reconcile, then close the period(s) and export the invoices.

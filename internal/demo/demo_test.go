@@ -2,6 +2,7 @@ package demo
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -189,7 +190,7 @@ func TestDemo(t *testing.T) {
 
 // The verdict fails when the books do not add up.
 func TestCheck(t *testing.T) {
-	good := Report{Admitted: 10, Rows: 10, OutcomesReported: 4, OutcomesMetered: 4, Credits: credits(nil)}
+	good := Report{Admitted: 10, Rows: 10, OutcomesReported: 4, OutcomesMetered: 4, Credits: credits(nil), Alerts: alerts(nil)}
 	if err := good.Check(); err != nil {
 		t.Fatalf("good books: %v", err)
 	}
@@ -209,6 +210,16 @@ func TestCheck(t *testing.T) {
 		"none passed":      {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.AdmittedAfterTopUp = 0 })},
 		"retry regranted":  {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.RetryID = "gr_other" })},
 		"charged≠consumed": {Admitted: 1, Rows: 1, Credits: credits(func(c *Credits) { c.Charged++ })},
+		"alert twice":      {Admitted: 1, Rows: 1, Credits: credits(nil), Alerts: alerts(func(a *Alerts) { a.Accepted[a.Fired[0].ID] = 2 })},
+		"alert undelivered": {Admitted: 1, Rows: 1, Credits: credits(nil),
+			Alerts: alerts(func(a *Alerts) { delete(a.Accepted, a.Fired[1].ID) })},
+		"alert missing": {Admitted: 1, Rows: 1, Credits: credits(nil), Alerts: alerts(func(a *Alerts) {
+			delete(a.Accepted, a.Fired[3].ID)
+			a.Fired = a.Fired[:3]
+		})},
+		"alert by nobody": {Admitted: 1, Rows: 1, Credits: credits(nil), Alerts: alerts(func(a *Alerts) { a.Fired[0].TriggeredBy = "x" })},
+		"bad signature":   {Admitted: 1, Rows: 1, Credits: credits(nil), Alerts: alerts(func(a *Alerts) { a.BadSignatures = 1 })},
+		"alerts not read": {Admitted: 1, Rows: 1, Credits: credits(nil)},
 	} {
 		if err := r.Check(); err == nil {
 			t.Errorf("%s: Check passed", name)
@@ -220,6 +231,20 @@ func TestCheck(t *testing.T) {
 	if !strings.Contains(out.String(), "FAIL: admitted 10 ≠ recorded 9") {
 		t.Errorf("report of bad books:\n%s", out.String())
 	}
+}
+
+// alerts returns the expected alerts, each fired by a request told 200 and delivered once,
+// changed by change.
+func alerts(change func(*Alerts)) Alerts {
+	a := Alerts{Read: true, Accepted: map[string]int{}, told: map[string]bool{}}
+	for i, e := range expectedAlerts {
+		f := Fired{ID: "alert/" + e + "/2026-11", TriggeredBy: fmt.Sprintf("e%d", i), Admitted: true}
+		a.Fired, a.Accepted[f.ID], a.told[f.TriggeredBy] = append(a.Fired, f), 1, true
+	}
+	if change != nil {
+		change(&a)
+	}
+	return a
 }
 
 // credits returns a prepaid org's books that add up, changed by change.

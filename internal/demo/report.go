@@ -59,6 +59,9 @@ type Report struct {
 	// Credits: the prepaid org's grants, calls and books.
 	Credits Credits
 
+	// Alerts: the thresholds fired and their webhook deliveries.
+	Alerts Alerts
+
 	// Reconcile is reconcile's summary; Adjustments the adjustments table grouped.
 	Reconcile   Summary
 	Adjustments []Adjustment
@@ -229,6 +232,7 @@ func (r *Report) Check() error {
 		errs = append(errs, errors.New("nothing borrowed: the traffic should have gone past a guarantee"))
 	}
 	errs = append(errs, r.Credits.check()...)
+	errs = append(errs, r.Alerts.check()...)
 	for _, p := range r.Problems {
 		errs = append(errs, errors.New(p))
 	}
@@ -304,6 +308,7 @@ func (r *Report) Print(w io.Writer) {
 	r.printBorrowing(w)
 	r.printWaiting(w)
 	r.printCredits(w)
+	r.printAlerts(w)
 
 	s := r.Reconcile
 	kinds := make([]string, 0, len(s.ByKind))
