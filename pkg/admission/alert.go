@@ -44,25 +44,17 @@ func renderAlert(e string) (org string, value []byte, err error) {
 		return "", nil, fmt.Errorf("version %q", f[0])
 	}
 	org = unescape(f[7])
-	var path []event.PathNode
-	for _, node := range strings.Split(f[9], "/") {
-		account, kind, ok := strings.Cut(node, ":")
-		if !ok || !policy.ValidID(account) {
-			return "", nil, fmt.Errorf("path %q", f[9])
-		}
-		path = append(path, event.PathNode{Account: account, Kind: kind})
+	levels, sec, usec, err := compactStamp(f[9:13])
+	if err != nil {
+		return "", nil, err
 	}
-	sec, err1 := strconv.ParseInt(f[10], 10, 64)
-	usec, err2 := strconv.ParseInt(f[11], 10, 64)
-	if err1 != nil || err2 != nil || sec < 0 || sec >= 253402300800 || usec < 0 || usec >= 1e6 {
-		return "", nil, fmt.Errorf("time %q.%q", f[10], f[11])
-	}
-	if _, err := period.ParseMonth(f[12]); err != nil {
-		return "", nil, fmt.Errorf("period %q", f[12])
+	path := make([]event.PathNode, len(levels))
+	for i, lv := range levels {
+		path[i] = event.PathNode{Account: lv.Account, Kind: string(lv.Kind)}
 	}
 	account, unit, ok := strings.Cut(f[13], ":")
 	at := slices.IndexFunc(path, func(n event.PathNode) bool { return n.Account == account })
-	if !ok || at < 0 {
+	if !ok || at < 0 || !policy.ValidID(account) {
 		return "", nil, fmt.Errorf("alert account %q not in the path", f[13])
 	}
 	if !policy.Unit(unit).Valid() {

@@ -288,23 +288,11 @@ func renderCompact(e string) (org string, value []byte, err error) {
 		}
 	}
 	pol := policy.Resolved{Org: unescape(f[7]), Plan: unescape(f[8])}
-	for _, node := range strings.Split(f[9], "/") {
-		account, kind, ok := strings.Cut(node, ":")
-		if !ok || account == "" {
-			return "", nil, fmt.Errorf("path %q", f[9])
-		}
-		pol.Path = append(pol.Path, policy.Level{Account: account, Kind: policy.Kind(kind)})
+	path, sec, usec, err := compactStamp(f[9:13])
+	if err != nil {
+		return "", nil, err
 	}
-	sec, err1 := strconv.ParseInt(f[10], 10, 64)
-	usec, err2 := strconv.ParseInt(f[11], 10, 64)
-	// Redis TIME; RFC 3339 ends with the year 9999.
-	if err1 != nil || err2 != nil || sec < 0 || sec >= 253402300800 || usec < 0 || usec >= 1e6 {
-		return "", nil, fmt.Errorf("time %q.%q", f[10], f[11])
-	}
-	// Written into the JSON as it is: only a month label may be.
-	if _, err := period.ParseMonth(f[12]); err != nil {
-		return "", nil, fmt.Errorf("period %q", f[12])
-	}
+	pol.Path = path
 	borrowed, err := appendBorrowed(nil, f[13], pol.Path)
 	if err != nil {
 		return "", nil, err
@@ -328,6 +316,28 @@ func renderCompact(e string) (org string, value []byte, err error) {
 	b = append(b, borrowed...)
 	b = append(b, "}}"...)
 	return pol.Org, b, nil
+}
+
+// compactStamp reads the path, sec, usec and period fields of a compact entry.
+func compactStamp(f []string) (path []policy.Level, sec, usec int64, err error) {
+	for _, node := range strings.Split(f[0], "/") {
+		account, kind, ok := strings.Cut(node, ":")
+		if !ok || account == "" {
+			return nil, 0, 0, fmt.Errorf("path %q", f[0])
+		}
+		path = append(path, policy.Level{Account: account, Kind: policy.Kind(kind)})
+	}
+	sec, err1 := strconv.ParseInt(f[1], 10, 64)
+	usec, err2 := strconv.ParseInt(f[2], 10, 64)
+	// Redis TIME; RFC 3339 ends with the year 9999.
+	if err1 != nil || err2 != nil || sec < 0 || sec >= 253402300800 || usec < 0 || usec >= 1e6 {
+		return nil, 0, 0, fmt.Errorf("time %q.%q", f[1], f[2])
+	}
+	// Written into the JSON as it is: only a month label may be.
+	if _, err := period.ParseMonth(f[3]); err != nil {
+		return nil, 0, 0, fmt.Errorf("period %q", f[3])
+	}
+	return path, sec, usec, nil
 }
 
 // appendBorrowed appends the "borrowed" member of an admitted event's data, as encoding/json
