@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -53,6 +54,16 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	s.decide(r.Context(), w, in, wait, start)
+}
+
+// decide takes the decision of a validated request and answers it on w: the reply of POST
+// /v1/admit (200, 429, 402, 401, 403, 422, 503) with its RateLimit fields and Retry-After.
+// Every front door answers through it (POST /v1/admit, the forward-auth check, Envoy's
+// rate-limit service), so they take the same decision with the same headers and the same
+// fail policy; they translate the reply. ctx is the caller's: when it is gone before the
+// answer, the decision is voided and decide panics with http.ErrAbortHandler.
+func (s *Server) decide(ctx context.Context, w http.ResponseWriter, in admitInput, wait time.Duration, start time.Time) {
 	var (
 		pol   policy.Resolved
 		keyID string
@@ -89,8 +100,8 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		MaxWait:        wait,
 	}
 	decideStart := time.Now()
-	d, err := s.cfg.Decider.Decide(r.Context(), req)
-	if r.Context().Err() != nil {
+	d, err := s.cfg.Decider.Decide(ctx, req)
+	if ctx.Err() != nil {
 		// The caller hung up: nobody will be told, so nothing may be billed. Not a Redis
 		// outage, whatever Decide returned. A waiting request that left its queue was not
 		// charged, but its last script call may have admitted it as the caller went: it is
@@ -103,7 +114,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &Error{Status: 422, Code: "idempotency_key_reused", Message: "this idempotency key was used with different units or another tool"})
 		return
 	case err != nil:
-		s.redisDown(w, r, req, in.Estimated, err)
+		s.redisDown(ctx, w, req, in.Estimated, err)
 		return
 	}
 	s.metrics.decided(d, pol, time.Since(start), wait > 0)
@@ -147,7 +158,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 // redisDown answers a decision Redis could not take: rate-only accounts fail open (their
 // event goes straight to Kafka, synchronously; if that fails too, deny), quota-bearing
 // accounts fail closed; both as configured.
-func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission.Request, est *estimate.Estimate, cause error) {
+func (s *Server) redisDown(ctx context.Context, w http.ResponseWriter, req admission.Request, est *estimate.Estimate, cause error) {
 	pol := req.Policy
 	policyFor := s.cfg.RedisDownRateOnly
 	if pol.HasQuota() {
@@ -163,9 +174,9 @@ func (s *Server) redisDown(w http.ResponseWriter, r *http.Request, req admission
 		data.FailOpen = true
 		ev, err := event.New(req.EventID, s.cfg.Source, event.TypeAdmitted, event.Subject(data.Path), now, data)
 		if err == nil {
-			err = s.cfg.Recorder.Record(r.Context(), pol.Org, ev)
+			err = s.cfg.Recorder.Record(ctx, pol.Org, ev)
 		}
-		if r.Context().Err() != nil { // nobody is told: void what may be billed (callerGone does not return)
+		if ctx.Err() != nil { // nobody is told: void what may be billed (callerGone does not return)
 			charged, callErr := admission.Decision{}, cause
 			if err == nil { // the fail-open event is in Kafka, whatever Redis did
 				charged, callErr = admission.Decision{Result: admission.Allow}, nil
