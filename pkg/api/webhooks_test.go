@@ -149,6 +149,11 @@ func TestWebhookEndpointAPI(t *testing.T) {
 		{"GET", "/v1/admin/webhooks/" + id + "/deliveries/999999999", nil},
 		{"POST", "/v1/admin/webhooks/" + id + "/deliveries/999999999/replay", nil},
 		{"POST", "/v1/admin/webhooks/" + unknown + "/replay", map[string]any{"from": "2026-11-01T00:00:00Z", "to": "2026-12-01T00:00:00Z"}},
+		// Ids no endpoint can have (a NUL, invalid UTF-8) name none: never a 5xx.
+		{"GET", "/v1/admin/webhooks/a%00b", nil},
+		{"GET", "/v1/admin/webhooks/%c3%28/deliveries", nil},
+		{"DELETE", "/v1/admin/webhooks/wh_x", nil},
+		{"POST", "/v1/admin/webhooks/%ff/deliveries/1/replay", nil},
 	} {
 		r := b.call(t, c.method, c.path, adminToken, c.body)
 		require.Equal(t, http.StatusNotFound, r.Status, "%s %s: %s", c.method, c.path, r.Raw)

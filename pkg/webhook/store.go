@@ -142,6 +142,21 @@ func validTypes(types []string) error {
 	return nil
 }
 
+// validEndpointID reports whether id can be an endpoint's ("wh_" and 32 lowercase hex
+// digits): anything else names none, and never reaches PostgreSQL (a NUL or invalid UTF-8
+// would be its error, not a 404).
+func validEndpointID(id string) bool {
+	if len(id) != 3+32 || id[:3] != "wh_" {
+		return false
+	}
+	for i := 3; i < len(id); i++ {
+		if c := id[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 func newID(prefix string) string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
@@ -233,6 +248,9 @@ const reasonAdmin = "disabled through the admin API"
 // UpdateEndpoint replaces an endpoint's URL, types and account filter, and enables or
 // disables it (Enabled). Enabling resets its run of failures.
 func (s *Store) UpdateEndpoint(ctx context.Context, id string, r EndpointRequest) (Endpoint, error) {
+	if !validEndpointID(id) {
+		return Endpoint{}, fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
+	}
 	if err := s.check(r); err != nil {
 		return Endpoint{}, err
 	}
@@ -254,6 +272,9 @@ func (s *Store) UpdateEndpoint(ctx context.Context, id string, r EndpointRequest
 
 // Endpoint returns one endpoint.
 func (s *Store) Endpoint(ctx context.Context, id string) (Endpoint, error) {
+	if !validEndpointID(id) {
+		return Endpoint{}, fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
+	}
 	e, err := scanEndpoint(s.pool.QueryRow(ctx, `SELECT `+endpointColumns+` FROM webhook_endpoints WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
@@ -287,6 +308,9 @@ func (s *Store) Endpoints(ctx context.Context) ([]Endpoint, error) {
 
 // DeleteEndpoint deletes an endpoint with its secrets, deliveries and their log.
 func (s *Store) DeleteEndpoint(ctx context.Context, id string) error {
+	if !validEndpointID(id) {
+		return fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
+	}
 	tag, err := s.pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, id)
 	if err != nil {
 		return fmt.Errorf("delete webhook endpoint: %w", err)
@@ -301,6 +325,9 @@ func (s *Store) DeleteEndpoint(ctx context.Context, id string) error {
 // secret keeps signing beside it for overlap (0: it stops at once; the admin API's default
 // is DefaultOverlap); older secrets keep their own expiry.
 func (s *Store) Rotate(ctx context.Context, id string, overlap time.Duration) (Endpoint, string, error) {
+	if !validEndpointID(id) {
+		return Endpoint{}, "", fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
+	}
 	if overlap < 0 || overlap > MaxOverlap {
 		return Endpoint{}, "", invalid("overlap", "overlap_s must be 0-%d seconds", int64(MaxOverlap/time.Second))
 	}
@@ -390,6 +417,9 @@ func (s *Store) Deliveries(ctx context.Context, endpoint, status string, limit i
 
 // Delivery returns one delivery of an endpoint with its log of attempts.
 func (s *Store) Delivery(ctx context.Context, endpoint string, id int64) (Delivery, error) {
+	if !validEndpointID(endpoint) {
+		return Delivery{}, fmt.Errorf("endpoint %q: %w", endpoint, ErrNotFound)
+	}
 	d, err := scanDelivery(s.pool.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries WHERE id = $1 AND endpoint = $2`, id, endpoint))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Delivery{}, fmt.Errorf("delivery %d of endpoint %q: %w", id, endpoint, ErrNotFound)
@@ -418,6 +448,9 @@ func (s *Store) Delivery(ctx context.Context, endpoint string, id int64) (Delive
 // attempts appended to its log, a new retry window. A lease held by a deliverer in the
 // middle of an attempt is dropped, so the replay is not lost to that attempt's result.
 func (s *Store) Replay(ctx context.Context, endpoint string, id int64) (Delivery, error) {
+	if !validEndpointID(endpoint) {
+		return Delivery{}, fmt.Errorf("endpoint %q: %w", endpoint, ErrNotFound)
+	}
 	d, err := scanDelivery(s.pool.QueryRow(ctx, `
 		UPDATE webhook_deliveries SET status = 'pending', next_attempt_at = now(), lease_until = NULL,
 			first_attempt_at = NULL, delivered_at = NULL, updated_at = now()
