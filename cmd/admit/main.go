@@ -108,6 +108,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		Registerer: reg, Estimate: estimate.Options{DefaultOutput: int64(a.EstimateDefaultOutput)},
 		MaxWait: a.MaxWait, Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil),
 		Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
+		Check:    api.CheckHeaders(a.Check),
 	})
 
 	probes := &ops.Probes{}

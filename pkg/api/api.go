@@ -117,6 +117,9 @@ type Config struct {
 	// Webhooks keeps webhook endpoints and their delivery log (webhook.Store, which refuses
 	// private targets unless WEBHOOK_ALLOW_PRIVATE); nil answers those routes 503.
 	Webhooks Webhooks
+	// Check names the headers of the forward-auth check (check.go); an empty name takes
+	// DefaultCheckHeaders' (but Account, which stays off unless named).
+	Check CheckHeaders
 }
 
 // Server serves the API.
@@ -144,6 +147,7 @@ func New(cfg Config) *Server {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
+	cfg.Check = cfg.Check.withDefaults()
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), metrics: newMetrics(cfg.Registerer), voids: voids{stop: make(chan struct{})}}
 	s.routes()
 	return s
@@ -183,6 +187,9 @@ var Routes = []string{
 	"POST /v1/admin/webhooks/{id}/deliveries/{delivery}/replay",
 	"POST /v1/admin/webhooks/{id}/replay",
 	"GET /openapi.yaml",
+	// The forward-auth check answers every method: gateways send the original one.
+	"/v1/check",
+	"/v1/check/{path...}",
 }
 
 func (s *Server) routes() {
@@ -224,6 +231,11 @@ func (s *Server) routes() {
 		"GET /v1/admin/webhooks/{id}/deliveries/{delivery}":         s.webhooks(s.getDelivery),
 		"POST /v1/admin/webhooks/{id}/deliveries/{delivery}/replay": s.webhooks(s.replayDelivery),
 		"POST /v1/admin/webhooks/{id}/replay":                       s.webhooks(s.replayWebhooks),
+
+		// Forward-auth for nginx, Traefik, Caddy and Envoy's ext_authz (check.go); below
+		// /v1/check/ for Envoy, which appends the original path to its path_prefix.
+		"/v1/check":           s.checkService(s.check),
+		"/v1/check/{path...}": s.checkService(s.check),
 
 		"GET /openapi.yaml": func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "application/yaml")

@@ -56,6 +56,8 @@ type options struct {
 	callTimeout time.Duration
 	// wrapRecorder, with recorder, wraps the Kafka recorder.
 	wrapRecorder func(api.Recorder) api.Recorder
+	// check names the forward-auth check's headers (api.Config.Check).
+	check api.CheckHeaders
 }
 
 func setup(t *testing.T, o options) *testBundle {
@@ -87,6 +89,7 @@ func setup(t *testing.T, o options) *testBundle {
 	cfg := api.Config{
 		Log: log, Policies: cache, Admin: b.store, Decider: adm,
 		ServiceToken: serviceToken, AdminToken: adminToken, Source: "test-node", Registerer: b.reg,
+		Check: o.check,
 	}
 	if o.recorder {
 		b.topic = testenv.Topic(t, 1)

@@ -71,7 +71,17 @@ type Admission struct {
 	// MaxWait bounds how long a request may wait for capacity (admit's max_wait_ms); 0
 	// disables waiting.
 	MaxWait time.Duration
+	// Check names the headers of the forward-auth check, GET /v1/check (docs/gateways.md).
+	Check CheckHeaders
 }
+
+// CheckHeaders are the header names of the forward-auth check (api.CheckHeaders).
+type CheckHeaders struct {
+	Token, APIKey, Account, Tokens, Tool, IdempotencyKey string
+}
+
+// headerName is an HTTP field name (RFC 9110 token).
+var headerName = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 
 // maxWaitLimit is the greatest ADMIT_MAX_WAIT (the OpenAPI document's bound of max_wait_ms).
 const maxWaitLimit = 10 * time.Minute
@@ -101,6 +111,12 @@ func (c *Admission) Register(l *Loader) {
 	l.Int(&c.Pipeline, "ADMIT_PIPELINE", admission.DefaultPipeline, "most script calls in flight per shard")
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
 	l.Duration(&c.MaxWait, "ADMIT_MAX_WAIT", 30*time.Second, "longest max_wait_ms a request may give to wait for capacity (0 disables waiting; at most 10m)")
+	l.String(&c.Check.Token, "ADMIT_CHECK_TOKEN_HEADER", "X-Metergate-Token", "header of GET /v1/check carrying the service token (Authorization takes \"Bearer <token>\")")
+	l.String(&c.Check.APIKey, "ADMIT_CHECK_API_KEY_HEADER", "X-Api-Key", "header of GET /v1/check carrying the end customer's API key")
+	l.String(&c.Check.Account, "ADMIT_CHECK_ACCOUNT_HEADER", "", "header of GET /v1/check naming the account, for gateways that authenticate clients and overwrite it (empty: off)")
+	l.String(&c.Check.Tokens, "ADMIT_CHECK_TOKENS_HEADER", "X-Estimated-Tokens", "header of GET /v1/check carrying the request's estimated tokens")
+	l.String(&c.Check.Tool, "ADMIT_CHECK_TOOL_HEADER", "X-Tool", "header of GET /v1/check naming the tool called")
+	l.String(&c.Check.IdempotencyKey, "ADMIT_CHECK_IDEMPOTENCY_HEADER", "Idempotency-Key", "header of GET /v1/check carrying the idempotency key")
 	l.Int(&c.EstimateDefaultOutput, "ADMIT_ESTIMATE_DEFAULT_OUTPUT", estimate.DefaultOutput, "output tokens an estimate assumes for an OpenAI request without max_tokens or max_completion_tokens")
 }
 
@@ -144,6 +160,13 @@ func (c *Admission) Validate() error {
 	}
 	if c.MaxWait < 0 || c.MaxWait > maxWaitLimit || c.MaxWait%time.Millisecond != 0 {
 		errs = append(errs, fmt.Errorf("ADMIT_MAX_WAIT=%s: want 0-%s, whole milliseconds", c.MaxWait, maxWaitLimit))
+	}
+	for name, v := range map[string]string{"ADMIT_CHECK_TOKEN_HEADER": c.Check.Token, "ADMIT_CHECK_API_KEY_HEADER": c.Check.APIKey,
+		"ADMIT_CHECK_TOKENS_HEADER": c.Check.Tokens, "ADMIT_CHECK_TOOL_HEADER": c.Check.Tool,
+		"ADMIT_CHECK_IDEMPOTENCY_HEADER": c.Check.IdempotencyKey, "ADMIT_CHECK_ACCOUNT_HEADER": c.Check.Account} {
+		if !headerName.MatchString(v) && (v != "" || name != "ADMIT_CHECK_ACCOUNT_HEADER") {
+			errs = append(errs, fmt.Errorf("%s=%q: want an HTTP header name", name, v))
+		}
 	}
 	for name, v := range map[string]string{"ADMIT_REDIS_DOWN_RATE_ONLY": c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_QUOTA": c.RedisDownQuota} {
 		if v != "open" && v != "closed" {

@@ -93,6 +93,10 @@ var Inexpressible = []struct {
 		"as for units: 1.0 and 1e3 are integers to the document, not whole numbers to the API"},
 	{"invalid_owner", []string{"exactly one of account and plan", "no such account or plan"},
 		"that a rule names one owner, and which accounts and plans exist, are not the document's to state"},
+	{"ambiguous_account", []string{"a check names its key"},
+		"that the forward-auth check gets an API key or an account, not both, relates two headers, which OpenAPI 3.0 cannot"},
+	{"invalid_account", []string{"the check's account header"},
+		"the check's header names are configuration (ADMIT_CHECK_*_HEADER): the document describes the defaults"},
 	{"invalid_period", []string{"only a quota_percent rule"}, "which periods a rule may watch depends on its kind"},
 	{"invalid_thresholds", []string{"percentages must be from 1 to 100", "whole numbers"},
 		"whether thresholds are percentages depends on the rule's kind; and, as for units, 1.0 is an integer to the document"},
@@ -196,9 +200,16 @@ var options = &openapi3filter.Options{
 }
 
 // bearer is the document's security as far as a document can see it: an Authorization
-// header with a bearer token. Which token opens which endpoint is the server's to say
-// (401 and 403 are not judged on the request).
+// header with a bearer token, or the header of an apiKey scheme (the forward-auth check's
+// token). Which token opens which endpoint is the server's to say (401 and 403 are not
+// judged on the request).
 func bearer(_ context.Context, in *openapi3filter.AuthenticationInput) error {
+	if s := in.SecurityScheme; s.Type == "apiKey" && s.In == "header" { // the forward-auth check's token
+		if strings.TrimSpace(in.RequestValidationInput.Request.Header.Get(s.Name)) == "" {
+			return in.NewError(fmt.Errorf("no %s header", s.Name))
+		}
+		return nil
+	}
 	if in.SecurityScheme.Type != "http" || !strings.EqualFold(in.SecurityScheme.Scheme, "bearer") {
 		return in.NewError(fmt.Errorf("security scheme %q is not http bearer", in.SecuritySchemeName))
 	}

@@ -1,0 +1,202 @@
+package api
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/metergate/metergate/pkg/policy"
+)
+
+// CheckHeaders names the request headers of the forward-auth check (GET /v1/check and any
+// other method, docs/gateways.md): the gateway copies the client's request headers onto
+// its subrequest and adds the service token.
+type CheckHeaders struct {
+	// Token carries the service token (ADMIT_CHECK_TOKEN_HEADER). Not Authorization by
+	// default: nginx and Caddy forward the client's own Authorization header. Set to
+	// Authorization, it takes "Bearer <token>" like every other service route.
+	Token string
+	// APIKey carries the end customer's API key (ADMIT_CHECK_API_KEY_HEADER).
+	APIKey string
+	// Account names the account of a gateway that authenticates clients itself
+	// (ADMIT_CHECK_ACCOUNT_HEADER); empty by default, so a client cannot name an account:
+	// set it only when the gateway overwrites the header on every subrequest.
+	Account string
+	// Tokens carries the request's estimated tokens (ADMIT_CHECK_TOKENS_HEADER).
+	Tokens string
+	// Tool names the tool called, priced in credits (ADMIT_CHECK_TOOL_HEADER).
+	Tool string
+	// IdempotencyKey makes a retried request count once (ADMIT_CHECK_IDEMPOTENCY_HEADER).
+	IdempotencyKey string
+}
+
+// DefaultCheckHeaders are the header names the check reads unless configured otherwise.
+var DefaultCheckHeaders = CheckHeaders{
+	Token: "X-Metergate-Token", APIKey: "X-Api-Key", Tokens: "X-Estimated-Tokens",
+	Tool: "X-Tool", IdempotencyKey: "Idempotency-Key",
+}
+
+// The headers of the check's answer beside admit's RateLimit fields and Retry-After.
+const (
+	// EventIDHeader is the admitted event's id on a 200: the upstream reports the outcome
+	// with it (POST /v1/outcomes).
+	EventIDHeader = "X-Metergate-Event-Id"
+	// AccountHeader is the account charged, on a 200.
+	AccountHeader = "X-Metergate-Account"
+	// ReplyHeader repeats the JSON body of a refusal (compact, one line) for gateways that
+	// cannot pass an auth reply's body to the client (nginx's auth_request).
+	ReplyHeader = "X-Metergate-Reply"
+)
+
+// checkRequest reads the check's input from the original request's headers into the input
+// of POST /v1/admit: the same validation, the same codes.
+func (s *Server) checkRequest(h http.Header) (admitInput, *Error) {
+	names := s.cfg.Check
+	in := admitInput{APIKey: h.Get(names.APIKey), IdempotencyKey: h.Get(names.IdempotencyKey), Tool: h.Get(names.Tool)}
+	if names.Account != "" {
+		in.Account = h.Get(names.Account)
+	}
+	switch {
+	case in.APIKey == "" && in.Account == "":
+		return in, &Error{Status: http.StatusUnauthorized, Code: "missing_api_key", Message: "the " + names.APIKey + " header is required"}
+	case in.APIKey != "" && in.Account != "":
+		return in, badRequest("ambiguous_account", "a check names its key (%s) or its account (%s), not both", names.APIKey, names.Account)
+	case in.Account != "" && !policy.ValidID(in.Account):
+		return in, badRequest("invalid_account", "the check's account header %s must be 1-64 of [A-Za-z0-9._-], starting with a letter or digit", names.Account)
+	case len(in.APIKey) > 256:
+		return in, &Error{Status: http.StatusUnauthorized, Code: "unknown_api_key", Message: "the API key is not known"}
+	}
+	if e := validIdempotencyKey(in.IdempotencyKey); e != nil {
+		return in, e
+	}
+	in.Units = map[policy.Unit]int64{policy.Requests: 1}
+	if raw := h.Get(names.Tokens); raw != "" {
+		n, err := strconv.ParseInt(raw, 10, 64)
+		if err != nil || n < 0 {
+			return in, badRequest("invalid_units", "%s must be a whole number of tokens, 0 or more, got %.40q", names.Tokens, raw)
+		}
+		in.Units[policy.Tokens] = n
+	}
+	if in.Tool != "" {
+		cost, ok := s.cfg.Tools[in.Tool]
+		if !ok {
+			return in, badRequest("unknown_tool", "unknown tool %q", in.Tool)
+		}
+		in.Units[policy.Credits] = cost
+	}
+	return in, nil
+}
+
+// check answers the forward-auth subrequest of a gateway: the decision of POST /v1/admit
+// (decide), taken from the original request's headers. A 200 allows the request and names
+// its event (EventIDHeader); every refusal is admit's, with its JSON body, RateLimit fields
+// and Retry-After, which the gateway passes to the client.
+func (s *Server) check(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	in, e := s.checkRequest(r.Header)
+	if e != nil {
+		s.metrics.rejected(e.Code)
+		rec := &checkWriter{header: w.Header()}
+		writeError(rec, e)
+		rec.send(w)
+		return
+	}
+	rec := &checkWriter{header: w.Header()}
+	s.decide(r.Context(), rec, in, 0, start)
+	rec.send(w)
+}
+
+// checkWriter holds decide's reply so that check can add the headers a gateway copies: it
+// shares the real writer's header map, and buffers the status and the body.
+type checkWriter struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (c *checkWriter) Header() http.Header { return c.header }
+
+func (c *checkWriter) WriteHeader(status int) {
+	if c.status == 0 {
+		c.status = status
+	}
+}
+
+func (c *checkWriter) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	return c.body.Write(b)
+}
+
+// send writes the held reply to w with the gateway's headers: the event and account of an
+// admission, the body of a refusal.
+func (c *checkWriter) send(w http.ResponseWriter) {
+	body := c.body.Bytes()
+	if c.status == http.StatusOK {
+		var allowed struct {
+			EventID string `json:"event_id"`
+			Account string `json:"account"`
+		}
+		if json.Unmarshal(body, &allowed) == nil {
+			c.header.Set(EventIDHeader, allowed.EventID)
+			c.header.Set(AccountHeader, allowed.Account)
+		}
+	} else {
+		c.header.Set(ReplyHeader, string(bytes.TrimSpace(body)))
+	}
+	w.WriteHeader(c.status)
+	_, _ = w.Write(body) // a failed write means the gateway left
+}
+
+// checkService is service (the service token, loaded policies) with the token read from
+// the configured header, by default not Authorization.
+func (s *Server) checkService(h http.HandlerFunc) http.HandlerFunc {
+	name := s.cfg.Check.Token
+	if strings.EqualFold(name, "Authorization") {
+		return s.service(h)
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get(name))
+		if s.cfg.ServiceToken == "" || subtle.ConstantTimeCompare(got, []byte(s.cfg.ServiceToken)) != 1 {
+			code := http.StatusUnauthorized
+			if s.cfg.AdminToken != "" && subtle.ConstantTimeCompare(got, []byte(s.cfg.AdminToken)) == 1 {
+				code = http.StatusForbidden // the admin token does not take decisions
+			}
+			writeError(w, authError(code, "a valid service token is required ("+name+": <token>)"))
+			return
+		}
+		if !s.cfg.Policies.Loaded() { // as service: a node that has just started retries shortly
+			w.Header().Set("Retry-After", "1")
+			writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "policies_loading",
+				Message: "this node has not loaded the policies yet; retry later"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+// withDefaults fills the names left empty with DefaultCheckHeaders'.
+func (h CheckHeaders) withDefaults() CheckHeaders {
+	d := DefaultCheckHeaders
+	if h.Token == "" {
+		h.Token = d.Token
+	}
+	if h.APIKey == "" {
+		h.APIKey = d.APIKey
+	}
+	if h.Tokens == "" {
+		h.Tokens = d.Tokens
+	}
+	if h.Tool == "" {
+		h.Tool = d.Tool
+	}
+	if h.IdempotencyKey == "" {
+		h.IdempotencyKey = d.IdempotencyKey
+	}
+	return h
+}
