@@ -43,7 +43,7 @@
 --   time, see pkg/admission/event.go), prio (the request's priority, 0-100), n_tier (0,
 --   or n_bucket when a level has a ceiling: a tier record follows each bucket record),
 --   n_wait (1 when a wait record follows the limits), n_credit (the credit records),
---   n_alert (the alert records)
+--   n_alert (the alert records), shadow (1: shadow mode, see "Shadow" below)
 --   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
 --   ids of the requests that were answered with this decision (the first and each replay)
 --   and not voided since (void.lua). A record without "\n" has one attempt, its own. An
@@ -99,6 +99,13 @@
 -- <value>|<window>|<admitted>" (window: the counter's period label, or the arming grant;
 -- value: the counter after the request, before it when refused, or the balance after it).
 --
+-- Shadow (docs/admission.md "Shadow mode"): a decision in shadow mode that would be refused
+-- (429 or 402) is admitted instead, and the refusal is reported. Like a refused request it
+-- takes no rate capacity (buckets, ceilings, windows, slots); like an admitted one it is
+-- billed: its quotas are charged, past them if need be, and its credits drawn when every
+-- balance covers it (else none). Its usage event ends with a sixteenth field, the refusal
+-- ("rate_limited", "quota_exceeded", "insufficient_balance").
+--
 -- Queues (docs/admission.md "Waiting for capacity"): each limit has a queue, a sorted set
 -- ("<tag>k:<bucket field>", "<window key>|q", "<lease set>|q") scored class × 2^40 + seq
 -- (class = 100 - priority, seq from "<tag>kn"), members "<seq>:<deadline ms>:<ticket>". The state hash's field "q"
@@ -108,8 +115,9 @@
 --
 -- Reply: {CLOCK_OFF, sec, usec} when TIME is outside the bounds given (the caller's clock
 -- is off: it recomputes the bounds from sec and calls again); otherwise
--- {DECIDED, sec, usec, d_1, ...} with per decision {code, a, b, replayed, queued, state...}
--- (queued: "" or "<queue key> <member> <1 at the head, else 0>"):
+-- {DECIDED, sec, usec, d_1, ...} with per decision {code, a, b, replayed, queued, shadowed,
+-- state...} (queued: "" or "<queue key> <member> <1 at the head, else 0>"; shadowed: "" or
+-- "<code> <a> <b>", the refusal shadow mode admitted):
 --   ALLOWED:            a = event id, b = period label charged
 --   RATE_LIMITED:       a = index of the blocking limit (buckets, then windows, then
 --                       concurrency), b = retry after, ms (-1: never at this size; 1000
@@ -275,8 +283,8 @@ local out = {DECIDED, tonumber(sec), tonumber(usec)}
 for dn = 1, tonumber(decisions) do
   -- layout: decision
   local event_id, idem, legacy, legacy_fp, fingerprint, id_tail, n_bucket, n_window, n_quota, n_conc,
-    ev, prio, n_tier, n_wait, n_credit, n_alert = unpack(A, a, a + 15)
-  a = a + 16
+    ev, prio, n_tier, n_wait, n_credit, n_alert, shadow = unpack(A, a, a + 16)
+  a = a + 17
   n_bucket, n_window, n_quota, n_conc = tonumber(n_bucket), tonumber(n_window), tonumber(n_quota), tonumber(n_conc)
   n_tier, n_credit, n_alert = tonumber(n_tier), tonumber(n_credit), tonumber(n_alert)
   local hash = K[1 + dn]
@@ -512,11 +520,28 @@ for dn = 1, tonumber(decisions) do
     end
   end
 
+  -- Shadow: a refusal is reported and the request admitted (see "Shadow" above).
+  local shadowed, refusal, rate = '', '', true -- rate: the rate limits are charged
+  if shadow == '1' and (code == RATE_LIMITED or code == OVER_QUOTA or code == INSUFFICIENT_BALANCE) then
+    shadowed = code .. ' ' .. ra .. ' ' .. rb
+    refusal = code == RATE_LIMITED and 'rate_limited' or code == OVER_QUOTA and 'quota_exceeded' or 'insufficient_balance'
+    code, rate, behind = 0, false, false
+    local all = true
+    for i = 1, n_credit do
+      local bal, draws = draw(gk[i], gt[i], ga[i])
+      gb[i], gd[i] = bal, draws
+      all = all and draws
+    end
+    if not all then
+      for i = 1, n_credit do gd[i] = false end
+    end
+  end
+
   -- All passed: consume everything, take the leases, remember the idempotency key and
   -- write the usage event to the outbox, all in this script.
   if code == 0 then
     code, ra, rb = ALLOWED, event_id, period
-    if n_bucket > 0 then
+    if n_bucket > 0 and rate then
       local dh = dirty[hash]
       if not dh then dh = {}; dirty[hash] = dh end
       local top = idle[hash] or 0
@@ -532,12 +557,12 @@ for dn = 1, tonumber(decisions) do
       end
       idle[hash] = top
     end
-    for i = 1, n_window do
+    for i = 1, rate and n_window or 0 do
       call('ZADD', wk[i], now, event_id .. ':' .. wa[i])
       call('PEXPIRE', wk[i], ceil(wp[i]) + 1000)
       ws[i] = false -- read again below, with this entry
     end
-    if n_conc > 0 then
+    if n_conc > 0 and rate then
       local held = {}
       for i = 1, n_conc do
         call('ZADD', ck[i], now + lease_ttl, event_id)
@@ -559,25 +584,28 @@ for dn = 1, tonumber(decisions) do
       idem_written = true
     end
     local borrowed = ''
-    for i = 1, n_tier do
+    for i = 1, rate and n_tier or 0 do
       if bb[i] then borrowed = borrowed .. (borrowed == '' and '' or ',') .. tb[i] end
     end
     local credits = ''
     for i = 1, n_credit do
       local draws, g = gd[i], gc[gk[i]]
-      local w = gw[gk[i]]
-      if not w then w = {}; gw[gk[i]] = w end
-      for j = 1, #draws, 2 do
-        local k, t = draws[j], draws[j + 1]
-        local id = g.ids[k]
-        g.rem[k] = g.rem[k] - t
-        w[id] = (w[id] or 0) + t
-        credits = credits .. (credits == '' and '' or ',') .. gl[i] .. ':' .. id .. '=' .. fmt('%d', t)
+      if draws then
+        local w = gw[gk[i]]
+        if not w then w = {}; gw[gk[i]] = w end
+        for j = 1, #draws, 2 do
+          local k, t = draws[j], draws[j + 1]
+          local id = g.ids[k]
+          g.rem[k] = g.rem[k] - t
+          w[id] = (w[id] or 0) + t
+          credits = credits .. (credits == '' and '' or ',') .. gl[i] .. ':' .. id .. '=' .. fmt('%d', t)
+        end
+        gb[i] = gb[i] - ga[i]
       end
-      gb[i] = gb[i] - ga[i]
     end
     local tail = ''
-    if credits ~= '' then tail = '|' .. borrowed .. '|' .. credits
+    if refusal ~= '' then tail = '|' .. borrowed .. '|' .. credits .. '|' .. refusal
+    elseif credits ~= '' then tail = '|' .. borrowed .. '|' .. credits
     elseif borrowed ~= '' then tail = '|' .. borrowed end
     call('XADD', K[1], '*', 'e', ev .. stamp .. tail)
   end
@@ -598,7 +626,7 @@ for dn = 1, tonumber(decisions) do
           end
         end
       end
-    elseif code == ALLOWED and replayed == 0 then
+    elseif code == ALLOWED and replayed == 0 and gd[-j] then
       j = -j
       local bal = gb[j]
       if bal < xn[i] then
@@ -654,7 +682,7 @@ for dn = 1, tonumber(decisions) do
     if call('ZREM', tq, member) == 1 then call('PUBLISH', qchan, tq) end
   end
 
-  local d, n = {code, ra, rb, replayed, queued}, 5
+  local d, n = {code, ra, rb, replayed, queued, shadowed}, 6
   if code ~= IDEMPOTENCY_REUSED then
     for i = 1, n_bucket do
       local tat = s[bf[i]] or 0

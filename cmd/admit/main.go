@@ -106,7 +106,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		ServiceToken: a.ServiceToken, AdminToken: a.AdminToken, Source: a.Node, Tools: a.ToolCredits,
 		RedisDownRateOnly: api.FailPolicy(a.RedisDownRateOnly), RedisDownQuota: api.FailPolicy(a.RedisDownQuota),
 		Registerer: reg, Estimate: estimate.Options{DefaultOutput: int64(a.EstimateDefaultOutput)},
-		MaxWait: a.MaxWait, Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil),
+		MaxWait: a.MaxWait, Shadow: a.Shadow, Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil),
 		Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
 		Check:    api.CheckHeaders(a.Check),
 	})

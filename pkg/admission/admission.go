@@ -28,6 +28,11 @@ type Request struct {
 	// MaxWait, when positive, lets a request refused by a rate or concurrency limit wait
 	// in that limit's queue, in Redis, for up to this long (Admitter.Decide).
 	MaxWait time.Duration
+	// Shadow admits the request even when a limit refuses it (shadow mode): the refusal is
+	// reported in Decision.Shadow and in the usage event, the request takes no rate
+	// capacity and is billed (docs/admission.md, "Shadow mode"). A shadow request does not
+	// wait.
+	Shadow bool
 }
 
 // Result is the outcome of a decision.
@@ -87,8 +92,18 @@ type Decision struct {
 	// allowed, as found when refused (-1: not read, the request was refused before).
 	Balances []Balance
 	Time     time.Time // Redis time of the decision
+	// Shadow is, for a request in shadow mode that was admitted, the refusal it would have
+	// had; nil when nothing would have refused it.
+	Shadow *Shadow
 	// place is where a refused request that may wait stands in its limit's queue.
 	place place
+}
+
+// Shadow is a refusal shadow mode let pass: what, and which limit.
+type Shadow struct {
+	Result     Result
+	Blocked    *Blocker
+	RetryAfter time.Duration // a rate limit's
 }
 
 // ErrIdempotencyKeyReused is returned when an idempotency key comes back with other units

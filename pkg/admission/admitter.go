@@ -174,7 +174,7 @@ func (a *Admitter) Decide(ctx context.Context, r Request) (Decision, error) {
 	if err := r.validate(); err != nil {
 		return Decision{}, err
 	}
-	if r.MaxWait > 0 {
+	if r.MaxWait > 0 && !r.Shadow { // a shadow request is never refused: nothing to wait for
 		return a.decideWaiting(ctx, r)
 	}
 	c := a.submit(r, nil)
@@ -310,7 +310,7 @@ const (
 	codeInsufficient      = 5 // INSUFFICIENT_BALANCE: a = the credit record, b = its balance
 
 	replyHeaderLen    = 3 // status, sec, usec
-	decisionHeaderLen = 5 // code, a, b, replayed, queued; the limits' state follows
+	decisionHeaderLen = 6 // code, a, b, replayed, queued, shadowed; the limits' state follows
 )
 
 // replyCodes names the reply codes as the script does (TestScriptLayout).
@@ -442,6 +442,7 @@ const (
 	decWait
 	decCredits
 	decAlerts
+	decShadow // "1": shadow mode (Request.Shadow)
 	decisionLen
 )
 
@@ -520,7 +521,7 @@ var argNames = map[string][]string{
 	"decision": (&[decisionLen]string{
 		decEventID: "event_id", decIdem: "idem", decLegacy: "legacy", decLegacyFP: "legacy_fp",
 		decFingerprint: "fingerprint", decIDTail: "id_tail", decBuckets: "n_bucket", decWindows: "n_window", decQuotas: "n_quota", decConcs: "n_conc", decEvent: "ev",
-		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait", decCredits: "n_credit", decAlerts: "n_alert",
+		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait", decCredits: "n_credit", decAlerts: "n_alert", decShadow: "shadow",
 	})[:],
 	"credit": (&[creditLen]string{creditGrants: "gkey", creditTerms: "tkey", creditAmount: "amount", creditLabel: "label"})[:],
 	"alert":  (&[alertLen]string{alertRef: "ref", alertNext: "next", alertList: "list", alertLabel: "label"})[:],
@@ -654,6 +655,10 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting, per p
 		d[decWait] = "1"
 	}
 	d[decCredits], d[decAlerts] = strconv.Itoa(len(p.credits)), strconv.Itoa(len(p.alerts))
+	d[decShadow] = "0"
+	if r.Shadow {
+		d[decShadow] = "1"
+	}
 	e.args = append(e.args, d[:]...)
 	for _, c := range p.rates[:p.buckets] {
 		var rec [bucketLen]any
@@ -1039,44 +1044,32 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		out.Period, _ = d[2].(string)
 		replayed, _ := d[3].(int64)
 		out.Replayed = replayed == 1
-	case codeRateLimited:
-		idx, _ := d[1].(int64)
-		retry, _ := d[2].(int64)
-		out.Result, out.Period = RateLimited, period.MonthLabel(now)
-		out.RetryAfter = time.Duration(retry) * time.Millisecond
-		switch i := int(idx) - 1; {
-		case i >= 0 && i < len(p.rates):
-			c := p.rates[i]
-			out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
-		case i >= len(p.rates) && i < len(p.rates)+len(p.concs):
-			lv := p.concs[i-len(p.rates)]
-			out.Blocked = &Blocker{Account: lv.Account, Level: lv.Kind, Unit: ConcurrentRequests}
-		default:
-			return Decision{}, fmt.Errorf("admission script: blocking limit %d of %d", idx, len(p.rates)+len(p.concs))
+		if sh, _ := d[5].(string); sh != "" {
+			f := strings.Fields(sh)
+			if len(f) != 3 {
+				return Decision{}, fmt.Errorf("admission script: bad shadowed refusal %q", sh)
+			}
+			c, err1 := strconv.ParseInt(f[0], 10, 64)
+			a, err2 := strconv.ParseInt(f[1], 10, 64)
+			if err1 != nil || err2 != nil {
+				return Decision{}, fmt.Errorf("admission script: bad shadowed refusal %q", sh)
+			}
+			var b any = f[2]
+			if n, err := strconv.ParseInt(f[2], 10, 64); err == nil {
+				b = n
+			}
+			var refusal Decision
+			if err := p.refusal(&refusal, c, a, b, now); err != nil {
+				return Decision{}, err
+			}
+			out.Shadow = &Shadow{Result: refusal.Result, Blocked: refusal.Blocked, RetryAfter: refusal.RetryAfter}
 		}
-	case codeOverQuota:
-		idx, _ := d[1].(int64)
-		i := int(idx) - 1
-		if i < 0 || i >= len(p.quotas) {
-			return Decision{}, fmt.Errorf("admission script: blocking quota %d of %d", idx, len(p.quotas))
-		}
-		c := p.quotas[i]
-		out.Result = QuotaExceeded
-		out.Period = c.limit.QuotaPeriod.Label(now)
-		out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
-	case codeInsufficient:
-		idx, _ := d[1].(int64)
-		i := int(idx) - 1
-		if i < 0 || i >= len(p.credits) {
-			return Decision{}, fmt.Errorf("admission script: blocking credit %d of %d", idx, len(p.credits))
-		}
-		c := p.credits[i]
-		out.Result = InsufficientBalance
-		out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
 	case codeIdempotencyReused:
 		return Decision{}, ErrIdempotencyKeyReused
 	default:
-		return Decision{}, fmt.Errorf("admission script: unknown decision code %v", d[0])
+		if err := p.refusal(&out, code, d[1], d[2], now); err != nil {
+			return Decision{}, err
+		}
 	}
 
 	state := d[decisionHeaderLen:]
@@ -1119,6 +1112,47 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		out.Balances = append(out.Balances, Balance{Account: c.level.Account, Unit: string(c.unit), Balance: bal})
 	}
 	return out, nil
+}
+
+// refusal fills in out from a refusal's code and the script's a and b (see the reply's
+// layout).
+func (p *plan) refusal(out *Decision, code int64, a, b any, now time.Time) error {
+	idx, _ := a.(int64)
+	i := int(idx) - 1
+	switch code {
+	case codeRateLimited:
+		retry, _ := b.(int64)
+		out.Result, out.Period = RateLimited, period.MonthLabel(now)
+		out.RetryAfter = time.Duration(retry) * time.Millisecond
+		switch {
+		case i >= 0 && i < len(p.rates):
+			c := p.rates[i]
+			out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
+		case i >= len(p.rates) && i < len(p.rates)+len(p.concs):
+			lv := p.concs[i-len(p.rates)]
+			out.Blocked = &Blocker{Account: lv.Account, Level: lv.Kind, Unit: ConcurrentRequests}
+		default:
+			return fmt.Errorf("admission script: blocking limit %d of %d", idx, len(p.rates)+len(p.concs))
+		}
+	case codeOverQuota:
+		if i < 0 || i >= len(p.quotas) {
+			return fmt.Errorf("admission script: blocking quota %d of %d", idx, len(p.quotas))
+		}
+		c := p.quotas[i]
+		out.Result = QuotaExceeded
+		out.Period = c.limit.QuotaPeriod.Label(now)
+		out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
+	case codeInsufficient:
+		if i < 0 || i >= len(p.credits) {
+			return fmt.Errorf("admission script: blocking credit %d of %d", idx, len(p.credits))
+		}
+		c := p.credits[i]
+		out.Result = InsufficientBalance
+		out.Blocked = &Blocker{Account: c.level.Account, Level: c.level.Kind, Unit: string(c.unit)}
+	default:
+		return fmt.Errorf("admission script: unknown decision code %v", code)
+	}
+	return nil
 }
 
 // bucketState is a token bucket's RateLimit state from the µs until it is full (GCRA: the

@@ -191,6 +191,8 @@ func FuzzOutboxMessage(f *testing.F) {
 		}
 		f.Add(e + "||" + r.Policy.Org + ":cost_micros:" + grant1 + "=1500," + r.Policy.Org + ":cost_micros:" + grant2 + "=7")
 		f.Add(e + "||")
+		f.Add(e + "|||rate_limited")
+		f.Add(e + "||" + r.Policy.Org + ":cost_micros:" + grant1 + "=1500|insufficient_balance")
 	}
 	f.Add("1|e1|n|||||acme|pro|acme:org/team-a:team|1|2|2026-11|team-a:tokens=1,team-a:tokens=2")
 	f.Add("1|e1|n|||||acme|pro|acme:org/team-a:team|1|2|2026-11||acme:tokens:" + grant1 + "=1,team-a:tokens:" + grant1 + "=2")

@@ -53,7 +53,7 @@ func (b *testBundle) draws(t *testing.T) map[string]int64 {
 	out := map[string]int64{}
 	for _, e := range entries {
 		f := strings.Split(e.Values["e"].(string), "|")
-		if len(f) < 15 {
+		if len(f) < 15 || f[14] == "" {
 			continue
 		}
 		for _, d := range strings.Split(f[14], ",") {

@@ -155,7 +155,8 @@ func appendQuoted(b []byte, s string) []byte {
 // "<account>:<unit>:<grant id>=<n>,…" in the order drawn, an account of the path (the org
 // included), a unit's full name, a grant id ("gr_" and 32 lowercase hex digits) and n > 0,
 // each grant at most once. An entry of 13 or 14 fields, or an empty fifteenth, drew
-// nothing. Entries of other shapes (void.lua's, and admitted events written by earlier
+// nothing. A sixteenth field, when there is one, is the refusal shadow mode let pass
+// ("rate_limited", "quota_exceeded" or "insufficient_balance"). Entries of other shapes (void.lua's, and admitted events written by earlier
 // versions) carry the Kafka key in "k" and the CloudEvent JSON in "v".
 const compactVersion = "1"
 
@@ -253,11 +254,15 @@ func OutboxMessage(values map[string]any) (key string, value []byte, err error) 
 }
 
 // compactFields is the number of fields of a compact entry without borrowings or credit
-// draws; one with borrowings has one more, one with credit draws two more.
+// draws; one with borrowings has one more, one with credit draws two more, one with a
+// shadow refusal three more.
 const compactFields = 13
 
+// shadowRefusals are the refusals a sixteenth field may name.
+var shadowRefusals = map[string]bool{"rate_limited": true, "quota_exceeded": true, "insufficient_balance": true}
+
 func renderCompact(e string) (org string, value []byte, err error) {
-	var f [compactFields + 2]string
+	var f [compactFields + 3]string
 	n := 0 // fields
 	for rest := e; ; {
 		if n == len(f) {
@@ -271,7 +276,7 @@ func renderCompact(e string) (org string, value []byte, err error) {
 		}
 	}
 	if n < compactFields {
-		return "", nil, fmt.Errorf("%d fields, want %d to %d", n, compactFields, compactFields+2)
+		return "", nil, fmt.Errorf("%d fields, want %d to %d", n, compactFields, compactFields+3)
 	}
 	if f[0] != compactVersion {
 		return "", nil, fmt.Errorf("version %q", f[0])
@@ -301,6 +306,12 @@ func renderCompact(e string) (org string, value []byte, err error) {
 	if err != nil {
 		return "", nil, err
 	}
+	if n == compactFields+3 {
+		if !shadowRefusals[f[15]] {
+			return "", nil, fmt.Errorf("shadow refusal %q", f[15])
+		}
+		borrowed = append(append(append(borrowed, `,"shadow_refusal":"`...), f[15]...), '"')
+	}
 	r := Request{EventID: unescape(f[1]), Source: unescape(f[2]), APIKeyID: unescape(f[3]),
 		IdempotencyKey: unescape(f[4]), Tool: unescape(f[5]), Units: units, Policy: pol}
 	st := newEventStatic(pol)
@@ -310,8 +321,9 @@ func renderCompact(e string) (org string, value []byte, err error) {
 	b = time.Unix(sec, usec*1000).UTC().AppendFormat(b, rfc3339Micro)
 	b = append(b, middle...)
 	b = append(b, f[12]...)
-	// "borrowed" and "credits" are the last members of the data (no fail_open after them:
-	// the script never fails open), before the data's and the envelope's closing braces.
+	// "borrowed", "credits" and "shadow_refusal" are the last members of the data (no
+	// fail_open after them: the script never fails open), before the data's and the
+	// envelope's closing braces.
 	b = append(b, tail[:len(tail)-2]...)
 	b = append(b, borrowed...)
 	b = append(b, "}}"...)

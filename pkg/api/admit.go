@@ -34,6 +34,15 @@ type admitReply struct {
 	Balances []balanceReply `json:"balances,omitempty"`
 	// Balance is, for insufficient_balance, what the blocking account's grants hold.
 	Balance *int64 `json:"balance,omitempty"`
+	// Shadow is, for a request admitted in shadow mode, the refusal it would have had.
+	Shadow *shadowReply `json:"shadow,omitempty"`
+}
+
+// shadowReply is a refusal shadow mode let pass.
+type shadowReply struct {
+	Decision     admission.Result   `json:"decision"`
+	BlockedBy    *admission.Blocker `json:"blocked_by"`
+	RetryAfterMS *int64             `json:"retry_after_ms,omitempty"`
 }
 
 type balanceReply struct {
@@ -98,6 +107,7 @@ func (s *Server) decide(ctx context.Context, w http.ResponseWriter, in admitInpu
 		Tool:           in.Tool,
 		Source:         s.cfg.Source,
 		MaxWait:        wait,
+		Shadow:         s.cfg.Shadow || pol.Shadow,
 	}
 	decideStart := time.Now()
 	d, err := s.cfg.Decider.Decide(ctx, req)
@@ -127,6 +137,13 @@ func (s *Server) decide(ctx context.Context, w http.ResponseWriter, in admitInpu
 	switch d.Result {
 	case admission.Allow:
 		reply.EventID, reply.Period, reply.Replayed = d.EventID, d.Period, d.Replayed
+		if sh := d.Shadow; sh != nil {
+			reply.Shadow = &shadowReply{Decision: sh.Result, BlockedBy: sh.Blocked}
+			if sh.Result == admission.RateLimited {
+				ms := sh.RetryAfter.Milliseconds()
+				reply.Shadow.RetryAfterMS = &ms
+			}
+		}
 		if !d.Replayed {
 			for _, b := range d.Balances {
 				reply.Balances = append(reply.Balances, balanceReply(b))

@@ -111,6 +111,9 @@ type Config struct {
 	// MaxWait bounds admit's max_wait_ms, how long a request may wait for capacity
 	// (ADMIT_MAX_WAIT); 0 refuses every wait with 400 invalid_max_wait.
 	MaxWait time.Duration
+	// Shadow puts every request in shadow mode (ADMIT_SHADOW): decided and recorded, never
+	// refused; an account or plan can be in shadow mode by itself (policy.Resolved.Shadow).
+	Shadow bool
 	// Credits grants, voids and reads prepaid credit balances (credit.Store); nil answers
 	// those routes 503.
 	Credits Credits

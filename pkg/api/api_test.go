@@ -58,6 +58,8 @@ type options struct {
 	wrapRecorder func(api.Recorder) api.Recorder
 	// check names the forward-auth check's headers (api.Config.Check).
 	check api.CheckHeaders
+	// shadow puts every request in shadow mode (api.Config.Shadow, ADMIT_SHADOW).
+	shadow bool
 }
 
 func setup(t *testing.T, o options) *testBundle {
@@ -89,7 +91,7 @@ func setup(t *testing.T, o options) *testBundle {
 	cfg := api.Config{
 		Log: log, Policies: cache, Admin: b.store, Decider: adm,
 		ServiceToken: serviceToken, AdminToken: adminToken, Source: "test-node", Registerer: b.reg,
-		Check: o.check,
+		Check: o.check, Shadow: o.shadow,
 	}
 	if o.recorder {
 		b.topic = testenv.Topic(t, 1)

@@ -82,11 +82,12 @@ type accountBody struct {
 	Limits      map[policy.Unit]policy.Limit `json:"limits"`
 	Concurrency *int                         `json:"concurrency"`
 	Priority    *int                         `json:"priority"`
+	Shadow      bool                         `json:"shadow"`
 }
 
 // account is the node the body describes, id aside.
 func (b accountBody) account(id string) policy.Account {
-	return policy.Account{ID: id, Kind: b.Kind, Parent: b.Parent, Plan: b.Plan, Limits: b.Limits, Concurrency: b.Concurrency, Priority: b.Priority}
+	return policy.Account{ID: id, Kind: b.Kind, Parent: b.Parent, Plan: b.Plan, Limits: b.Limits, Concurrency: b.Concurrency, Priority: b.Priority, Shadow: b.Shadow}
 }
 
 type accountReply struct {

@@ -19,6 +19,7 @@ type metrics struct {
 	abandoned  prometheus.Counter
 	voids      *prometheus.CounterVec
 	pending    prometheus.Gauge
+	shadow     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -37,6 +38,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time a request that may wait (max_wait_ms) was held, from the parsed request to its answer; such decisions are not in metergate_admit_decision_seconds.",
 			Buckets: []float64{.001, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "metergate_admit_shadow_refusals_total",
+			Help: "Requests admitted in shadow mode that a limit would have refused, by the refusal (rate_limited, quota_exceeded, insufficient_balance), the blocking level and unit.",
+		}, []string{"result", "level", "unit"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "metergate_admit_rejected_requests_total",
 			Help: "Requests refused before a decision (bad input, credentials), by error code.",
@@ -62,7 +67,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Voids Redis has not taken yet, retried in the background.",
 		}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.waited, m.rejections, m.failOpen, m.failClosed, m.abandoned, m.voids, m.pending)
+	reg.MustRegister(m.decisions, m.shadow, m.latency, m.waited, m.rejections, m.failOpen, m.failClosed, m.abandoned, m.voids, m.pending)
 	return m
 }
 
@@ -74,6 +79,9 @@ func (m *metrics) decided(d admission.Decision, _ policy.Resolved, took time.Dur
 		level = string(d.Blocked.Level)
 	}
 	m.decisions.WithLabelValues(string(d.Result), level).Inc()
+	if sh := d.Shadow; sh != nil && sh.Blocked != nil {
+		m.shadow.WithLabelValues(string(sh.Result), string(sh.Blocked.Level), sh.Blocked.Unit).Inc()
+	}
 	if mayWait {
 		m.waited.Observe(took.Seconds())
 		return

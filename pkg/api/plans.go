@@ -19,6 +19,7 @@ type planBody struct {
 	Limits      map[policy.Unit]policy.Limit  `json:"limits"`
 	Concurrency int                           `json:"concurrency"`
 	Priority    int                           `json:"priority"`
+	Shadow      bool                          `json:"shadow"`
 	Price       *priceBody                    `json:"price"`
 	Grants      map[policy.Unit]planGrantBody `json:"grants"`
 }
@@ -138,7 +139,7 @@ func (b planBody) plan(id string) (policy.Plan, *invoice.Plan, *Error) {
 		}
 		grants[u] = policy.PlanGrant{Amount: amount, Priority: g.Priority}
 	}
-	return policy.Plan{ID: id, Rank: *b.Rank, Limits: b.Limits, Concurrency: b.Concurrency, Priority: b.Priority, Grants: grants}, price, nil
+	return policy.Plan{ID: id, Rank: *b.Rank, Limits: b.Limits, Concurrency: b.Concurrency, Priority: b.Priority, Grants: grants, Shadow: b.Shadow}, price, nil
 }
 
 type planReply struct {
@@ -150,6 +151,7 @@ type planReply struct {
 	Prices      []priceReply                 `json:"prices"`
 	// Grants are the plan's recurring credit grants, per unit (docs/credits.md).
 	Grants map[policy.Unit]policy.PlanGrant `json:"grants,omitempty"`
+	Shadow bool                             `json:"shadow,omitempty"`
 	// CurrentPriceVersion is the version that prices the current month; left out when the
 	// plan has no price.
 	CurrentPriceVersion int `json:"current_price_version,omitempty"`
@@ -178,7 +180,7 @@ type tierReply struct {
 
 func (s *Server) planReply(p policy.Plan) planReply {
 	out := planReply{ID: p.ID, Rank: p.Rank, Limits: p.Limits, Concurrency: p.Concurrency, Priority: p.Priority, Prices: []priceReply{},
-		Grants: p.Grants}
+		Grants: p.Grants, Shadow: p.Shadow}
 	if out.Limits == nil {
 		out.Limits = map[policy.Unit]policy.Limit{}
 	}

@@ -68,6 +68,9 @@ type Admission struct {
 	// EstimateDefaultOutput is the output tokens an estimate assumes for a model request
 	// that bounds none (pkg/estimate).
 	EstimateDefaultOutput int
+	// Shadow puts every account in shadow mode: decided and recorded, never refused
+	// (docs/admission.md, "Shadow mode").
+	Shadow bool
 	// MaxWait bounds how long a request may wait for capacity (admit's max_wait_ms); 0
 	// disables waiting.
 	MaxWait time.Duration
@@ -111,6 +114,7 @@ func (c *Admission) Register(l *Loader) {
 	l.Int(&c.Pipeline, "ADMIT_PIPELINE", admission.DefaultPipeline, "most script calls in flight per shard")
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
 	l.Duration(&c.MaxWait, "ADMIT_MAX_WAIT", 30*time.Second, "longest max_wait_ms a request may give to wait for capacity (0 disables waiting; at most 10m)")
+	l.Bool(&c.Shadow, "ADMIT_SHADOW", false, "shadow mode for every account: decide and record, count refusals, never refuse")
 	l.String(&c.Check.Token, "ADMIT_CHECK_TOKEN_HEADER", "X-Metergate-Token", "header of GET /v1/check carrying the service token (Authorization takes \"Bearer <token>\")")
 	l.String(&c.Check.APIKey, "ADMIT_CHECK_API_KEY_HEADER", "X-Api-Key", "header of GET /v1/check carrying the end customer's API key")
 	l.String(&c.Check.Account, "ADMIT_CHECK_ACCOUNT_HEADER", "", "header of GET /v1/check naming the account, for gateways that authenticate clients and overwrite it (empty: off)")

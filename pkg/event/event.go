@@ -55,6 +55,9 @@ type Admitted struct {
 	// accounts of Path, in the order the admission script drew them; empty when it drew
 	// nothing (always on the fail-open path).
 	Credits []CreditDraw `json:"credits,omitempty"`
+	// ShadowRefusal is, for a request admitted in shadow mode that a limit would have
+	// refused, the refusal: "rate_limited", "quota_exceeded" or "insufficient_balance".
+	ShadowRefusal string `json:"shadow_refusal,omitempty"`
 	// FailOpen marks an admission decided without Redis (rate-only accounts while Redis was
 	// unavailable); its period comes from the admit node's clock.
 	FailOpen bool `json:"fail_open,omitempty"`

@@ -134,6 +134,9 @@ func (d *decoder) admitted() (*event.Admitted, bool) {
 		case "credits":
 			bit = 1 << 11
 			a.Credits, ok = d.credits()
+		case "shadow_refusal":
+			bit = 1 << 12
+			a.ShadowRefusal, ok = d.str()
 		}
 		if !ok || seen&bit != 0 {
 			return false

@@ -39,6 +39,7 @@ type usageRow struct {
 	Tool           string
 	Source         string
 	FailOpen       bool
+	ShadowRefusal  string // "" is stored as NULL
 	Units          units
 	Borrowed       []borrowRow // rows of usage_borrowings
 	Credits        []creditRow // rows of credit_consumptions
@@ -295,6 +296,11 @@ func parseAdmitted(ce event.CloudEvent, d *event.Admitted) (*usageRow, error) {
 	if err != nil {
 		return nil, err
 	}
+	switch d.ShadowRefusal {
+	case "", "rate_limited", "quota_exceeded", "insufficient_balance":
+	default:
+		return nil, fmt.Errorf("data.shadow_refusal %q: want rate_limited, quota_exceeded or insufficient_balance", d.ShadowRefusal)
+	}
 	credits, err := parseCredits(d.Credits, path)
 	if err != nil {
 		return nil, err
@@ -308,7 +314,7 @@ func parseAdmitted(ce event.CloudEvent, d *event.Admitted) (*usageRow, error) {
 		EventID: ce.ID, BillingPeriod: period.MonthStart(at), EventTime: at, ChargedPeriod: charged,
 		Org: d.Org, Account: d.Account, AccountKind: last.Kind, Path: path,
 		APIKeyID: d.APIKeyID, IdempotencyKey: d.IdempotencyKey, Plan: d.Plan, Tool: d.Tool,
-		Source: ce.Source, FailOpen: d.FailOpen, Units: u, Borrowed: borrowed, Credits: credits,
+		Source: ce.Source, FailOpen: d.FailOpen, ShadowRefusal: d.ShadowRefusal, Units: u, Borrowed: borrowed, Credits: credits,
 	}, nil
 }
 

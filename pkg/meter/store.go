@@ -111,7 +111,7 @@ CREATE TEMP TABLE IF NOT EXISTS meter_usage (
     org text, account text, account_kind text, path text[], api_key_id text, idempotency_key text,
     plan text, tool text, source text, fail_open boolean,
     requests bigint, tokens bigint, credits bigint, cost_micros bigint,
-    kafka_partition integer, kafka_offset bigint
+    kafka_partition integer, kafka_offset bigint, shadow_refusal text
 ) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS meter_outcomes (
     event_id text, status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint,
@@ -130,7 +130,7 @@ var (
 	usageColumns = []string{"event_id", "billing_period", "event_time", "charged_period",
 		"org", "account", "account_kind", "path", "api_key_id", "idempotency_key",
 		"plan", "tool", "source", "fail_open",
-		"requests", "tokens", "credits", "cost_micros", "kafka_partition", "kafka_offset"}
+		"requests", "tokens", "credits", "cost_micros", "kafka_partition", "kafka_offset", "shadow_refusal"}
 	outcomeColumns = []string{"event_id", "status", "requests", "tokens", "credits", "cost_micros",
 		"outcome_time", "source", "kafka_partition", "kafka_offset"}
 	borrowingColumns = []string{"event_id", "billing_period", "charged_period", "event_time", "org",
@@ -286,7 +286,7 @@ func (s *store) write(ctx context.Context, items []item) (w written, err error) 
 				r.Org, r.Account, r.AccountKind, r.Path, nullable(r.APIKeyID), nullable(r.IdempotencyKey),
 				nullable(r.Plan), nullable(r.Tool), r.Source, r.FailOpen,
 				orZero(r.Units.Requests), orZero(r.Units.Tokens), orZero(r.Units.Credits), orZero(r.Units.CostMicros),
-				r.Partition, r.Offset}, nil
+				r.Partition, r.Offset, nullable(r.ShadowRefusal)}, nil
 		}))
 		if err != nil {
 			return written{}, fmt.Errorf("copy usage rows: %w", err)

@@ -176,13 +176,13 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 	}
 	nodes := make([]node, 0, count)
 	index := make(map[string]int, count)
-	rows, err := tx.Query(ctx, `SELECT id, kind, coalesce(parent, ''), org, coalesce(plan, ''), concurrency, priority FROM accounts`)
+	rows, err := tx.Query(ctx, `SELECT id, kind, coalesce(parent, ''), org, coalesce(plan, ''), concurrency, priority, shadow FROM accounts`)
 	if err != nil {
 		return nil, fmt.Errorf("read accounts: %w", err)
 	}
 	for rows.Next() {
 		var n node
-		if err := rows.Scan(&n.id, &n.kind, &n.parent, &n.org, &n.plan, &n.concurrency, &n.priority); err != nil {
+		if err := rows.Scan(&n.id, &n.kind, &n.parent, &n.org, &n.plan, &n.concurrency, &n.priority, &n.shadow); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read accounts: %w", err)
 		}

@@ -328,6 +328,9 @@ type Resolved struct {
 	// Priority orders requests waiting for the same limit (max_wait_ms): higher first. It
 	// is the account's own priority, else its nearest ancestor's, else its org's plan's.
 	Priority int `json:"priority"`
+	// Shadow: the account's requests are decided and recorded but never refused, because it,
+	// an account above it, or the plan of one of them is in shadow mode.
+	Shadow bool `json:"shadow,omitempty"`
 	// Memo is this policy's slot for what a consumer derives from it (nil when the policy
 	// was not made by a Cache).
 	Memo *Memo `json:"-"`

@@ -17,6 +17,7 @@ type node struct {
 	kind                  Kind
 	concurrency           *int
 	priority              *int
+	shadow                bool
 	credits               []Unit  // units of its credit grants, sorted
 	alerts                []Alert // its own alert rules
 	granted               map[Unit]int64
@@ -190,6 +191,7 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 	b := newLevelBuilder(plans)
 	reserved := reservations(nodes, b)
 	priority := make(map[string]int, len(nodes))
+	shadow := make(map[string]bool, len(nodes))
 	byDepth := make([][]*node, maxDepth)
 	for i := range nodes {
 		n := &nodes[i]
@@ -240,7 +242,9 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 				prio = plans.clamp(lv.Plan).Priority
 			}
 			priority[n.id] = prio
-			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path, Priority: prio, Memo: new(Memo)}
+			sh := shadow[n.parent] || n.shadow || lv.Plan != "" && plans.clamp(lv.Plan).Shadow
+			shadow[n.id] = sh
+			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path, Priority: prio, Shadow: sh, Memo: new(Memo)}
 		}
 	}
 	return resolved, bad
@@ -295,13 +299,13 @@ const maxDepth = 4
 // loadPlans reads every plan with its limits and priority.
 func loadPlans(ctx context.Context, tx pgx.Tx) (map[string]*Plan, error) {
 	byID := make(map[string]*Plan)
-	rows, err := tx.Query(ctx, `SELECT id, rank, concurrency, priority FROM plans`)
+	rows, err := tx.Query(ctx, `SELECT id, rank, concurrency, priority, shadow FROM plans`)
 	if err != nil {
 		return nil, fmt.Errorf("read plans: %w", err)
 	}
 	for rows.Next() {
 		p := &Plan{Limits: make(map[Unit]Limit)}
-		if err := rows.Scan(&p.ID, &p.Rank, &p.Concurrency, &p.Priority); err != nil {
+		if err := rows.Scan(&p.ID, &p.Rank, &p.Concurrency, &p.Priority, &p.Shadow); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read plans: %w", err)
 		}

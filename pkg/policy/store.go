@@ -60,6 +60,9 @@ type Plan struct {
 	// plan gets Amount units each month, expiring at its end (reconcile issues them;
 	// docs/credits.md).
 	Grants map[Unit]PlanGrant `json:"grants,omitempty"`
+	// Shadow decides and records the requests of the accounts on the plan (and below them)
+	// but never refuses them (docs/admission.md, "Shadow mode").
+	Shadow bool `json:"shadow,omitempty"`
 	// Prices are the versions of the plan's price, oldest first (the store's reads fill
 	// them in; the cache does not: admit does not price).
 	Prices []invoice.Plan `json:"-"`
@@ -88,7 +91,10 @@ type Account struct {
 	Concurrency *int `json:"concurrency,omitempty"`
 	// Priority is the node's waiting priority (0-100, higher first); nil means its
 	// parent's, up to its org's plan's (see Resolved.Priority).
-	Priority  *int      `json:"priority,omitempty"`
+	Priority *int `json:"priority,omitempty"`
+	// Shadow decides and records the node's requests, and those of the nodes below it, but
+	// never refuses them (docs/admission.md, "Shadow mode").
+	Shadow    bool      `json:"shadow,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -191,11 +197,11 @@ func (s *Store) CreateAccount(ctx context.Context, a Account) (Account, error) {
 			parent = &a.Parent
 		}
 		err := tx.QueryRow(ctx, `
-			INSERT INTO accounts (id, kind, parent, org, plan, concurrency, priority)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)
+			INSERT INTO accounts (id, kind, parent, org, plan, concurrency, priority, shadow)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 			ON CONFLICT (id) DO NOTHING
 			RETURNING created_at, updated_at`,
-			a.ID, string(a.Kind), parent, a.Org, nullString(a.Plan), a.Concurrency, a.Priority).Scan(&a.CreatedAt, &a.UpdatedAt)
+			a.ID, string(a.Kind), parent, a.Org, nullString(a.Plan), a.Concurrency, a.Priority, a.Shadow).Scan(&a.CreatedAt, &a.UpdatedAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("account %q: %w", a.ID, ErrExists)
 		}
@@ -248,11 +254,11 @@ func (s *Store) UpdateAccount(ctx context.Context, a Account) (Account, error) {
 			return err
 		}
 		out = cur
-		out.Plan, out.Limits, out.Concurrency, out.Priority = a.Plan, limits, a.Concurrency, a.Priority
+		out.Plan, out.Limits, out.Concurrency, out.Priority, out.Shadow = a.Plan, limits, a.Concurrency, a.Priority, a.Shadow
 		err = tx.QueryRow(ctx, `
-			UPDATE accounts SET plan = $2, concurrency = $3, priority = $4, updated_at = now()
+			UPDATE accounts SET plan = $2, concurrency = $3, priority = $4, shadow = $5, updated_at = now()
 			WHERE id = $1 RETURNING updated_at`,
-			a.ID, nullString(a.Plan), a.Concurrency, a.Priority).Scan(&out.UpdatedAt)
+			a.ID, nullString(a.Plan), a.Concurrency, a.Priority, a.Shadow).Scan(&out.UpdatedAt)
 		if err != nil {
 			return fmt.Errorf("update account %q: %w", a.ID, err)
 		}
@@ -344,8 +350,8 @@ func (s *Store) CreatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 			return err
 		}
 		tag, err := tx.Exec(ctx, `
-			INSERT INTO plans (id, rank, concurrency, priority) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (id) DO NOTHING`, p.ID, p.Rank, p.Concurrency, p.Priority)
+			INSERT INTO plans (id, rank, concurrency, priority, shadow) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (id) DO NOTHING`, p.ID, p.Rank, p.Concurrency, p.Priority, p.Shadow)
 		if err != nil {
 			return fmt.Errorf("insert plan %q: %w", p.ID, err)
 		}
@@ -390,8 +396,8 @@ func (s *Store) UpdatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 		if err := checkRank(ctx, tx, p); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE plans SET rank = $2, concurrency = $3, priority = $4 WHERE id = $1`,
-			p.ID, p.Rank, p.Concurrency, p.Priority); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE plans SET rank = $2, concurrency = $3, priority = $4, shadow = $5 WHERE id = $1`,
+			p.ID, p.Rank, p.Concurrency, p.Priority, p.Shadow); err != nil {
 			return fmt.Errorf("update plan %q: %w", p.ID, err)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM plan_limits WHERE plan = $1`, p.ID); err != nil {
@@ -516,7 +522,7 @@ func writePlanRest(ctx context.Context, tx pgx.Tx, plan string, limits map[Unit]
 // getPlan reads one plan with its limits and price versions.
 func getPlan(ctx context.Context, tx pgx.Tx, id string) (Plan, error) {
 	p := Plan{ID: id, Limits: make(map[Unit]Limit)}
-	err := tx.QueryRow(ctx, `SELECT rank, concurrency, priority FROM plans WHERE id = $1`, id).Scan(&p.Rank, &p.Concurrency, &p.Priority)
+	err := tx.QueryRow(ctx, `SELECT rank, concurrency, priority, shadow FROM plans WHERE id = $1`, id).Scan(&p.Rank, &p.Concurrency, &p.Priority, &p.Shadow)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Plan{}, fmt.Errorf("plan %q: %w", id, ErrNotFound)
 	}
@@ -741,12 +747,12 @@ func insertOverrides(ctx context.Context, tx pgx.Tx, account string, limits map[
 }
 
 func getAccount(ctx context.Context, tx pgx.Tx, id string, forUpdate bool) (Account, error) {
-	q := `SELECT id, kind, coalesce(parent, ''), org, coalesce(plan, ''), concurrency, priority, created_at, updated_at FROM accounts WHERE id = $1`
+	q := `SELECT id, kind, coalesce(parent, ''), org, coalesce(plan, ''), concurrency, priority, shadow, created_at, updated_at FROM accounts WHERE id = $1`
 	if forUpdate {
 		q += ` FOR UPDATE`
 	}
 	var a Account
-	err := tx.QueryRow(ctx, q, id).Scan(&a.ID, &a.Kind, &a.Parent, &a.Org, &a.Plan, &a.Concurrency, &a.Priority, &a.CreatedAt, &a.UpdatedAt)
+	err := tx.QueryRow(ctx, q, id).Scan(&a.ID, &a.Kind, &a.Parent, &a.Org, &a.Plan, &a.Concurrency, &a.Priority, &a.Shadow, &a.CreatedAt, &a.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Account{}, fmt.Errorf("account %q: %w", id, ErrNotFound)
 	}
