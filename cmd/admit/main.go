@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -128,6 +129,25 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	probes.Mount(mux, reg)
 	server.Mount(mux)
 
+	// Envoy's rate-limit service has a listener of its own (docs/gateways.md), opened before
+	// anything runs so that a taken port fails the start.
+	var grpcServe func(context.Context) error
+	if cfg.RLS.Addr != "" {
+		gs, health, err := server.NewGRPCServer(rlsMapping(cfg.RLS))
+		if err != nil {
+			return err
+		}
+		lis, err := net.Listen("tcp", cfg.RLS.Addr)
+		if err != nil {
+			return fmt.Errorf("ADMIT_GRPC_ADDR: %w", err)
+		}
+		defer lis.Close() // closed by the server once it serves; this covers an early return
+		log.Info("grpc listening", "addr", lis.Addr().String())
+		grpcServe = func(ctx context.Context) error {
+			return server.ServeGRPC(ctx, lis, gs, health, cfg.Server.ShutdownTimeout)
+		}
+	}
+
 	g, ctx := errgroup.WithContext(ctx)
 	if a.Relay {
 		relay, closeRelay, err := newRelay(cfg, log, reg, recorder)
@@ -142,6 +162,9 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	// ops.Serve sets no WriteTimeout or ReadTimeout, so a request may wait ADMIT_MAX_WAIT for
 	// capacity; at shutdown, waiters still held after SHUTDOWN_TIMEOUT are cut (docs/config.md).
 	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
+	if grpcServe != nil {
+		g.Go(func() error { return grpcServe(ctx) })
+	}
 	// Admission does not wait for Kafka (the outbox absorbs an outage), so the topic is
 	// made sure of in the background, retrying until the broker answers.
 	g.Go(func() error {
@@ -157,6 +180,12 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		log.Error("voids still pending at shutdown", "err", cerr)
 	}
 	return err
+}
+
+// rlsMapping is the descriptor mapping of Envoy's rate-limit service as configured.
+func rlsMapping(c config.RLS) api.RLS {
+	return api.RLS{APIKey: c.APIKey, Account: c.Account, Tool: c.Tool, IdempotencyKey: c.IdempotencyKey,
+		Event: c.Event, Status: c.Status, Hits: policy.Unit(c.Hits), Ignore: c.Ignore}
 }
 
 // runRelay runs the outbox relay alone, for deployments that scale it apart from the API.

@@ -24,6 +24,8 @@ type Admit struct {
 	Postgres  Postgres
 	Kafka     Kafka
 	Admission Admission
+	// RLS is Envoy's rate-limit service (gRPC, docs/gateways.md).
+	RLS RLS
 	// Webhooks: admit reads only AllowPrivate, to check endpoints' URLs.
 	Webhooks Webhooks
 	// Migrate applies pending migrations before serving.
@@ -198,13 +200,14 @@ func (c *Admit) Register(l *Loader) {
 	c.Postgres.Register(l)
 	c.Kafka.Register(l)
 	c.Admission.Register(l)
+	c.RLS.register(l)
 	c.Webhooks.registerAllowPrivate(l)
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 }
 
 // Validate reports every problem of the configuration, one per line, prefixed by section.
 func (c *Admit) Validate() error {
-	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), c.Kafka.Validate(), c.Admission.Validate())
+	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), c.Kafka.Validate(), c.Admission.Validate(), c.RLS.Validate())
 }
 
 // Meter is the configuration of cmd/meter.
