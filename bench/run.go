@@ -80,6 +80,7 @@ func run(ctx context.Context, cfg Config, out io.Writer) (*Results, error) {
 		{"waiters", "Redis CPU with 1,000 requests waiting for capacity", s.waiters},
 		{"credits", "Redis CPU per decision with a prepaid balance against without", s.credits},
 		{"alerts", "Redis CPU per decision with alert rules against without", s.alerts},
+		{"gateway", "admit CPU per decision through Envoy's rate-limit service (gRPC) against HTTP", s.gateway},
 		{"go", "Go benchmarks: meter vs INSERT … SELECT, reconcile, the decision path", s.goBenchmarks},
 	}
 	for _, st := range steps {
