@@ -97,6 +97,8 @@ install_missing() {
   command -v psql >/dev/null || pkgs+=(postgresql-client)
   command -v java >/dev/null || pkgs+=(default-jre-headless)
   command -v mvn >/dev/null || pkgs+=(maven)
+  command -v nginx >/dev/null || pkgs+=(nginx) # the forward-auth tests (deploy/gateways)
+  command -v caddy >/dev/null || pkgs+=(caddy)
   [ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
 }
 

@@ -35,7 +35,7 @@ type CheckHeaders struct {
 }
 
 // DefaultCheckHeaders are the header names the check reads unless configured otherwise.
-var DefaultCheckHeaders = CheckHeaders{
+var DefaultCheckHeaders = CheckHeaders{ //nolint:gosec // G101: header names, not credentials
 	Token: "X-Metergate-Token", APIKey: "X-Api-Key", Tokens: "X-Estimated-Tokens",
 	Tool: "X-Tool", IdempotencyKey: "Idempotency-Key",
 }
