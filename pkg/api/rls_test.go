@@ -514,3 +514,53 @@ func TestRLSMapping(t *testing.T) {
 	require.Equal(t, rlsv3.RateLimitResponse_OK, resp.GetOverallCode(), "%s", resp.GetRawBody())
 	require.Equal(t, map[string]float64{"requests": 1, "cost_micros": 7}, b.usage(t, org), "the request's hits_addend, in the configured unit")
 }
+
+// Envoy going away while its decision waits for Redis: the decision is voided (as for
+// /v1/admit), counted as abandoned, and the call ends CANCELED, never a crash; the service
+// answers the next call.
+func TestRLSCallerGoneIsVoided(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{rdb: privateRedis(t), recorder: true})
+	org := b.id("gone")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro",
+		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 100, "burst": 100}}})
+	b.waitResolvable(t, org)
+
+	codesSeen := make(chan codes.Code, 4)
+	record := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		codesSeen <- status.Code(err)
+		return resp, err
+	}
+	g, hs, err := b.srv.NewGRPCServer(api.DefaultRLS, grpc.UnaryInterceptor(record))
+	require.NoError(t, err)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- b.srv.ServeGRPC(ctx, lis, g, hs, 5*time.Second) }()
+	defer func() { cancel(); require.NoError(t, <-served) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	req := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*commonv3.RateLimitDescriptor{desc("account", org)}}
+
+	done := b.stall(t, 1500*time.Millisecond)
+	hangUp, stop := context.WithTimeout(withToken(context.Background(), serviceToken), 200*time.Millisecond)
+	_, err = client.ShouldRateLimit(hangUp, req)
+	stop()
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	require.Equal(t, codes.Canceled, <-codesSeen, "the server's answer to a caller gone")
+	require.NoError(t, <-done)
+
+	b.waitMetric(t, "metergate_admit_voids_total", map[string]string{"reason": "caller_gone"}, 1)
+	require.EqualValues(t, 1, b.metric(t, "metergate_admit_abandoned_total", nil))
+	require.Zero(t, b.metric(t, "metergate_admit_fail_open_total", nil), "not a Redis outage")
+	b.requireVoided(t, event.VoidCallerGone, true)
+
+	resp, err := client.ShouldRateLimit(withToken(testenv.Context(t, 30*time.Second), serviceToken), req)
+	require.NoError(t, err)
+	require.Equal(t, rlsv3.RateLimitResponse_OK, resp.GetOverallCode(), "%s", resp.GetRawBody())
+	require.Equal(t, codes.OK, <-codesSeen)
+}
