@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,12 +42,13 @@ type gatewaySample struct {
 	P50MS float64 `json:"p50_ms"`
 }
 
-// gateway measures Envoy's rate-limit service (gRPC) against the HTTP JSON API (issue 20:
-// "decisions/s and admit CPU per decision through gRPC against the HTTP JSON API in the same
-// run, goal: no more than 10 % above it; idle p50 added"). One admit node with
+// gateway measures Envoy's rate-limit service (gRPC) and the forward-auth check (GET
+// /v1/check) against the HTTP JSON API (issue 20: "decisions/s and admit CPU per decision
+// through gRPC and through /v1/check against the HTTP JSON API in the same run, goal:
+// neither costs more than 10 % above it; idle p50 added by each path"). One admit node with
 // ADMIT_GRPC_ADDR, its relay inside, under a key prefix of its own; the same decision
 // (benchTree's shape, requests 1 + tokens 500) through each path, from clients in the bench
-// process (the same client cost for both), in interleaved rounds: cfg.Clients clients for
+// process (the same client cost for each), in interleaved rounds: cfg.Clients clients for
 // the throughput and CPU, one for the idle p50.
 func (s *stack) gateway(ctx context.Context, res *Results) error {
 	node, grpcAddr, err := s.startGatewayNode(ctx)
@@ -65,7 +67,7 @@ func (s *stack) gateway(ctx context.Context, res *Results) error {
 	}
 	defer conn.Close()
 	httpPath := s.httpDecision(node.URL(), key)
-	paths := []gatewayPath{httpPath, grpcDecision(conn, key)}
+	paths := []gatewayPath{httpPath, grpcDecision(conn, key), s.checkDecision(node.URL(), key)}
 	for _, p := range paths { // the node's cache learns the key through LISTEN/NOTIFY
 		if err := retryUntil(ctx, 30*time.Second, p.call); err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
@@ -162,6 +164,32 @@ func (s *stack) httpDecision(base, key string) gatewayPath {
 		raw, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("POST /v1/admit: %d %s", resp.StatusCode, bytes.TrimSpace(raw))
+		}
+		return nil
+	}}
+}
+
+// checkDecision is the forward-auth check (GET /v1/check) with the bench's decision, as a
+// gateway sends it: the key and the tokens in headers, the service token in its own.
+func (s *stack) checkDecision(base, key string) gatewayPath {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}, Timeout: 30 * time.Second}
+	tokens := strconv.FormatInt(decisionUnits["tokens"], 10)
+	return gatewayPath{name: "check", call: func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/check", nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("X-Metergate-Token", serviceToken)
+		req.Header.Set("X-Api-Key", key)
+		req.Header.Set("X-Estimated-Tokens", tokens)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /v1/check: %d %s", resp.StatusCode, bytes.TrimSpace(raw))
 		}
 		return nil
 	}}

@@ -27,14 +27,16 @@ func TestGatewayBench(t *testing.T) {
 	require.NoError(t, err, out.String())
 	require.Empty(t, res.Problems, out.String())
 	samples := res.Raw["samples"].(map[string]spread)
-	for _, k := range []string{"gateway_grpc_cpu_ratio", "gateway_grpc_throughput_ratio"} {
+	for _, k := range []string{"gateway_grpc_cpu_ratio", "gateway_grpc_throughput_ratio", "gateway_check_cpu_ratio", "gateway_check_throughput_ratio"} {
 		v, ok := res.Value(k)
 		require.True(t, ok, "no %s in\n%s", k, out.String())
 		require.Greater(t, v, 0.0, k)
 		require.Len(t, samples[k].Samples, cfg.Rounds, k)
 	}
-	_, ok := res.Value("gateway_grpc_p50_ms_idle_added")
-	require.True(t, ok, "no gateway_grpc_p50_ms_idle_added in\n%s", out.String())
+	for _, k := range []string{"gateway_grpc_p50_ms_idle_added", "gateway_check_p50_ms_idle_added"} {
+		_, ok := res.Value(k)
+		require.True(t, ok, "no %s in\n%s", k, out.String())
+	}
 	rounds := res.Raw["gateway_rounds"]
 	require.NotNil(t, rounds)
 }
