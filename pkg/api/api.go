@@ -156,7 +156,8 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Routes lists every route the server answers, as "METHOD /path" patterns.
+// Routes lists every route the server answers, as "METHOD /path" patterns ("/path" for
+// any method: the forward-auth check).
 var Routes = []string{
 	"POST /v1/admit",
 	"POST /v1/estimate",
@@ -193,6 +194,26 @@ var Routes = []string{
 	// The forward-auth check answers every method: gateways send the original one.
 	"/v1/check",
 	"/v1/check/{path...}",
+}
+
+// AnyMethod are the methods a route of Routes without one (the forward-auth check)
+// answers, as the OpenAPI document lists them.
+var AnyMethod = []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+
+// Operations are the routes as the OpenAPI document lists its operations ("METHOD /path"):
+// a route without a method once per AnyMethod, and "{path...}" written "{path}".
+func Operations() []string {
+	var out []string
+	for _, r := range Routes {
+		if strings.Contains(r, " ") {
+			out = append(out, r)
+			continue
+		}
+		for _, m := range AnyMethod {
+			out = append(out, m+" "+strings.ReplaceAll(r, "...}", "}"))
+		}
+	}
+	return out
 }
 
 func (s *Server) routes() {
