@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // AlertKind is what an alert rule's thresholds measure.
@@ -216,9 +217,9 @@ func (s *Store) DeleteAlert(ctx context.Context, id string) error {
 }
 
 func alertDBError(err error) error {
-	var e interface{ SQLState() string }
-	if errors.As(err, &e) {
-		switch e.SQLState() {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
 		case "23505":
 			return fmt.Errorf("%w (%w)", ErrAlertExists, err)
 		case "23503":
@@ -252,29 +253,4 @@ func loadAlerts(ctx context.Context, tx pgx.Tx) (alertSet, error) {
 		}
 	}
 	return set, rows.Err()
-}
-
-// loadGranted sums, per account and unit, the units of the grants neither voided nor expired
-// (BalancePercent's 100 %).
-func loadGranted(ctx context.Context, tx pgx.Tx) (map[string]map[Unit]int64, error) {
-	out := map[string]map[Unit]int64{}
-	rows, err := tx.Query(ctx, `SELECT account, unit, sum(amount)::bigint FROM credit_grants
-		WHERE voided_at IS NULL AND (expires_at IS NULL OR expires_at > now()) GROUP BY account, unit`)
-	if err != nil {
-		return nil, fmt.Errorf("read granted units: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var account string
-		var u Unit
-		var n int64
-		if err := rows.Scan(&account, &u, &n); err != nil {
-			return nil, fmt.Errorf("read granted units: %w", err)
-		}
-		if out[account] == nil {
-			out[account] = map[Unit]int64{}
-		}
-		out[account][u] = n
-	}
-	return out, rows.Err()
 }

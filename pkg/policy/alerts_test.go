@@ -35,14 +35,21 @@ func TestAlertRulesResolve(t *testing.T) {
 	require.True(t, errors.Is(err, policy.ErrAlertExists), "%v", err)
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO credit_grants (id, org, account, unit, amount, effective_at, source)
 		VALUES ('gr_00000000000000000000000000000001', $1, $1, 'credits', 700, now(), 'purchase'),
-		       ('gr_00000000000000000000000000000002', $1, $1, 'credits', 300, now(), 'purchase')`, b.id("org"))
+		       ('gr_00000000000000000000000000000002', $1, $1, 'credits', 300, now(), 'purchase'),
+		       ('gr_00000000000000000000000000000003', $1, $1, 'tokens', 50, now(), 'purchase')`, b.id("org"))
+	require.NoError(t, err)
+	// Neither a voided grant nor an expired one counts as granted.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO credit_grants (id, org, account, unit, amount, effective_at, expires_at, source, voided_at, voided_units)
+		VALUES ('gr_00000000000000000000000000000004', $1, $1, 'credits', 5000, now(), NULL, 'purchase', now(), 5000),
+		       ('gr_00000000000000000000000000000005', $1, $1, 'credits', 7000, now() - interval '2 days', now() - interval '1 day', 'purchase', NULL, NULL)`, b.id("org"))
 	require.NoError(t, err)
 
 	b.reload(t)
 	lv := b.resolve(t, b.id("org")).Path[0]
 	require.ElementsMatch(t, []policy.Alert{own.Alert,
 		{Kind: policy.BalanceBelow, Unit: policy.Credits, Period: policy.Month, Thresholds: []int64{500}}}, lv.Alerts)
-	require.Equal(t, map[policy.Unit]int64{policy.Credits: 1000}, lv.Granted)
+	require.Equal(t, map[policy.Unit]int64{policy.Credits: 1000, policy.Tokens: 50}, lv.Granted)
+	require.Equal(t, []policy.Unit{policy.Credits, policy.Tokens}, lv.Credits, "units of any grant, voided and expired ones too")
 	require.ElementsMatch(t, []policy.Alert{plan80.Alert,
 		{Kind: policy.BalanceBelow, Unit: policy.Credits, Period: policy.Month, Thresholds: []int64{500}}},
 		b.resolve(t, b.id("other")).Path[0].Alerts)

@@ -220,18 +220,29 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 	}
 
 	// Accounts with a credit grant of a unit (spent, expired or voided ones too: an
-	// account that has had credit is drawn from, and refused at zero).
-	rows, err = tx.Query(ctx, `SELECT DISTINCT account, unit FROM credit_grants ORDER BY account, unit`)
+	// account that has had credit is drawn from, and refused at zero), and the units of
+	// its grants neither voided nor expired (BalancePercent's 100 %), in one read.
+	rows, err = tx.Query(ctx, `SELECT account, unit,
+		coalesce(sum(amount) FILTER (WHERE voided_at IS NULL AND (expires_at IS NULL OR expires_at > now())), 0)::bigint
+		FROM credit_grants GROUP BY account, unit ORDER BY account, unit`)
 	if err != nil {
 		return nil, fmt.Errorf("read credit grants: %w", err)
 	}
 	for rows.Next() {
-		if err := rows.Scan(&account, &u); err != nil {
+		var granted int64
+		if err := rows.Scan(&account, &u, &granted); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read credit grants: %w", err)
 		}
 		if i, ok := index[account]; ok { // always (foreign key)
-			nodes[i].credits = append(nodes[i].credits, u)
+			n := &nodes[i]
+			n.credits = append(n.credits, u)
+			if granted > 0 {
+				if n.granted == nil {
+					n.granted = map[Unit]int64{}
+				}
+				n.granted[u] = granted
+			}
 		}
 	}
 	rows.Close()
@@ -243,10 +254,6 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	granted, err := loadGranted(ctx, tx)
-	if err != nil {
-		return nil, err
-	}
 	for id, a := range alerts.byPlan {
 		if p, ok := byID[id]; ok {
 			p.alerts = a
@@ -254,7 +261,7 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 	}
 	for i := range nodes {
 		n := &nodes[i]
-		n.alerts, n.granted = alerts.byAccount[n.id], granted[n.id]
+		n.alerts = alerts.byAccount[n.id]
 	}
 
 	resolved, bad := resolveAll(nodes, plans)
