@@ -22,13 +22,17 @@ import (
 )
 
 // RedisServer is a redis-server process of one test alone, on a loopback port of its own
-// and without persistence, so that the test can stop it and start it again empty: a Redis
-// outage (and a Redis that lost its data) without disturbing the shared Redis.
+// and without persistence unless asked (StartRedisAOF), so that the test can stop it and
+// start it again: a Redis outage (and a Redis that lost its data, or a crash recovered from
+// its append-only file) without disturbing the shared Redis.
 type RedisServer struct {
 	tb   testing.TB
 	addr string
 	dir  string
 	path string
+	// fsync is the appendfsync policy of the AOF ("always", "everysec", "no"); "" for no
+	// AOF at all.
+	fsync string
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -51,13 +55,34 @@ func StartRedis(tb testing.TB) *RedisServer {
 	return r
 }
 
+// StartRedisAOF starts a private Redis with an append-only file fsynced by fsync
+// ("always", "everysec" or "no": Redis's appendfsync) in a data directory of the test,
+// and no RDB snapshots. Start after Stop loads the AOF: what a crashed Redis recovers.
+func StartRedisAOF(tb testing.TB, fsync string) *RedisServer {
+	tb.Helper()
+	switch fsync {
+	case "always", "everysec", "no":
+	default:
+		tb.Fatalf("StartRedisAOF: appendfsync %q, want always, everysec or no", fsync)
+	}
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		unavailable(tb, "a private Redis", "PATH", "redis-server not found")
+	}
+	r := &RedisServer{tb: tb, addr: FreeAddr(tb), dir: tb.TempDir(), path: path, fsync: fsync}
+	tb.Cleanup(r.kill)
+	r.Start()
+	return r
+}
+
 // Addr is the server's host:port.
 func (r *RedisServer) Addr() string { return r.addr }
 
 // URL is the server's URL, database 0.
 func (r *RedisServer) URL() string { return "redis://" + r.addr + "/0" }
 
-// Start starts the server (again) on the same port, empty, and waits until PING answers.
+// Start starts the server (again) on the same port and waits until PING answers: empty,
+// or with what its append-only file holds (StartRedisAOF).
 func (r *RedisServer) Start() {
 	r.tb.Helper()
 	r.mu.Lock()
@@ -66,8 +91,13 @@ func (r *RedisServer) Start() {
 		r.tb.Fatal("private redis already running")
 	}
 	_, port, _ := net.SplitHostPort(r.addr)
-	cmd := exec.Command(r.path, "--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no")
+	aof := []string{"--appendonly", "no"}
+	if r.fsync != "" {
+		aof = []string{"--appendonly", "yes", "--appendfsync", r.fsync}
+	}
+	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
+		"--save", "", "--daemonize", "no", "--protected-mode", "no"}, aof...)
+	cmd := exec.Command(r.path, args...)
 	out := &SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -101,8 +131,8 @@ func (r *RedisServer) Start() {
 	}
 }
 
-// Stop kills the server (SIGKILL: whatever it held is gone) and returns once its port
-// refuses connections.
+// Stop kills the server (SIGKILL: a crash; whatever it held is gone but what its
+// append-only file has) and returns once its port refuses connections.
 func (r *RedisServer) Stop() {
 	r.tb.Helper()
 	r.mu.Lock()

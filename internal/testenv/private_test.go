@@ -101,3 +101,22 @@ func TestPrivatePostgres(t *testing.T) {
 		t.Fatalf("after Restart: sum = %d, %v; want 6", n, err)
 	}
 }
+
+// TestPrivateRedisAOF: a private Redis with an AOF fsynced on every write, killed with
+// SIGKILL and started again, holds what it acknowledged.
+func TestPrivateRedisAOF(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedisAOF(t, "always")
+	c := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
+	defer c.Close()
+	ctx := testenv.Context(t, 2*time.Minute)
+
+	if err := c.XAdd(ctx, &redis.XAddArgs{Stream: "s", Values: []string{"e", "1"}}).Err(); err != nil {
+		t.Fatalf("xadd on the private redis: %v", err)
+	}
+	r.Stop()
+	r.Start()
+	if n, err := c.XLen(ctx, "s").Result(); err != nil || n != 1 {
+		t.Fatalf("after SIGKILL and a restart from the AOF: XLEN s = %d, %v; want 1", n, err)
+	}
+}
