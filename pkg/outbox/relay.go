@@ -285,6 +285,14 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		if err == nil {
 			return
 		}
+		if isNoGroup(err) {
+			// Redis lost the group, and with it what the batch was read from (restarted
+			// without persistence): nothing is left to acknowledge. The next read makes
+			// the group again.
+			r.metrics.errors.WithLabelValues("redis").Inc()
+			log.Warn("acknowledge relayed entries: the consumer group is gone", "err", err)
+			return
+		}
 		// Produced but not acknowledged: produced again later, deduplicated by the meter.
 		r.metrics.errors.WithLabelValues("redis").Inc()
 		log.Warn("acknowledge relayed entries; retrying", "err", err)

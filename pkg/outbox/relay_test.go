@@ -442,6 +442,61 @@ func TestRelayRecreatesLostGroup(t *testing.T) {
 	})
 }
 
+// wiping deletes the outbox streams (and with them the relay's group) during the first
+// Kafka write: Redis restarted empty while a batch was on its way.
+type wiping struct {
+	out  outbox.Producer
+	wipe func(context.Context) error
+	once sync.Once
+}
+
+func (w *wiping) Produce(ctx context.Context, msgs []kafka.Message) error {
+	var err error
+	w.once.Do(func() { err = w.wipe(ctx) })
+	if err != nil {
+		return err
+	}
+	return w.out.Produce(ctx, msgs)
+}
+
+// Redis loses the group between the relay's Kafka write and its acknowledgement (NOGROUP
+// on the ack): the relay must not retry that ack for ever, but make the group again and
+// relay every later event. (The events deleted with the streams are gone: not checked.)
+func TestRelayLosesGroupMidBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, testenv.Redis(t))
+	b.admit(t, 40)
+	wiped := make(chan struct{})
+	w := &wiping{out: b.writer, wipe: func(ctx context.Context) error {
+		defer close(wiped)
+		for s := range b.keys.Shards {
+			if err := b.rdb.Del(ctx, b.keys.Outbox(s)).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}}
+	b.run(t, w, outbox.RelayOptions{Registerer: prometheus.NewRegistry(), MaxBackoff: 200 * time.Millisecond})
+	<-wiped
+	later := b.admit(t, 40)
+
+	ctx := testenv.Context(t, time.Minute)
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: testenv.KafkaBrokers(t), Topic: b.topic,
+		GroupID: "g-" + testenv.Name(t), StartOffset: kafka.FirstOffset, MaxWait: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = r.Close() })
+	for arrived := 0; arrived < len(later); {
+		msg, err := r.ReadMessage(ctx)
+		require.NoError(t, err, "%d of the %d events admitted after the wipe arrived", arrived, len(later))
+		var ev event.CloudEvent
+		require.NoError(t, json.Unmarshal(msg.Value, &ev), string(msg.Value))
+		if later[ev.ID] {
+			later[ev.ID] = false
+			arrived++
+		}
+	}
+	b.waitEmpty(t)
+}
+
 // The relay deletes the consumers of relays that are gone (idle past ForgetAfter, holding
 // nothing) and keeps one that still holds an entry, so nothing it holds is orphaned.
 func TestRelayForgetsIdleConsumers(t *testing.T) {
