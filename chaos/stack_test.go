@@ -150,7 +150,7 @@ func newStack(t *testing.T, o options) *stack {
 	}
 	name := testenv.Name(t)
 	s.env = []string{
-		"DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL, "REDIS_CLUSTER_ADDRS=",
+		"DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL, "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
 		"KAFKA_BROKERS=" + strings.Join(s.brokers, ","), "KAFKA_TOPIC=" + s.topic,
 		"ADMIT_KEY_PREFIX=t:" + name + ":mg", "LOG_LEVEL=warn",
 	}

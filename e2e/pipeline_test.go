@@ -200,7 +200,7 @@ func newStackOn(t *testing.T, brokers []string, topic string, env ...string) *st
 	name := testenv.Name(t)
 	common := append(testenv.AdmitTokens()[:0:0],
 		"DATABASE_URL="+testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema),
-		"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=",
+		"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
 		"KAFKA_BROKERS="+strings.Join(brokers, ","), "KAFKA_TOPIC="+topic,
 		"LOG_LEVEL=warn", "REDIS_TIMEOUT=5s")
 	common = append(common, env...)

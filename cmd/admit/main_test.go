@@ -47,7 +47,7 @@ func TestSixNodesShareOneKey(t *testing.T) {
 		addr := testenv.FreeAddr(t)
 		env := append(testenv.AdmitTokens(),
 			"ADMIT_ADDR="+addr, "ADMIT_NODE=node-"+strconv.Itoa(i), "ADMIT_KEY_PREFIX=t:"+prefix+":mg",
-			"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "DATABASE_URL="+dbURL,
+			"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=", "DATABASE_URL="+dbURL,
 			"KAFKA_BROKERS="+strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC=t."+prefix, "LOG_LEVEL=warn",
 			// Six processes and the load share two cores here: a slow reply is not the subject.
 			"REDIS_TIMEOUT=5s")
@@ -206,7 +206,7 @@ func TestPolicyChangeReachesEveryNodeWithinOneSecond(t *testing.T) {
 		env := append(testenv.AdmitTokens(),
 			"ADMIT_ADDR="+addr, "ADMIT_NODE=node-"+strconv.Itoa(len(nodes)), "ADMIT_KEY_PREFIX=t:"+prefix+":mg",
 			"ADMIT_POLICY_RELOAD=1h", "ADMIT_RELAY=false",
-			"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "DATABASE_URL="+dbURL,
+			"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=", "DATABASE_URL="+dbURL,
 			"KAFKA_BROKERS="+strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC=t."+prefix, "LOG_LEVEL=warn")
 		testenv.StartMain(t, env, args...)
 		nodes = append(nodes, "http://"+addr)

@@ -36,7 +36,7 @@ func TestRateLimitServiceOnGRPCAddr(t *testing.T) {
 	addr, grpcAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	p := testenv.StartMain(t, append(testenv.AdmitTokens(),
 		"ADMIT_ADDR="+addr, "ADMIT_GRPC_ADDR="+grpcAddr, "ADMIT_KEY_PREFIX=t:"+prefix+":mg", "ADMIT_RELAY=false",
-		"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "DATABASE_URL="+testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema),
+		"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=", "DATABASE_URL="+testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema),
 		"KAFKA_BROKERS="+strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC=t."+prefix, "LOG_LEVEL=warn"), "-migrate")
 	base := "http://" + addr
 	_, err := testenv.WaitHTTP(ctx, base+"/readyz", 200)

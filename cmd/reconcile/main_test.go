@@ -38,7 +38,7 @@ func TestMigrate(t *testing.T) {
 			t.Parallel()
 			pool, schema := testenv.EmptySchema(t)
 			p := testenv.StartMain(t, []string{
-				"REDIS_URL=" + tc.redisURL, "REDIS_CLUSTER_ADDRS=",
+				"REDIS_URL=" + tc.redisURL, "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
 				"DATABASE_URL=" + testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema),
 			}, tc.args...)
 			code, err := p.Wait(time.Minute)
@@ -52,7 +52,7 @@ func TestMigrate(t *testing.T) {
 
 func TestUnreachableRedisFails(t *testing.T) {
 	t.Parallel()
-	p := testenv.StartMain(t, []string{"REDIS_URL=redis://" + testenv.FreeAddr(t) + "/0", "REDIS_CLUSTER_ADDRS="})
+	p := testenv.StartMain(t, []string{"REDIS_URL=redis://" + testenv.FreeAddr(t) + "/0", "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER="})
 	code, err := p.Wait(time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, 1, code, p.Output())
@@ -197,7 +197,7 @@ values ($1, 503, now(), 'test', 1, $2)`, id, i)
 	}
 	require.NoError(t, rdb.Set(ctx, counter, 5, 0).Err())
 
-	env := []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "ADMIT_KEY_PREFIX=" + keys.Prefix,
+	env := []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=", "ADMIT_KEY_PREFIX=" + keys.Prefix,
 		"DATABASE_URL=" + testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema)}
 	return pool, rdb, counter, env
 }
@@ -265,7 +265,7 @@ func TestCloseAndInvoice(t *testing.T) {
   account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
 values ('ev-1', $1, $2, $1, 'acme', 'acme', 'org', '{acme}', 'test', 1, 2500, 0, 1)`, past, past.Add(time.Hour))
 	require.NoError(t, err)
-	env := []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "ADMIT_KEY_PREFIX=" + testenv.Prefix(t) + "mg",
+	env := []string{"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=", "ADMIT_KEY_PREFIX=" + testenv.Prefix(t) + "mg",
 		"DATABASE_URL=" + testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema)}
 	reconcile := func(args ...string) (int, string) {
 		p := testenv.StartMain(t, env, args...)

@@ -172,7 +172,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	}()
 
 	env := []string{
-		"DATABASE_URL=" + dbURL, "REDIS_URL=" + cfg.RedisURL, "REDIS_CLUSTER_ADDRS=",
+		"DATABASE_URL=" + dbURL, "REDIS_URL=" + cfg.RedisURL, "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
 		"KAFKA_BROKERS=" + strings.Join(cfg.Brokers, ","), "KAFKA_TOPIC=" + cfg.Topic, "KAFKA_TOPIC_PARTITIONS=4",
 		"ADMIT_KEY_PREFIX=" + cfg.KeyPrefix, "ADMIT_SHARDS=16", "LOG_FORMAT=text", "LOG_LEVEL=info", "MIGRATE=false",
 		// The demo's webhook receiver listens on 127.0.0.1.

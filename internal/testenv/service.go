@@ -51,7 +51,7 @@ func CheckServiceLifecycle(t *testing.T, addrEnv string, readyChecks ...string) 
 	p := StartMain(t, append(AdmitTokens(),
 		addrEnv+"="+addr,
 		"REDIS_URL="+RedisURL(t),
-		"REDIS_CLUSTER_ADDRS=",
+		"REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
 		"DATABASE_URL="+WithSearchPath(t, DatabaseURL(t), schema),
 		"KAFKA_BROKERS="+strings.Join(brokers, ","),
 		"KAFKA_TOPIC="+topicName,

@@ -188,6 +188,44 @@ func TestRedisClusterCredentials(t *testing.T) {
 	require.NoError(t, c.Validate(), "one server may use any database")
 }
 
+// Sentinel takes the primary's credentials, database and TLS from REDIS_URL; the two
+// Sentinel settings come together, and not with a Cluster.
+func TestRedisSentinel(t *testing.T) {
+	c := config.Redis{URL: "rediss://app:s3cret@ignored:6380/2", SentinelAddrs: []string{"10.0.0.1:26379", "10.0.0.2:26379"},
+		SentinelMaster: "mymaster", Timeout: time.Second}
+	require.NoError(t, c.Validate())
+	rdb, err := c.Open()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rdb.Close() })
+	fc, ok := rdb.(*redis.Client)
+	require.True(t, ok, "a failover client, got %T", rdb)
+	o := fc.Options()
+	require.Equal(t, "FailoverClient", o.Addr, "go-redis names the address of a failover client so")
+	require.Equal(t, "app", o.Username)
+	require.Equal(t, "s3cret", o.Password)
+	require.Equal(t, 2, o.DB)
+	require.NotNil(t, o.TLSConfig, "rediss:// means TLS")
+	require.Empty(t, o.TLSConfig.ServerName, "each server is verified under its own name, not REDIS_URL's host")
+	require.Zero(t, o.MaxRetries, "no retries (-1 becomes 0): a script call that timed out is not run again")
+
+	for _, tc := range []struct {
+		name    string
+		edit    func(c *config.Redis)
+		wantErr string
+	}{
+		{"no master", func(c *config.Redis) { c.SentinelMaster = "" }, "REDIS_SENTINEL_MASTER must name the primary"},
+		{"no sentinels", func(c *config.Redis) { c.SentinelAddrs = nil }, "REDIS_SENTINEL_ADDRS must list the sentinels"},
+		{"bad address", func(c *config.Redis) { c.SentinelAddrs = []string{"10.0.0.1"} }, `"10.0.0.1" is not host:port`},
+		{"and a cluster", func(c *config.Redis) { c.ClusterAddrs = []string{"10.0.0.3:6379"} }, "pick one"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := c
+			tc.edit(&c)
+			require.ErrorContains(t, c.Validate(), tc.wantErr)
+		})
+	}
+}
+
 // ADMIT_MAX_WAIT defaults to 30s, may be 0 (no waiting) and no more than 10m.
 func TestMaxWait(t *testing.T) {
 	env := func(v string) map[string]string {

@@ -52,23 +52,32 @@ func (c Log) Logger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
-// Redis locates Redis: one server by URL, or a Redis Cluster by its seed addresses.
+// Redis locates Redis: one server by URL, a Redis Cluster by its seed addresses, or a
+// primary that Redis Sentinel watches, by the sentinels' addresses and the master's name.
 type Redis struct {
 	URL          string
 	ClusterAddrs []string
+	// SentinelAddrs and SentinelMaster are set together: the client asks the sentinels
+	// for the current primary and follows it when they promote a replica.
+	SentinelAddrs  []string
+	SentinelMaster string
 	// Timeout bounds dialing, reading and writing: past it a decision follows the
 	// Redis-down policy instead of hanging its caller.
 	Timeout time.Duration
 }
 
-// Register adds REDIS_URL and REDIS_CLUSTER_ADDRS.
+// Register adds REDIS_URL, REDIS_CLUSTER_ADDRS, REDIS_SENTINEL_ADDRS, REDIS_SENTINEL_MASTER
+// and REDIS_TIMEOUT.
 func (c *Redis) Register(l *Loader) {
-	l.String(&c.URL, "REDIS_URL", "redis://127.0.0.1:6379/0", "Redis server URL; with REDIS_CLUSTER_ADDRS only its user, password and scheme (rediss:// for TLS) are used")
+	l.String(&c.URL, "REDIS_URL", "redis://127.0.0.1:6379/0", "Redis server URL; with REDIS_CLUSTER_ADDRS only its user, password and scheme (rediss:// for TLS) are used, with REDIS_SENTINEL_ADDRS also its database")
 	l.List(&c.ClusterAddrs, "REDIS_CLUSTER_ADDRS", nil, "comma-separated host:port seeds of a Redis Cluster; when set, Redis Cluster is used")
+	l.List(&c.SentinelAddrs, "REDIS_SENTINEL_ADDRS", nil, "comma-separated host:port of Redis Sentinels; with REDIS_SENTINEL_MASTER, the primary they name is used")
+	l.String(&c.SentinelMaster, "REDIS_SENTINEL_MASTER", "", "name of the primary the sentinels of REDIS_SENTINEL_ADDRS watch")
 	l.Duration(&c.Timeout, "REDIS_TIMEOUT", 500*time.Millisecond, "dial, read and write timeout of Redis calls")
 }
 
-// Validate reports an unparsable URL or seed address.
+// Validate reports an unparsable URL or address, a Sentinel setting without the other, and
+// Cluster and Sentinel both set.
 func (c Redis) Validate() error {
 	var errs []error
 	opts, err := redis.ParseURL(c.URL)
@@ -86,10 +95,25 @@ func (c Redis) Validate() error {
 			errs = append(errs, fmt.Errorf("REDIS_CLUSTER_ADDRS: %q is not host:port", a))
 		}
 	}
+	for _, a := range c.SentinelAddrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("REDIS_SENTINEL_ADDRS: %q is not host:port", a))
+		}
+	}
+	switch {
+	case len(c.SentinelAddrs) > 0 && c.SentinelMaster == "":
+		errs = append(errs, errors.New("REDIS_SENTINEL_ADDRS is set: REDIS_SENTINEL_MASTER must name the primary"))
+	case len(c.SentinelAddrs) == 0 && c.SentinelMaster != "":
+		errs = append(errs, errors.New("REDIS_SENTINEL_MASTER is set: REDIS_SENTINEL_ADDRS must list the sentinels"))
+	}
+	if len(c.SentinelAddrs) > 0 && len(c.ClusterAddrs) > 0 {
+		errs = append(errs, errors.New("REDIS_SENTINEL_ADDRS and REDIS_CLUSTER_ADDRS are both set: pick one"))
+	}
 	return prefix("redis", errs)
 }
 
-// Open returns a client for the configured server or cluster. It does not dial.
+// Open returns a client for the configured server, cluster or Sentinel-watched primary.
+// It does not dial.
 func (c Redis) Open() (redis.UniversalClient, error) { return c.OpenPool(0) }
 
 // OpenPool is Open with a connection pool of size connections per server (go-redis'
@@ -103,6 +127,21 @@ func (c Redis) OpenPool(size int) (redis.UniversalClient, error) {
 		// The cluster's credentials and TLS come from REDIS_URL; its host is not used.
 		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.ClusterAddrs, PoolSize: size,
 			Username: opts.Username, Password: opts.Password, TLSConfig: opts.TLSConfig,
+			DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout, MaxRetries: -1}), nil
+	}
+	if len(c.SentinelAddrs) > 0 {
+		// The primary's credentials, database and TLS come from REDIS_URL; its host is
+		// not used. The sentinels are asked without credentials, over TLS when rediss://.
+		tlsConfig := opts.TLSConfig
+		if tlsConfig != nil {
+			// ParseURL names REDIS_URL's host as the server; each of these servers has its
+			// own name, taken from the address dialed when ServerName is empty.
+			tlsConfig = tlsConfig.Clone()
+			tlsConfig.ServerName = ""
+		}
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: c.SentinelMaster,
+			SentinelAddrs: c.SentinelAddrs, PoolSize: size, DB: opts.DB,
+			Username: opts.Username, Password: opts.Password, TLSConfig: tlsConfig,
 			DialTimeout: c.Timeout, ReadTimeout: c.Timeout, WriteTimeout: c.Timeout, MaxRetries: -1}), nil
 	}
 	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = c.Timeout, c.Timeout, c.Timeout
