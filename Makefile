@@ -5,7 +5,7 @@ GO ?= go
 STACK := bash deploy/local/stack.sh
 WITH_ENV := set -a && . .run/env && set +a &&
 
-.PHONY: help up up-cluster down status migrate build vet test test-short chaos bench lint fuzz
+.PHONY: help up up-cluster up-sentinel down down-sentinel status migrate build vet test test-short chaos bench lint fuzz
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -16,8 +16,14 @@ up: ## start Redis, PostgreSQL and Kafka on loopback (installs what is missing; 
 up-cluster: ## also start a 3-master Redis Cluster on 127.0.0.1:7000-7002
 	$(STACK) up-cluster
 
-down: ## stop everything `make up` and `make up-cluster` started
+up-sentinel: ## also start a Redis primary (:6380), its replica (:6381) and 3 Sentinels (:26380-26382)
+	$(STACK) up-sentinel
+
+down: ## stop everything `make up`, `make up-cluster` and `make up-sentinel` started
 	$(STACK) down
+
+down-sentinel: ## stop only what `make up-sentinel` started
+	$(STACK) down-sentinel
 
 status: ## show what the local stack runs
 	$(STACK) status
@@ -35,7 +41,7 @@ vet: ## go vet every package
 demo: up build ## a guided run of the pipeline: 30 s of traffic, reconcile, a period close, a report (DEMO_DURATION=10s: shorter; docs/demo.md)
 	$(WITH_ENV) $(GO) run ./cmd/demo
 
-test: up up-cluster ## start the stack, then vet and run every test with -race against it
+test: up up-cluster up-sentinel ## start the stack, then vet and run every test with -race against it
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	@# bench/redisrate, the benchmark's peer, is a module of its own (the main one must not depend on it)
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && cd bench/redisrate && $(GO) vet ./... && $(GO) test -race -count=1 ./...

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The local stack without Docker: Redis, a 3-master Redis Cluster, PostgreSQL and a
-# single-node Apache Kafka (KRaft) broker, all on loopback, all state under .run/ (but for
+# The local stack without Docker: Redis, a 3-master Redis Cluster, a Redis primary and
+# replica watched by three Sentinels, PostgreSQL and a single-node Apache Kafka (KRaft) broker, all on loopback, all state under .run/ (but for
 # PostgreSQL as root: below).
 #
 #   stack.sh up           Redis :6379 (AOF on), PostgreSQL :5432 (db metergate), Kafka :9092
 #   stack.sh up-cluster   also a 3-master Redis Cluster on :7000-7002
-#   stack.sh down         stops, by pid, everything the two above started
+#   stack.sh up-sentinel  also a Redis primary :6380, its replica :6381 and three Sentinels
+#                         :26380-26382 watching them as master "metergate"
+#   stack.sh down         stops, by pid, everything the three above started
+#   stack.sh down-sentinel  stops only what up-sentinel started
 #   stack.sh status       what is running
 #   stack.sh verify-down  fails if anything the stack started still runs
 #   stack.sh purge        down, then delete this clone's state (.run/ and PostgreSQL's data)
@@ -15,7 +18,7 @@
 # until each answers, and writes .run/env to be sourced.
 #
 # Ports: REDIS_PORT, PG_PORT, KAFKA_PORT, KAFKA_CONTROLLER_PORT, REDIS_CLUSTER_PORTS (three,
-# space-separated), so that a second clone can run a stack of its own beside the first.
+# space-separated), REDIS_SENTINEL_DATA_PORTS (primary and replica), REDIS_SENTINEL_PORTS (three), so that a second clone can run a stack of its own beside the first.
 #
 # As root, PostgreSQL runs as the system user postgres, which may not be able to reach the
 # clone (a clone in root's 0700 home): its files then live in a directory of this clone's own
@@ -34,6 +37,11 @@ KAFKA_PORT=${KAFKA_PORT:-9092}
 KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-9093}
 read -r -a CLUSTER_PORTS <<<"${REDIS_CLUSTER_PORTS:-7000 7001 7002}"
 [ ${#CLUSTER_PORTS[@]} -eq 3 ] || { echo "[stack] error: REDIS_CLUSTER_PORTS must name 3 ports" >&2; exit 2; }
+read -r -a SENTINEL_DATA_PORTS <<<"${REDIS_SENTINEL_DATA_PORTS:-6380 6381}"
+[ ${#SENTINEL_DATA_PORTS[@]} -eq 2 ] || { echo "[stack] error: REDIS_SENTINEL_DATA_PORTS must name 2 ports" >&2; exit 2; }
+read -r -a SENTINEL_PORTS <<<"${REDIS_SENTINEL_PORTS:-26380 26381 26382}"
+[ ${#SENTINEL_PORTS[@]} -eq 3 ] || { echo "[stack] error: REDIS_SENTINEL_PORTS must name 3 ports" >&2; exit 2; }
+SENTINEL_MASTER=metergate
 PG_STATE_BASE=${METERGATE_PG_STATE_DIR:-/var/lib/metergate}
 PG_USER=metergate
 PG_DB=metergate
@@ -92,6 +100,7 @@ pg_bindir() {
 install_missing() {
   local pkgs=()
   command -v redis-server >/dev/null || pkgs+=(redis-server)
+  command -v redis-sentinel >/dev/null || pkgs+=(redis-sentinel)
   command -v redis-cli >/dev/null && command -v redis-benchmark >/dev/null || pkgs+=(redis-tools) # redis-benchmark: make bench
   pg_bindir >/dev/null || pkgs+=(postgresql)
   command -v psql >/dev/null || pkgs+=(postgresql-client)
@@ -163,6 +172,66 @@ up_cluster_nodes() {
   fi
   wait_for "Redis Cluster state ok" cluster_ok
   log "Redis Cluster up on :${CLUSTER_PORTS[*]}"
+}
+
+# Sentinel: the primary and the replica are plain Redis servers (AOF on, as above). After a
+# failover their roles stay swapped: up-sentinel starts a stopped server as a replica of the
+# primary the sentinels name, and the sentinels turn a returning old primary into a replica.
+
+# sentinel_master_addr: the primary's "host port" as the first sentinel that answers names it.
+sentinel_master_addr() {
+  local port addr
+  for port in "${SENTINEL_PORTS[@]}"; do
+    addr=$(redis-cli -p "$port" sentinel get-master-addr-by-name "$SENTINEL_MASTER" 2>/dev/null | paste -sd' ') || continue
+    [ -n "$addr" ] && { echo "$addr"; return 0; }
+  done
+  return 1
+}
+
+# sentinel_ok: every sentinel knows the master, sees one replica and the two other sentinels.
+sentinel_ok() {
+  local port info
+  for port in "${SENTINEL_PORTS[@]}"; do
+    info=$(redis-cli -p "$port" info sentinel 2>/dev/null) || return 1
+    grep -q "name=$SENTINEL_MASTER,status=ok,.*slaves=1,sentinels=3" <<<"$info" || return 1
+  done
+}
+
+start_sentinel() {
+  local port=$1 dir="$RUN/redis-sentinel/$1"
+  local pidfile="$dir/sentinel.pid" conf="$dir/sentinel.conf"
+  mkdir -p "$dir"
+  if alive "$pidfile" && redis_ping "$port"; then
+    log "sentinel already running on :$port (pid $(cat "$pidfile"))"; return 0
+  fi
+  ! port_open "$port" || die "port $port is taken by something this stack did not start"
+  # The sentinel rewrites its file with what it learns (the current primary, its peers):
+  # written once, kept across restarts.
+  [ -f "$conf" ] || printf '%s
+' "bind 127.0.0.1" "port $port" "dir $dir"     "sentinel monitor $SENTINEL_MASTER 127.0.0.1 ${SENTINEL_DATA_PORTS[0]} 2"     "sentinel down-after-milliseconds $SENTINEL_MASTER 1000"     "sentinel failover-timeout $SENTINEL_MASTER 10000"     "sentinel parallel-syncs $SENTINEL_MASTER 1" >"$conf"
+  redis-sentinel "$conf" --daemonize yes --pidfile "$pidfile" --logfile "$dir/sentinel.log" >/dev/null
+  wait_for "sentinel on :$port" redis_ping "$port"
+  log "sentinel up on :$port"
+}
+
+up_sentinel() {
+  local primary=${SENTINEL_DATA_PORTS[0]} current port addr
+  current=$primary
+  if addr=$(sentinel_master_addr); then current=${addr#* }; fi
+  # The primary first, so that the replica finds it.
+  start_redis "redis-sentinel/$current" "$current"
+  for port in "${SENTINEL_DATA_PORTS[@]}"; do
+    [ "$port" = "$current" ] || start_redis "redis-sentinel/$port" "$port" --replicaof 127.0.0.1 "$current"
+  done
+  for port in "${SENTINEL_PORTS[@]}"; do start_sentinel "$port"; done
+  wait_for "Sentinel: master $SENTINEL_MASTER with a replica and 3 sentinels" sentinel_ok
+  log "Sentinel up: master $SENTINEL_MASTER at $(sentinel_master_addr | tr ' ' :), sentinels :${SENTINEL_PORTS[*]}"
+}
+
+down_sentinel() {
+  local port
+  for port in "${SENTINEL_PORTS[@]}"; do stop_pid "redis-sentinel/$port" "$RUN/redis-sentinel/$port/sentinel.pid"; done
+  for port in "${SENTINEL_DATA_PORTS[@]}"; do stop_pid "redis-sentinel/$port" "$RUN/redis-sentinel/$port/redis.pid"; done
 }
 
 # ---------------------------------------------------------------------------------------
@@ -364,6 +433,12 @@ write_env() {
       for port in "${CLUSTER_PORTS[@]}"; do addrs+=("127.0.0.1:$port"); done
       echo "export REDIS_CLUSTER_ADDRS=$(IFS=,; echo "${addrs[*]}")"
     fi
+    if sentinel_ok; then
+      local saddrs=()
+      for port in "${SENTINEL_PORTS[@]}"; do saddrs+=("127.0.0.1:$port"); done
+      echo "export REDIS_SENTINEL_ADDRS=$(IFS=,; echo "${saddrs[*]}")"
+      echo "export REDIS_SENTINEL_MASTER=$SENTINEL_MASTER"
+    fi
   } >"$RUN/env.tmp"
   mv "$RUN/env.tmp" "$RUN/env"
 }
@@ -389,6 +464,7 @@ down() {
   stop_pid kafka "$RUN/kafka/kafka.pid"
   local port
   for port in "${CLUSTER_PORTS[@]}"; do stop_pid "redis-cluster/$port" "$RUN/redis-cluster/$port/redis.pid"; done
+  down_sentinel
   stop_pid redis "$RUN/redis/redis.pid"
   local data; data=$(PGDATA_DIR)
   if [ -n "$data" ] && [ -s "$data/postmaster.pid" ]; then
@@ -409,6 +485,13 @@ status() {
   for port in "${CLUSTER_PORTS[@]}"; do
     alive "$RUN/redis-cluster/$port/redis.pid" && echo "redis-$port   pid $(cat "$RUN/redis-cluster/$port/redis.pid")" || echo "redis-$port   down"
   done
+  for port in "${SENTINEL_DATA_PORTS[@]}"; do
+    alive "$RUN/redis-sentinel/$port/redis.pid" &&
+      echo "redis-$port   pid $(cat "$RUN/redis-sentinel/$port/redis.pid") $(redis-cli -p "$port" role 2>/dev/null | head -1)" || echo "redis-$port   down"
+  done
+  for port in "${SENTINEL_PORTS[@]}"; do
+    alive "$RUN/redis-sentinel/$port/sentinel.pid" && echo "sentinel-$port pid $(cat "$RUN/redis-sentinel/$port/sentinel.pid")" || echo "sentinel-$port down"
+  done
   local data; data=$(PGDATA_DIR)
   [ -n "$data" ] && [ -s "$data/postmaster.pid" ] && echo "postgres     pid $(head -1 "$data/postmaster.pid") :$PG_PORT ($data)" || echo "postgres     down"
   alive "$RUN/kafka/kafka.pid" && echo "kafka        pid $(cat "$RUN/kafka/kafka.pid") :$KAFKA_PORT" || echo "kafka        down"
@@ -422,7 +505,7 @@ verify_down() {
   [ -z "$left" ] || die "still running after down:
 $left"
   local port
-  for port in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$PG_PORT" "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+  for port in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "${SENTINEL_DATA_PORTS[@]}" "${SENTINEL_PORTS[@]}" "$PG_PORT" "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
     ! port_open "$port" || die "port $port still answers after down"
   done
   log "nothing started by the stack is running"
@@ -452,10 +535,16 @@ case "${1:-}" in
     up_cluster_nodes
     write_env
     ;;
+  up-sentinel)
+    install_missing
+    up_sentinel
+    write_env
+    ;;
   down) down ;;
+  down-sentinel) down_sentinel; write_env ;;
   verify-down) verify_down ;;
   status) status ;;
   purge) purge ;;
   env) write_env; cat "$RUN/env" ;;
-  *) echo "usage: $0 up|up-cluster|down|verify-down|status|purge|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up|up-cluster|up-sentinel|down|down-sentinel|verify-down|status|purge|env" >&2; exit 2 ;;
 esac
