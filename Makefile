@@ -46,7 +46,7 @@ test: up up-cluster up-sentinel ## start the stack, then vet and run every test 
 	@# bench/redisrate, the benchmark's peer, is a module of its own (the main one must not depend on it)
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && cd bench/redisrate && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
-chaos: up ## the fault and bad-input suite in its full form, ending with its scoreboard (make test runs the short form)
+chaos: up up-sentinel ## the fault and bad-input suite in its full form, ending with its scoreboard (make test runs the short form)
 	$(GO) test -c -race -o bin/chaos.test ./chaos
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 METERGATE_CHAOS=full && cd chaos && ../bin/chaos.test -test.count=1 -test.timeout=60m
 

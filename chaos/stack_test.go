@@ -38,6 +38,9 @@ type options struct {
 	Partitions  int      // of the stack's topic (4 when zero)
 	Admits      int      // admit nodes (1 when zero), each with its relay
 	Meters      int      // meter replicas of one consumer group (1 when zero)
+	// RedisEnv are settings ("K=V") of every binary that replace the Redis ones, such as a
+	// Sentinel setup's (testenv.Sentinel.Env).
+	RedisEnv []string
 	// AdmitEnv and MeterEnv are extra settings ("K=V") of every admit and meter.
 	AdmitEnv, MeterEnv []string
 }
@@ -154,6 +157,7 @@ func newStack(t *testing.T, o options) *stack {
 		"KAFKA_BROKERS=" + strings.Join(s.brokers, ","), "KAFKA_TOPIC=" + s.topic,
 		"ADMIT_KEY_PREFIX=t:" + name + ":mg", "LOG_LEVEL=warn",
 	}
+	s.env = append(s.env, o.RedisEnv...) // the last of a name is the one a process sees
 
 	for i := range max(o.Meters, 1) {
 		addr := testenv.FreeAddr(t)

@@ -30,7 +30,7 @@ func RequireServices() bool { return os.Getenv("METERGATE_REQUIRE_SERVICES") == 
 
 func unavailable(tb testing.TB, service, env, why string) {
 	tb.Helper()
-	msg := fmt.Sprintf("%s unavailable (%s): run `make up` (and `make up-cluster` for the cluster) and `. .run/env`, or set %s", service, why, env)
+	msg := fmt.Sprintf("%s unavailable (%s): run `make up` (and `make up-cluster` for the cluster, `make up-sentinel` for Sentinel) and `. .run/env`, or set %s", service, why, env)
 	if RequireServices() {
 		tb.Fatalf("METERGATE_REQUIRE_SERVICES=1: %s", msg)
 	}

@@ -1,0 +1,176 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Sentinel is the test Redis Sentinel setup (`make up-sentinel`): the sentinels and the
+// name of the primary they watch.
+type Sentinel struct {
+	Addrs  []string
+	Master string
+}
+
+// RedisSentinel returns the Sentinel setup of REDIS_SENTINEL_ADDRS and
+// REDIS_SENTINEL_MASTER once a sentinel names a primary that answers PING. There is no
+// container fallback: `make up-sentinel` starts one. A test that kills the primary owns
+// the setup while it runs: only one such test runs at a time.
+func RedisSentinel(tb testing.TB) Sentinel {
+	tb.Helper()
+	addrs, master := os.Getenv("REDIS_SENTINEL_ADDRS"), os.Getenv("REDIS_SENTINEL_MASTER")
+	if addrs == "" || master == "" {
+		unavailable(tb, "Redis Sentinel", "REDIS_SENTINEL_ADDRS and REDIS_SENTINEL_MASTER", "unset")
+	}
+	s := Sentinel{Addrs: strings.Split(addrs, ","), Master: master}
+	ctx := Context(tb, 10*time.Second)
+	primary, err := s.Primary(ctx)
+	if err != nil {
+		unavailable(tb, "Redis Sentinel", "REDIS_SENTINEL_ADDRS", err.Error())
+	}
+	c := redis.NewClient(&redis.Options{Addr: primary})
+	defer func() { _ = c.Close() }()
+	if err := c.Ping(ctx).Err(); err != nil {
+		unavailable(tb, "Redis Sentinel", "REDIS_SENTINEL_ADDRS", fmt.Sprintf("primary %s: %v", primary, err))
+	}
+	return s
+}
+
+// Env is the settings that send a binary to the setup's primary (REDIS_URL's host is then
+// not used; it names no server on purpose).
+func (s Sentinel) Env() []string {
+	return []string{"REDIS_URL=redis://sentinel-named-primary:6379/0", "REDIS_CLUSTER_ADDRS=",
+		"REDIS_SENTINEL_ADDRS=" + strings.Join(s.Addrs, ","), "REDIS_SENTINEL_MASTER=" + s.Master}
+}
+
+// Primary returns the address of the primary as the first sentinel that answers names it.
+func (s Sentinel) Primary(ctx context.Context) (string, error) {
+	var errs []error
+	for _, a := range s.Addrs {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: a, DialTimeout: time.Second, ReadTimeout: time.Second})
+		hp, err := sc.GetMasterAddrByName(ctx, s.Master).Result()
+		_ = sc.Close()
+		if err == nil && len(hp) == 2 {
+			return net.JoinHostPort(hp[0], hp[1]), nil
+		}
+		errs = append(errs, fmt.Errorf("sentinel %s: %w", a, err))
+	}
+	return "", errors.Join(errs...)
+}
+
+// WaitPromotion polls the sentinels until they name a primary other than old, and returns it.
+func (s Sentinel) WaitPromotion(ctx context.Context, old string) (string, error) {
+	for {
+		p, err := s.Primary(ctx)
+		if err == nil && p != old {
+			return p, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("the sentinels still name %s: %w", old, errors.Join(ctx.Err(), err))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// KillPrimary SIGKILLs the primary (a local process, found by the pid its INFO reports)
+// and returns its address. When the test ends, `deploy/local/stack.sh up-sentinel` (in the
+// killed server's stack state) starts it again as a replica of the promoted one and waits
+// until the setup has its replica and three sentinels again.
+func (s Sentinel) KillPrimary(tb testing.TB) string {
+	tb.Helper()
+	ctx := Context(tb, 30*time.Second)
+	primary, err := s.Primary(ctx)
+	if err != nil {
+		tb.Fatalf("find the primary: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: primary})
+	defer func() { _ = c.Close() }()
+	info, err := c.Info(ctx, "server", "replication").Result()
+	if err != nil {
+		tb.Fatalf("INFO of the primary %s: %v", primary, err)
+	}
+	pid, err := strconv.Atoi(infoField(info, "process_id"))
+	if err != nil {
+		tb.Fatalf("the primary %s reports no process_id: %v", primary, err)
+	}
+	dir, err := c.ConfigGet(ctx, "dir").Result()
+	if err != nil {
+		tb.Fatalf("CONFIG GET dir of the primary %s: %v", primary, err)
+	}
+	replica := infoField(info, "slave0") // ip=127.0.0.1,port=6381,state=online,...
+	var replicaPort string
+	for _, kv := range strings.Split(replica, ",") {
+		if v, ok := strings.CutPrefix(kv, "port="); ok {
+			replicaPort = v
+		}
+	}
+	if replicaPort == "" {
+		tb.Fatalf("the primary %s has no replica: %s", primary, replica)
+	}
+	_, primaryPort, _ := net.SplitHostPort(primary)
+	var sentinelPorts []string
+	for _, a := range s.Addrs {
+		_, p, _ := net.SplitHostPort(a)
+		sentinelPorts = append(sentinelPorts, p)
+	}
+	// The stack keeps each server's files in <run>/redis-sentinel/<port>.
+	run := filepath.Dir(filepath.Dir(dir["dir"]))
+	tb.Cleanup(func() {
+		root, err := repoRoot()
+		if err != nil {
+			tb.Errorf("restart the killed primary: %v", err)
+			return
+		}
+		cmd := exec.Command("bash", filepath.Join(root, "deploy/local/stack.sh"), "up-sentinel")
+		cmd.Env = append(os.Environ(), "METERGATE_RUN_DIR="+run,
+			"REDIS_SENTINEL_DATA_PORTS="+primaryPort+" "+replicaPort, "REDIS_SENTINEL_PORTS="+strings.Join(sentinelPorts, " "))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			tb.Errorf("restart the killed primary (stack.sh up-sentinel): %v\n%s", err, out)
+		}
+	})
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		tb.Fatalf("SIGKILL the primary %s (pid %d): %v", primary, pid, err)
+	}
+	return primary
+}
+
+// infoField returns the value of name in the text of an INFO reply.
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// repoRoot is the directory holding the module's go.mod, found upwards from the test's.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "deploy/local/stack.sh")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no deploy/local/stack.sh above the test's directory")
+		}
+		dir = parent
+	}
+}
