@@ -98,7 +98,7 @@ func (s Sentinel) KillPrimary(tb testing.TB) string {
 	}
 	c := redis.NewClient(&redis.Options{Addr: primary})
 	defer func() { _ = c.Close() }()
-	info, err := c.Info(ctx, "server", "replication").Result()
+	info, err := c.Info(ctx, "server").Result()
 	if err != nil {
 		tb.Fatalf("INFO of the primary %s: %v", primary, err)
 	}
@@ -110,16 +110,11 @@ func (s Sentinel) KillPrimary(tb testing.TB) string {
 	if err != nil {
 		tb.Fatalf("CONFIG GET dir of the primary %s: %v", primary, err)
 	}
-	replica := infoField(info, "slave0") // ip=127.0.0.1,port=6381,state=online,...
-	var replicaPort string
-	for _, kv := range strings.Split(replica, ",") {
-		if v, ok := strings.CutPrefix(kv, "port="); ok {
-			replicaPort = v
-		}
+	replica, err := s.replica(ctx)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	if replicaPort == "" {
-		tb.Fatalf("the primary %s has no replica: %s", primary, replica)
-	}
+	_, replicaPort, _ := net.SplitHostPort(replica)
 	_, primaryPort, _ := net.SplitHostPort(primary)
 	var sentinelPorts []string
 	for _, a := range s.Addrs {
@@ -173,4 +168,18 @@ func repoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// replica returns the address of the first replica the sentinels know of.
+func (s Sentinel) replica(ctx context.Context) (string, error) {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addrs[0]})
+	defer func() { _ = sc.Close() }()
+	replicas, err := sc.Replicas(ctx, s.Master).Result()
+	if err != nil {
+		return "", fmt.Errorf("the replicas of %s: %w", s.Master, err)
+	}
+	if len(replicas) == 0 {
+		return "", fmt.Errorf("the sentinels know no replica of %s", s.Master)
+	}
+	return net.JoinHostPort(replicas[0]["ip"], replicas[0]["port"]), nil
 }
