@@ -188,13 +188,23 @@ sentinel_master_addr() {
   return 1
 }
 
-# sentinel_ok: every sentinel knows the master, sees one replica and the two other sentinels.
+# sentinel_conf_master: the primary's port in the first sentinel's file, which the sentinel
+# rewrites after a failover: where the primary was when the sentinels stopped.
+sentinel_conf_master() {
+  local conf="$RUN/redis-sentinel/${SENTINEL_PORTS[0]}/sentinel.conf"
+  [ -f "$conf" ] && awk -v m="$SENTINEL_MASTER" '$1 == "sentinel" && $2 == "monitor" && $3 == m { print $5; f = 1; exit } END { exit !f }' "$conf"
+}
+
+# sentinel_ok: every sentinel knows the master, sees one replica and the two other sentinels,
+# and the server they name is a primary indeed.
 sentinel_ok() {
-  local port info
+  local port info addr
   for port in "${SENTINEL_PORTS[@]}"; do
     info=$(redis-cli -p "$port" info sentinel 2>/dev/null) || return 1
     grep -q "name=$SENTINEL_MASTER,status=ok,.*slaves=1,sentinels=3" <<<"$info" || return 1
   done
+  addr=$(sentinel_master_addr) || return 1
+  [ "$(redis-cli -p "${addr#* }" role 2>/dev/null | head -1)" = master ]
 }
 
 start_sentinel() {
@@ -217,7 +227,11 @@ start_sentinel() {
 up_sentinel() {
   local primary=${SENTINEL_DATA_PORTS[0]} current port addr
   current=$primary
-  if addr=$(sentinel_master_addr); then current=${addr#* }; fi
+  if addr=$(sentinel_master_addr); then
+    current=${addr#* }
+  elif port=$(sentinel_conf_master); then
+    current=$port # the sentinels are down: where they last saw the primary
+  fi
   # The primary first, so that the replica finds it.
   start_redis "redis-sentinel/$current" "$current"
   for port in "${SENTINEL_DATA_PORTS[@]}"; do
