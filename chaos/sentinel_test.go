@@ -15,7 +15,8 @@ import (
 // by itself, without a restart. Two orgs: a rate-only one (fail-open while no primary
 // answers) and one with a quota (503 while no primary answers; the callers retry with the
 // same idempotency key, as a caller that must get an answer does). Every id answered 200
-// is one row, holding what its caller sent.
+// is one row, holding what its caller sent, and reconcile (through the sentinels too) finds
+// the promoted primary's counters equal to the books.
 func TestSentinelFailover(t *testing.T) {
 	// Not parallel with another user of the Sentinel setup: it kills the setup's primary
 	// (and testenv brings the killed server back as a replica when the test ends).
@@ -51,11 +52,18 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	b := s.waitBooks(3*time.Minute, res)
 	sc.fill(b, res)
+	// reconcile too reaches Redis through the sentinels, on the promoted primary: the
+	// counters there equal the books.
+	code, out := s.reconcile(nil)
+	verifyCode, verifyOut := s.reconcile(nil, "verify")
 	sc.Note = fmt.Sprintf("primary %s SIGKILLed, %s promoted %s later; quota org's first 200 after the promotion in %s (%d after it); "+
-		"final answers %v, %d 5xx retried",
-		killed, promoted, promotedAt.Sub(killedAt).Round(time.Millisecond), firstQuota.Round(time.Millisecond), quotaAfter, res.Status, res.FiveXX)
+		"final answers %v, %d 5xx retried; reconcile exit %d, verify exit %d",
+		killed, promoted, promotedAt.Sub(killedAt).Round(time.Millisecond), firstQuota.Round(time.Millisecond), quotaAfter, res.Status, res.FiveXX,
+		code, verifyCode)
 
 	require.Positive(t, quotaAfter, "the quota org is admitted through Redis after the promotion, admit not restarted")
 	require.Equal(t, res.Requests, res.Status[200], "every request is admitted in the end")
 	b.requireExact(t, res.Requests)
+	require.Equal(t, 0, code, "reconcile:\n%s", out)
+	require.Equal(t, 0, verifyCode, "reconcile verify:\n%s", verifyOut)
 }
