@@ -95,7 +95,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	admitter := admission.New(rdb, admission.Options{
 		KeyPrefix: a.KeyPrefix, Shards: a.Shards, IdempotencyTTL: a.IdempotencyTTL, IdempotencyLegacy: a.IdempotencyLegacy,
 		LeaseTTL: a.LeaseTTL, Registerer: reg,
-		MaxBatch: a.MaxBatch, Pipeline: a.Pipeline,
+		MaxBatch: a.MaxBatch, Pipeline: a.Pipeline, WaitReplicas: a.WaitReplicas, WaitTimeout: a.WaitTimeout,
 	})
 	// Deferred, so it runs once the HTTP server has stopped: a request still waiting for
 	// capacity is woken through the queue channel until then.

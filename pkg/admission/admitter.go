@@ -73,6 +73,13 @@ type Options struct {
 	Pipeline int
 	// CallTimeout bounds one script call (5s); the Redis client's own timeouts apply too.
 	CallTimeout time.Duration
+	// WaitReplicas, when above 0, makes every script call that writes the outbox (a
+	// decision, a void, an outcome) wait until that many replicas acknowledged its writes,
+	// at most WaitTimeout (100ms), before its result is used; short of it the call fails
+	// with ErrNotReplicated. With Sentinel or a Cluster with replicas, 1 keeps a failover
+	// from losing an event whose caller was told 200 (docs/deploy.md).
+	WaitReplicas int
+	WaitTimeout  time.Duration
 	// Clock picks the period bounds passed to the script (nil: the system clock). It does
 	// not decide: Redis TIME does, and a clock too far off is corrected from it.
 	Clock period.Clock
@@ -138,6 +145,9 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 	}
 	if o.Pipeline <= 0 {
 		o.Pipeline = DefaultPipeline
+	}
+	if o.WaitTimeout <= 0 {
+		o.WaitTimeout = 100 * time.Millisecond
 	}
 	if o.CallTimeout <= 0 {
 		o.CallTimeout = 5 * time.Second
@@ -255,7 +265,7 @@ func (a *Admitter) run(shard int, batch []*call) {
 	for attempt := 0; ; attempt++ {
 		enc := a.encode(shard, batch, now)
 		start := time.Now()
-		raw, err := lua.Admit.Run(ctx, a.rdb, enc.keys, enc.args...).Slice()
+		raw, err := a.runScript(ctx, lua.Admit, enc.keys, enc.args...).Slice()
 		a.metrics.observe(len(batch), time.Since(start))
 		if err != nil {
 			if notSent(err) {

@@ -13,6 +13,9 @@ type scriptMetrics struct {
 	batch   prometheus.Histogram
 	waiting prometheus.Gauge
 	leaves  prometheus.Counter
+	// notReplicated counts script calls whose writes fewer replicas than WaitReplicas
+	// acknowledged in time.
+	notReplicated prometheus.Counter
 }
 
 func newScriptMetrics(reg prometheus.Registerer, a *Admitter) *scriptMetrics {
@@ -35,9 +38,13 @@ func newScriptMetrics(reg prometheus.Registerer, a *Admitter) *scriptMetrics {
 			Name: "metergate_admit_queue_leave_errors_total",
 			Help: "Waiting requests whose place could not be taken out of its queue (it stays until its deadline).",
 		}),
+		notReplicated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_admit_not_replicated_total",
+			Help: "Script calls whose writes fewer than ADMIT_REDIS_WAIT_REPLICAS replicas acknowledged in time: their decisions were answered 503 and voided.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.latency, m.batch, m.waiting, m.leaves, &outboxCollector{a: a})
+		reg.MustRegister(m.latency, m.batch, m.waiting, m.leaves, m.notReplicated, &outboxCollector{a: a})
 	}
 	return m
 }

@@ -52,7 +52,7 @@ func (a *Admitter) Outcome(ctx context.Context, o Outcome) error {
 	}
 	head := envelopeHead(OutcomeID(o.EventID), o.Source, event.TypeOutcome, org)
 	tail := envelopeData + string(data) + "}"
-	if err := lua.Outcome.Run(ctx, a.rdb, keys, org, o.EventID, held, head, tail).Err(); err != nil {
+	if err := a.runScript(ctx, lua.Outcome, keys, org, o.EventID, held, head, tail).Err(); err != nil {
 		return fmt.Errorf("record outcome of %s: %w", o.EventID, err)
 	}
 	return nil

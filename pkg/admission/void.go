@@ -41,7 +41,7 @@ func (a *Admitter) Void(ctx context.Context, v Void) (voided bool, err error) {
 		}
 	}
 	afterID, afterTime, rest := voidedEventPieces(r, v.Reason)
-	n, err := lua.Void.Run(ctx, a.rdb, keys, r.EventID, a.keys.tag(shard), r.Policy.Org, a.markTTL,
+	n, err := a.runScript(ctx, lua.Void, keys, r.EventID, a.keys.tag(shard), r.Policy.Org, a.markTTL,
 		afterID, afterTime, rest, field, a.idemW, legacy, a.keys.eventIDTail(shard, r.Policy.Org)).Int64()
 	if err != nil {
 		return false, fmt.Errorf("void %s: %w", r.EventID, err)

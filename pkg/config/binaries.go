@@ -64,6 +64,10 @@ type Admission struct {
 	// script calls: at most MaxBatch decisions per call, at most Pipeline calls in flight.
 	MaxBatch int
 	Pipeline int
+	// WaitReplicas and WaitTimeout: how many replicas must acknowledge a script call's
+	// writes before its decision is answered, and for how long to wait (admission.Options).
+	WaitReplicas int
+	WaitTimeout  time.Duration
 	// ToolCredits prices tools in credits, "name=credits,...".
 	ToolCredits map[string]int64
 	toolsRaw    []string
@@ -112,6 +116,8 @@ func (c *Admission) Register(l *Loader) {
 	l.Int(&c.RelayBatch, "ADMIT_RELAY_BATCH", 500, "most outbox entries per Kafka write")
 	l.Duration(&c.RelayClaimAfter, "ADMIT_RELAY_CLAIM_AFTER", 30*time.Second, "how long entries read and not acknowledged by another relay wait before this one takes them over")
 	l.Duration(&c.OutboxMaxAge, "ADMIT_OUTBOX_MAX_AGE", time.Minute, "age of the oldest unrelayed event past which /readyz reports the outbox degraded")
+	l.Int(&c.WaitReplicas, "ADMIT_REDIS_WAIT_REPLICAS", 0, "replicas that must acknowledge a decision's writes (Redis WAIT) before it is answered; 1 with Sentinel or a Cluster with replicas")
+	l.Duration(&c.WaitTimeout, "ADMIT_REDIS_WAIT_TIMEOUT", 100*time.Millisecond, "longest WAIT for ADMIT_REDIS_WAIT_REPLICAS; short of them the decision is answered 503 and voided")
 	l.Int(&c.MaxBatch, "ADMIT_MAX_BATCH", 16, "most decisions of one shard per script call (1 = no grouping)")
 	l.Int(&c.Pipeline, "ADMIT_PIPELINE", admission.DefaultPipeline, "most script calls in flight per shard")
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
@@ -160,6 +166,12 @@ func (c *Admission) Validate() error {
 		if v < 1 || v > 1024 {
 			errs = append(errs, fmt.Errorf("%s=%d: want 1-1024", name, v))
 		}
+	}
+	if c.WaitReplicas < 0 || c.WaitReplicas > 16 {
+		errs = append(errs, fmt.Errorf("ADMIT_REDIS_WAIT_REPLICAS=%d: want 0-16", c.WaitReplicas))
+	}
+	if c.WaitTimeout < time.Millisecond || c.WaitTimeout > 10*time.Second || c.WaitTimeout%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("ADMIT_REDIS_WAIT_TIMEOUT=%s: want 1ms-10s, whole milliseconds", c.WaitTimeout))
 	}
 	if c.EstimateDefaultOutput < 1 || c.EstimateDefaultOutput > 10_000_000 {
 		errs = append(errs, fmt.Errorf("ADMIT_ESTIMATE_DEFAULT_OUTPUT=%d: want 1-10000000", c.EstimateDefaultOutput))

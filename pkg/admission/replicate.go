@@ -1,0 +1,67 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNotReplicated says a script call ran on the primary but fewer replicas than
+// Options.WaitReplicas acknowledged its writes within Options.WaitTimeout (or the WAIT
+// failed). The writes may still be lost in a failover, so the decision is not told: the
+// caller treats it as an outcome unknown (503, and the decision voided).
+var ErrNotReplicated = errors.New("redis: writes not acknowledged by enough replicas")
+
+// runScript runs s on the primary holding keys[0], as s.Run does. With
+// Options.WaitReplicas set it sends WAIT in the same pipeline, on the same connection
+// (WAIT counts the writes of the connection it is sent on), and fails with
+// ErrNotReplicated unless that many replicas acknowledged what the script wrote: an answer
+// then never leaves before a replica that a failover would promote holds its event.
+func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if a.opts.WaitReplicas <= 0 {
+		return s.Run(ctx, a.rdb, keys, args...)
+	}
+	var c redis.Cmdable = a.rdb
+	cc, cluster := a.rdb.(*redis.ClusterClient)
+	if cluster {
+		node, err := cc.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return redis.NewCmdResult(nil, err)
+		}
+		c = node
+	}
+	script, wait := a.runAndWait(ctx, c, s.EvalSha, keys, args)
+	if redis.HasErrorPrefix(script.Err(), "NOSCRIPT") { // not cached there yet (a promoted replica, a restart)
+		script, wait = a.runAndWait(ctx, c, s.Eval, keys, args)
+	}
+	if err := script.Err(); err != nil {
+		if cluster && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "CLUSTERDOWN")) {
+			cc.ReloadState(ctx) // the slot moved (a failover): the next call finds its new master
+		}
+		return redis.NewCmdResult(nil, err)
+	}
+	n, err := wait.Int64()
+	if err != nil {
+		a.metrics.notReplicated.Inc()
+		return redis.NewCmdResult(nil, fmt.Errorf("%w: %w", ErrNotReplicated, err))
+	}
+	if n < int64(a.opts.WaitReplicas) {
+		a.metrics.notReplicated.Inc()
+		return redis.NewCmdResult(nil, fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, n, a.opts.WaitReplicas, a.opts.WaitTimeout))
+	}
+	return script
+}
+
+// runAndWait pipelines the script call (EVALSHA or EVAL) and WAIT on c.
+func (a *Admitter) runAndWait(ctx context.Context, c redis.Cmdable,
+	run func(context.Context, redis.Scripter, []string, ...any) *redis.Cmd, keys []string, args []any,
+) (script, wait *redis.Cmd) {
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error { // each command's own error is read below
+		script = run(ctx, p, keys, args...)
+		wait = p.Do(ctx, "WAIT", a.opts.WaitReplicas, a.opts.WaitTimeout.Milliseconds())
+		return nil
+	})
+	return script, wait
+}
