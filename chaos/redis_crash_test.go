@@ -159,7 +159,7 @@ func runRedisCrash(t *testing.T, broker *testenv.Broker, fsync string) *redisCra
 	// The books are final once the relay has sent and acknowledged every entry Redis holds
 	// and the meter has committed every message of the topic (it commits after the rows):
 	// what is missing then was lost, not late.
-	waitDrained(ctx, t, rdb, 3*time.Minute)
+	waitDrained(ctx, t, rdb, "*", 3*time.Minute)
 	s.waitMetered(ctx, 3*time.Minute)
 	c.books = s.waitBooks(0, c.loads...)
 	c.verifyBefore, c.verifyOut = s.reconcile(nil, "verify")
@@ -188,14 +188,14 @@ func outboxLen(ctx context.Context, t *testing.T, rdb *redis.Client) int64 {
 	return n
 }
 
-// waitDrained polls until every consumer group of every stream of a private Redis has
-// nothing pending and nothing left to read: the relay sent and acknowledged it all.
-func waitDrained(ctx context.Context, t *testing.T, rdb *redis.Client, within time.Duration) {
+// waitDrained polls until every consumer group of every stream whose key matches match
+// has nothing pending and nothing left to read: the relay sent and acknowledged it all.
+func waitDrained(ctx context.Context, t *testing.T, rdb *redis.Client, match string, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
 		left, last := int64(0), ""
-		iter := rdb.ScanType(ctx, 0, "*", 100, "stream").Iterator()
+		iter := rdb.ScanType(ctx, 0, match, 100, "stream").Iterator()
 		for iter.Next(ctx) {
 			groups, err := rdb.XInfoGroups(ctx, iter.Val()).Result()
 			require.NoError(t, err)

@@ -53,6 +53,7 @@ type stack struct {
 	env     []string      // what every binary gets: the services, the schema, the key prefix
 	brokers []string
 	topic   string
+	prefix  string // of the stack's Redis keys (ADMIT_KEY_PREFIX)
 	admits  []*node
 	meters  []*node
 	// warm holds the requests of 0 units that waited for a new key to reach every node,
@@ -152,10 +153,11 @@ func newStack(t *testing.T, o options) *stack {
 		createTopic(t, s.brokers, s.topic, max(o.Partitions, 4))
 	}
 	name := testenv.Name(t)
+	s.prefix = "t:" + name + ":mg"
 	s.env = []string{
 		"DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL, "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
 		"KAFKA_BROKERS=" + strings.Join(s.brokers, ","), "KAFKA_TOPIC=" + s.topic,
-		"ADMIT_KEY_PREFIX=t:" + name + ":mg", "LOG_LEVEL=warn",
+		"ADMIT_KEY_PREFIX=" + s.prefix, "LOG_LEVEL=warn",
 	}
 	s.env = append(s.env, o.RedisEnv...) // the last of a name is the one a process sees
 
@@ -482,9 +484,13 @@ func errorCode(body map[string]any) string {
 
 // books is what PostgreSQL holds for a set of admissions.
 type books struct {
-	Rows       int // usage_events rows of the stack
-	Lost       int // admitted ids without a row
+	Rows       int // usage_events rows of the stack, but for Voided
+	Lost       int // admitted ids without a row, or whose row is voided (told 200, billed nothing)
 	Duplicated int // rows beyond one per admitted request
+	// Voided counts the rows of ids no caller was told 200 for that are voided
+	// (usage_voids): decisions whose outcome admit could not tell (a 503, a caller gone),
+	// which bill nothing. They are not duplicates.
+	Voided int
 	// Checked counts the rows (warm-up rows aside) compared with the request their caller
 	// sent; Wrong those that differ from it, WrongRows the first few (sent → row).
 	Checked, Wrong int
@@ -594,6 +600,14 @@ func (s *stack) waitBooks(within time.Duration, loads ...*loadResult) books {
 			}
 		}
 	}
+	rows, err := s.db.Query(ctx, `select distinct event_id from usage_voids`)
+	require.NoError(s.t, err)
+	voidedIDs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(s.t, err)
+	voided := map[string]bool{}
+	for _, id := range voidedIDs {
+		voided[id] = true
+	}
 	b.Rows = len(all)
 	b.Lost = len(ids) - present
 	for id := range s.warm {
@@ -602,9 +616,16 @@ func (s *stack) waitBooks(within time.Duration, loads ...*loadResult) books {
 		delete(seen, id)
 	}
 	for id, n := range seen {
-		if want[id] {
+		switch {
+		case want[id] && voided[id]:
+			b.Lost++ // told 200, and voided: billed nothing
 			b.Duplicated += n - 1
-		} else {
+		case want[id]:
+			b.Duplicated += n - 1
+		case voided[id]:
+			b.Voided += n // an outcome nobody was told, voided: bills nothing
+			b.Rows -= n
+		default:
 			b.Duplicated += n // a row for an id no caller was given: counted, never admitted
 		}
 	}
