@@ -16,7 +16,7 @@ up: ## start Redis, PostgreSQL and Kafka on loopback (installs what is missing; 
 up-cluster: ## also start a 3-master Redis Cluster on 127.0.0.1:7000-7002
 	$(STACK) up-cluster
 
-up-sentinel: ## also start a Redis primary (:6380), its replica (:6381) and 3 Sentinels (:26380-26382)
+up-sentinel: ## also start a Redis primary (:6380), two replicas (:6381-6382) and 3 Sentinels (:26380-26382)
 	$(STACK) up-sentinel
 
 down: ## stop everything `make up`, `make up-cluster` and `make up-sentinel` started

@@ -18,7 +18,9 @@
 # until each answers, and writes .run/env to be sourced.
 #
 # Ports: REDIS_PORT, PG_PORT, KAFKA_PORT, KAFKA_CONTROLLER_PORT, REDIS_CLUSTER_PORTS (three,
-# space-separated), REDIS_SENTINEL_DATA_PORTS (primary and replica), REDIS_SENTINEL_PORTS (three), so that a second clone can run a stack of its own beside the first.
+# space-separated), REDIS_SENTINEL_DATA_PORTS (the primary, then its replicas: two or more),
+# REDIS_SENTINEL_PORTS (three), so that a second clone can run a stack of its own beside the
+# first.
 #
 # As root, PostgreSQL runs as the system user postgres, which may not be able to reach the
 # clone (a clone in root's 0700 home): its files then live in a directory of this clone's own
@@ -37,8 +39,9 @@ KAFKA_PORT=${KAFKA_PORT:-9092}
 KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-9093}
 read -r -a CLUSTER_PORTS <<<"${REDIS_CLUSTER_PORTS:-7000 7001 7002}"
 [ ${#CLUSTER_PORTS[@]} -eq 3 ] || { echo "[stack] error: REDIS_CLUSTER_PORTS must name 3 ports" >&2; exit 2; }
-read -r -a SENTINEL_DATA_PORTS <<<"${REDIS_SENTINEL_DATA_PORTS:-6380 6381}"
-[ ${#SENTINEL_DATA_PORTS[@]} -eq 2 ] || { echo "[stack] error: REDIS_SENTINEL_DATA_PORTS must name 2 ports" >&2; exit 2; }
+# Two replicas: admit's ADMIT_REDIS_WAIT_REPLICAS=1 still finds one after a failover.
+read -r -a SENTINEL_DATA_PORTS <<<"${REDIS_SENTINEL_DATA_PORTS:-6380 6381 6382}"
+[ ${#SENTINEL_DATA_PORTS[@]} -ge 2 ] || { echo "[stack] error: REDIS_SENTINEL_DATA_PORTS must name at least 2 ports" >&2; exit 2; }
 read -r -a SENTINEL_PORTS <<<"${REDIS_SENTINEL_PORTS:-26380 26381 26382}"
 [ ${#SENTINEL_PORTS[@]} -eq 3 ] || { echo "[stack] error: REDIS_SENTINEL_PORTS must name 3 ports" >&2; exit 2; }
 SENTINEL_MASTER=metergate
@@ -195,13 +198,13 @@ sentinel_conf_master() {
   [ -f "$conf" ] && awk -v m="$SENTINEL_MASTER" '$1 == "sentinel" && $2 == "monitor" && $3 == m { print $5; f = 1; exit } END { exit !f }' "$conf"
 }
 
-# sentinel_ok: every sentinel knows the master, sees one replica and the two other sentinels,
-# and the server they name is a primary indeed.
+# sentinel_ok: every sentinel knows the master, sees every replica and the two other
+# sentinels, and the server they name is a primary indeed.
 sentinel_ok() {
   local port info addr
   for port in "${SENTINEL_PORTS[@]}"; do
     info=$(redis-cli -p "$port" info sentinel 2>/dev/null) || return 1
-    grep -q "name=$SENTINEL_MASTER,status=ok,.*slaves=1,sentinels=3" <<<"$info" || return 1
+    grep -q "name=$SENTINEL_MASTER,status=ok,.*slaves=$((${#SENTINEL_DATA_PORTS[@]} - 1)),sentinels=3" <<<"$info" || return 1
   done
   addr=$(sentinel_master_addr) || return 1
   [ "$(redis-cli -p "${addr#* }" role 2>/dev/null | head -1)" = master ]
@@ -238,7 +241,7 @@ up_sentinel() {
     [ "$port" = "$current" ] || start_redis "redis-sentinel/$port" "$port" --replicaof 127.0.0.1 "$current"
   done
   for port in "${SENTINEL_PORTS[@]}"; do start_sentinel "$port"; done
-  wait_for "Sentinel: master $SENTINEL_MASTER with a replica and 3 sentinels" sentinel_ok
+  wait_for "Sentinel: master $SENTINEL_MASTER with $((${#SENTINEL_DATA_PORTS[@]} - 1)) replicas and 3 sentinels" sentinel_ok
   log "Sentinel up: master $SENTINEL_MASTER at $(sentinel_master_addr | tr ' ' :), sentinels :${SENTINEL_PORTS[*]}"
 }
 

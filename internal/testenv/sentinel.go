@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -88,8 +89,22 @@ func (s Sentinel) WaitPromotion(ctx context.Context, old string) (string, error)
 // KillPrimary SIGKILLs the primary (a local process, found by the pid its INFO reports)
 // and returns its address. When the test ends, `deploy/local/stack.sh up-sentinel` (in the
 // killed server's stack state) starts it again as a replica of the promoted one and waits
-// until the setup has its replica and three sentinels again.
+// until the setup has its replicas and three sentinels again.
 func (s Sentinel) KillPrimary(tb testing.TB) string {
+	tb.Helper()
+	return s.killPrimary(tb, 0)
+}
+
+// KillPrimaryCut is KillPrimary with the replicas left behind first: the primary refuses
+// new connections (maxclients 1: the open ones stay), drops the replicas' links (CLIENT
+// KILL TYPE replica) and is killed lag later, so that what it wrote in the last lag is on
+// no replica: asynchronous replication's loss window, made wide.
+func (s Sentinel) KillPrimaryCut(tb testing.TB, lag time.Duration) string {
+	tb.Helper()
+	return s.killPrimary(tb, lag)
+}
+
+func (s Sentinel) killPrimary(tb testing.TB, lag time.Duration) string {
 	tb.Helper()
 	ctx := Context(tb, 30*time.Second)
 	primary, err := s.Primary(ctx)
@@ -110,12 +125,16 @@ func (s Sentinel) KillPrimary(tb testing.TB) string {
 	if err != nil {
 		tb.Fatalf("CONFIG GET dir of the primary %s: %v", primary, err)
 	}
-	replica, err := s.replica(ctx)
+	replicas, err := s.Replicas(ctx)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	_, replicaPort, _ := net.SplitHostPort(replica)
 	_, primaryPort, _ := net.SplitHostPort(primary)
+	dataPorts := []string{primaryPort}
+	for _, r := range replicas {
+		_, p, _ := net.SplitHostPort(r)
+		dataPorts = append(dataPorts, p)
+	}
 	var sentinelPorts []string
 	for _, a := range s.Addrs {
 		_, p, _ := net.SplitHostPort(a)
@@ -131,11 +150,29 @@ func (s Sentinel) KillPrimary(tb testing.TB) string {
 		}
 		cmd := exec.Command("bash", filepath.Join(root, "deploy/local/stack.sh"), "up-sentinel")
 		cmd.Env = append(os.Environ(), "METERGATE_RUN_DIR="+run,
-			"REDIS_SENTINEL_DATA_PORTS="+primaryPort+" "+replicaPort, "REDIS_SENTINEL_PORTS="+strings.Join(sentinelPorts, " "))
+			"REDIS_SENTINEL_DATA_PORTS="+strings.Join(dataPorts, " "), "REDIS_SENTINEL_PORTS="+strings.Join(sentinelPorts, " "))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			tb.Errorf("restart the killed primary (stack.sh up-sentinel): %v\n%s", err, out)
 		}
 	})
+	if lag > 0 {
+		// New connections are refused from now on (those open stay), so the replicas
+		// cannot come back once their links are dropped.
+		if err := c.ConfigSet(ctx, "maxclients", "1").Err(); err != nil {
+			tb.Fatalf("CONFIG SET maxclients on %s: %v", primary, err)
+		}
+		if err := c.ClientKillByFilter(ctx, "TYPE", "replica").Err(); err != nil {
+			tb.Fatalf("drop the replicas' links of %s: %v", primary, err)
+		}
+		time.Sleep(lag)
+		info, err := c.Info(ctx, "replication").Result()
+		if err != nil {
+			tb.Fatalf("INFO replication of %s: %v", primary, err)
+		}
+		if n := infoField(info, "connected_slaves"); n != "0" {
+			tb.Fatalf("%s replicas of %s came back", n, primary)
+		}
+	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		tb.Fatalf("SIGKILL the primary %s (pid %d): %v", primary, pid, err)
 	}
@@ -170,16 +207,22 @@ func repoRoot() (string, error) {
 	}
 }
 
-// replica returns the address of the first replica the sentinels know of.
-func (s Sentinel) replica(ctx context.Context) (string, error) {
+// Replicas returns the addresses of the replicas the sentinels know of (a killed primary
+// stays among them, as a replica that is down).
+func (s Sentinel) Replicas(ctx context.Context) ([]string, error) {
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addrs[0]})
 	defer func() { _ = sc.Close() }()
 	replicas, err := sc.Replicas(ctx, s.Master).Result()
 	if err != nil {
-		return "", fmt.Errorf("the replicas of %s: %w", s.Master, err)
+		return nil, fmt.Errorf("the replicas of %s: %w", s.Master, err)
 	}
 	if len(replicas) == 0 {
-		return "", fmt.Errorf("the sentinels know no replica of %s", s.Master)
+		return nil, fmt.Errorf("the sentinels know no replica of %s", s.Master)
 	}
-	return net.JoinHostPort(replicas[0]["ip"], replicas[0]["port"]), nil
+	out := make([]string, len(replicas))
+	for i, r := range replicas {
+		out[i] = net.JoinHostPort(r["ip"], r["port"])
+	}
+	sort.Strings(out)
+	return out, nil
 }
