@@ -50,7 +50,7 @@ chaos: up up-sentinel ## the fault and bad-input suite in its full form, ending 
 	$(GO) test -c -race -o bin/chaos.test ./chaos
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 METERGATE_CHAOS=full && cd chaos && ../bin/chaos.test -test.count=1 -test.timeout=60m
 
-bench: up build ## measure against baselines of the same run: prints a table, writes bench/results.json (BENCH_FLAGS=-duration=5s …; docs/bench.md)
+bench: up up-sentinel build ## measure against baselines of the same run: prints a table, writes bench/results.json (BENCH_FLAGS=-duration=5s …; docs/bench.md)
 	$(GO) build -o bin/ ./bench/loadgen
 	cd bench/redisrate && $(GO) build -o ../../bin/redisrate .
 	$(WITH_ENV) $(GO) run ./bench $(BENCH_FLAGS)

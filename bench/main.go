@@ -124,7 +124,7 @@ func parse(args []string) (Config, error) {
 	fs.Float64Var(&cfg.E2ERate, "e2e-rate", 10_000, "offered rate of the end-to-end run, events/s")
 	fs.IntVar(&cfg.EvalshaRequests, "evalsha-requests", 200_000, "redis-benchmark -n")
 	fs.IntVar(&cfg.CreditsDecisions, "credits-decisions", 20_000, "decisions of each sample of the credits and alerts measurements")
-	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, gateway, go (default: all)")
+	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, gateway, replicas, go (default: all)")
 	fs.StringVar(&cfg.MeterEvents, "meter-events", "100000", "events of the meter benchmark")
 	fs.StringVar(&cfg.ReconcileBenchtime, "reconcile-benchtime", "3x", "-benchtime of the reconcile benchmark")
 	if err := fs.Parse(args); err != nil {

@@ -81,6 +81,7 @@ func run(ctx context.Context, cfg Config, out io.Writer) (*Results, error) {
 		{"credits", "Redis CPU per decision with a prepaid balance against without", s.credits},
 		{"alerts", "Redis CPU per decision with alert rules against without", s.alerts},
 		{"gateway", "admit CPU per decision through Envoy's rate-limit service (gRPC) against HTTP", s.gateway},
+		{"replicas", "decisions with ADMIT_REDIS_WAIT_REPLICAS=1 against without, on the Sentinel setup", s.replicas},
 		{"go", "Go benchmarks: meter vs INSERT … SELECT, reconcile, the decision path", s.goBenchmarks},
 	}
 	for _, st := range steps {
