@@ -55,6 +55,7 @@ func command(name, summary string, do func(context.Context, config.Admit, *slog.
 		var cfg config.Admit
 		config.LoadOrExit(&cfg, "admit", args)
 		log := cfg.Log.Logger(os.Stderr).With("service", "admit")
+		config.RedisLogsTo(log)
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		if err := do(ctx, cfg, log); err != nil {

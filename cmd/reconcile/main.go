@@ -78,6 +78,7 @@ func command(name, summary string, do func(context.Context, env) error) cli.Comm
 			cfg.Migrate = true
 		}
 		log := cfg.Log.Logger(os.Stderr).With("service", "reconcile", "command", name)
+		config.RedisLogsTo(log)
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		pool, err := connect(ctx, cfg, log)

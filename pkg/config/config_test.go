@@ -1,9 +1,14 @@
 package config_test
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"flag"
 	"io"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -256,4 +261,38 @@ func TestMaxWait(t *testing.T) {
 		require.NoError(t, err, tc.env)
 		require.Equal(t, tc.want, c.Admission.MaxWait, tc.env)
 	}
+}
+
+// go-redis' own messages (here: a sentinel that cannot be reached) reach the service's
+// logger as structured records, not plain text on stderr.
+func TestRedisLogsTo(t *testing.T) {
+	var buf syncBuffer
+	config.RedisLogsTo(slog.New(slog.NewJSONHandler(&buf, nil)))
+	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"},
+		DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	defer rdb.Close()
+	require.Error(t, rdb.Ping(context.Background()).Err())
+	var rec map[string]any
+	line, _, _ := strings.Cut(buf.String(), "\n")
+	require.NoError(t, json.Unmarshal([]byte(line), &rec), "a JSON record: %q", buf.String())
+	require.Equal(t, "go-redis", rec["component"])
+	require.Contains(t, rec["msg"], "sentinel")
+}
+
+// syncBuffer is a bytes.Buffer safe for the writes of go-redis' goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

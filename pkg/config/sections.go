@@ -112,6 +112,17 @@ func (c Redis) Validate() error {
 	return prefix("redis", errs)
 }
 
+// RedisLogsTo sends go-redis' own messages (a failover seen by the sentinels, a pool
+// problem), which it otherwise prints as plain text to stderr, to log, at info level.
+// go-redis has one logger for the process: call it once, at start.
+func RedisLogsTo(log *slog.Logger) { redis.SetLogger(redisLog{log.With("component", "go-redis")}) }
+
+type redisLog struct{ log *slog.Logger }
+
+func (r redisLog) Printf(ctx context.Context, format string, v ...any) {
+	r.log.InfoContext(ctx, fmt.Sprintf(format, v...))
+}
+
 // Open returns a client for the configured server, cluster or Sentinel-watched primary.
 // It does not dial.
 func (c Redis) Open() (redis.UniversalClient, error) { return c.OpenPool(0) }
