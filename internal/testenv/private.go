@@ -33,6 +33,8 @@ type RedisServer struct {
 	// fsync is the appendfsync policy of the AOF ("always", "everysec", "no"); "" for no
 	// AOF at all.
 	fsync string
+	// extra are more redis-server arguments, such as a cluster node's.
+	extra []string
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -97,6 +99,7 @@ func (r *RedisServer) Start() {
 	}
 	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
 		"--save", "", "--daemonize", "no", "--protected-mode", "no"}, aof...)
+	args = append(args, r.extra...)
 	cmd := exec.Command(r.path, args...)
 	out := &SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
