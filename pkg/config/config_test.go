@@ -186,6 +186,7 @@ func TestRedisClusterCredentials(t *testing.T) {
 	require.Equal(t, "app", o.Username)
 	require.Equal(t, "s3cret", o.Password)
 	require.NotNil(t, o.TLSConfig, "rediss:// means TLS")
+	require.Equal(t, config.ClusterStateReload, o.ClusterStateReloadInterval, "a failover is noticed within about a second")
 
 	c.URL = "redis://127.0.0.1:6379/3"
 	require.ErrorContains(t, c.Validate(), "only database 0")
