@@ -139,14 +139,20 @@ func (r *Relay) runStream(ctx context.Context, stream string) {
 				// admissions go on writing to the stream: make it again from the stream's
 				// start, so every entry written since is produced.
 				r.createGroup(ctx, log, stream, backoff)
-				pending = true
 			}
+			// Whatever failed, the server answering next may not be the one that failed:
+			// a replica promoted in a failover holds as this consumer's pending entries
+			// those it read before the failover but whose acknowledgement it never got.
+			// Read them first rather than leave them to the claim, ClaimAfter later.
+			pending = true
 			continue
 		}
 		backoff.reset()
 		switch {
 		case len(entries) > 0:
-			r.deliver(ctx, log, stream, entries, recovered)
+			if !r.deliver(ctx, log, stream, entries, recovered) {
+				pending = true // as after a failed read
+			}
 			trimmed = recovered
 		case !trimmed:
 			if err := r.ackAndTrim(ctx, stream, nil, true); err == nil {
@@ -245,7 +251,8 @@ func (r *Relay) next(ctx context.Context, stream string, pending *bool, lastClai
 
 // deliver produces entries until Kafka acks them all (a timeout is an unknown outcome:
 // produce again, the meter deduplicates), then acknowledges them and trims the stream.
-func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, entries []redis.XMessage, full bool) {
+// It reports false when Redis failed an acknowledgement on the way.
+func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, entries []redis.XMessage, full bool) bool {
 	msgs := make([]kafka.Message, 0, len(entries))
 	ids := make([]string, 0, len(entries))
 	for _, e := range entries {
@@ -272,32 +279,35 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 			break
 		}
 		if ctx.Err() != nil {
-			return // still pending: sent after a restart, or claimed by another relay
+			return true // still pending: sent after a restart, or claimed by another relay
 		}
 		r.metrics.errors.WithLabelValues("kafka").Inc()
 		log.Warn("produce to kafka; retrying", "events", len(msgs), "err", err)
 		backoff.wait(ctx)
 	}
+	clean := true
 	for ctx.Err() == nil {
 		// Acknowledge, and trim the stream below what any relay still holds (never an
 		// entry not produced): one call, far cheaper for Redis than XDEL of each id.
 		err := r.ackAndTrim(ctx, stream, ids, full)
 		if err == nil {
-			return
+			return clean
 		}
+		clean = false
 		if isNoGroup(err) {
 			// Redis lost the group, and with it what the batch was read from (restarted
 			// without persistence): nothing is left to acknowledge. The next read makes
 			// the group again.
 			r.metrics.errors.WithLabelValues("redis").Inc()
 			log.Warn("acknowledge relayed entries: the consumer group is gone", "err", err)
-			return
+			return false
 		}
 		// Produced but not acknowledged: produced again later, deduplicated by the meter.
 		r.metrics.errors.WithLabelValues("redis").Inc()
 		log.Warn("acknowledge relayed entries; retrying", "err", err)
 		backoff.wait(ctx)
 	}
+	return clean
 }
 
 // ackAndTrim acknowledges ids and trims the stream below the oldest entry any relay of the
