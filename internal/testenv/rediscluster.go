@@ -277,6 +277,57 @@ func (c *Cluster) Masters() []string {
 	return out
 }
 
+// CutReplicas cuts the replication link of every replica of the master at addr and keeps
+// them from linking again (a masterauth the master refuses), so that the master goes on
+// answering writes no replica holds: replicas behind their master when it dies. restore
+// lets them link again.
+func (c *Cluster) CutReplicas(addr string) (restore func()) {
+	c.tb.Helper()
+	ctx := Context(c.tb, 10*time.Second)
+	nodes, err := topology(ctx, addr)
+	if err != nil {
+		c.tb.Fatal(err)
+	}
+	var id string
+	for _, n := range nodes {
+		if n.is("myself") {
+			id = n.id
+		}
+	}
+	var replicas []string
+	for _, n := range nodes {
+		if n.master == id && n.is("slave") {
+			replicas = append(replicas, n.addr)
+		}
+	}
+	if len(replicas) == 0 {
+		c.tb.Fatalf("CutReplicas: %s has no replica", addr)
+	}
+	set := func(auth string, cut bool) error {
+		for _, r := range replicas {
+			rdb := redis.NewClient(&redis.Options{Addr: r, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1})
+			err := rdb.ConfigSet(ctx, "masterauth", auth).Err()
+			if err == nil && cut {
+				err = rdb.ClientKillByFilter(ctx, "TYPE", "master").Err()
+			}
+			_ = rdb.Close()
+			if err != nil {
+				return fmt.Errorf("replica %s: %w", r, err)
+			}
+		}
+		return nil
+	}
+	if err := set("metergate-cut-replica", true); err != nil {
+		c.tb.Fatalf("CutReplicas: %v", err)
+	}
+	return func() {
+		c.tb.Helper()
+		if err := set("", false); err != nil {
+			c.tb.Fatalf("CutReplicas restore: %v", err)
+		}
+	}
+}
+
 // KillMaster SIGKILLs the master at addr (a crash: what it had not yet sent to its
 // replicas is gone with it) and returns once its port refuses connections.
 func (c *Cluster) KillMaster(addr string) {
