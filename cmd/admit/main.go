@@ -226,6 +226,7 @@ func newRelay(cfg config.Admit, log *slog.Logger, reg prometheus.Registerer, w *
 	relay := outbox.NewRelay(rdb, w, outbox.RelayOptions{
 		Keys: admission.Keys{Prefix: a.KeyPrefix, Shards: a.Shards}, Consumer: a.Node,
 		Batch: a.RelayBatch, ClaimAfter: a.RelayClaimAfter, Log: log.With("component", "relay"), Registerer: reg,
+		WaitReplicas: a.WaitReplicas, WaitTimeout: a.WaitTimeout,
 	})
 	return relay, func() { _ = rdb.Close() }, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -23,15 +24,11 @@ func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string
 	if a.opts.WaitReplicas <= 0 {
 		return s.Run(ctx, a.rdb, keys, args...)
 	}
-	var c redis.Cmdable = a.rdb
-	cc, cluster := a.rdb.(*redis.ClusterClient)
-	if cluster {
-		node, err := cc.MasterForKey(ctx, keys[0])
-		if err != nil {
-			return redis.NewCmdResult(nil, err)
-		}
-		c = node
+	c, cc, err := masterOf(ctx, a.rdb, keys[0])
+	if err != nil {
+		return redis.NewCmdResult(nil, err)
 	}
+	cluster := cc != nil
 	script, wait := a.runAndWait(ctx, c, s.EvalSha, keys, args)
 	if redis.HasErrorPrefix(script.Err(), "NOSCRIPT") { // not cached there yet (a promoted replica, a restart)
 		script, wait = a.runAndWait(ctx, c, s.Eval, keys, args)
@@ -52,6 +49,53 @@ func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string
 		return redis.NewCmdResult(nil, fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, n, a.opts.WaitReplicas, a.opts.WaitTimeout))
 	}
 	return script
+}
+
+// WaitReplicated returns once n replicas hold every write the primary holding key took
+// before the call, waiting at most timeout: it writes a key of key's slot (key + ":fence")
+// and sends WAIT in the same pipeline. Short of n it returns ErrNotReplicated. The relay
+// calls it before it produces what it read, so that Kafka never receives an entry (a
+// usage event, a void) that a failover could take back from Redis.
+func WaitReplicated(ctx context.Context, rdb redis.UniversalClient, key string, n int, timeout time.Duration) error {
+	c, cc, err := masterOf(ctx, rdb, key)
+	if err != nil {
+		return err
+	}
+	var fence *redis.StatusCmd
+	var wait *redis.Cmd
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error { // each command's own error is read below
+		fence = p.Set(ctx, key+":fence", "1", time.Hour)
+		wait = p.Do(ctx, "WAIT", n, timeout.Milliseconds())
+		return nil
+	})
+	if err := fence.Err(); err != nil {
+		if cc != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "CLUSTERDOWN")) {
+			cc.ReloadState(ctx)
+		}
+		return err
+	}
+	got, err := wait.Int64()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNotReplicated, err)
+	}
+	if got < int64(n) {
+		return fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, got, n, timeout)
+	}
+	return nil
+}
+
+// masterOf returns what sends commands to the primary holding key: rdb itself, or on a
+// Cluster the client of key's master (then also the cluster client, to reload its slots).
+func masterOf(ctx context.Context, rdb redis.UniversalClient, key string) (redis.Cmdable, *redis.ClusterClient, error) {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return rdb, nil, nil
+	}
+	node, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return node, cc, nil
 }
 
 // runAndWait pipelines the script call (EVALSHA or EVAL) and WAIT on c.

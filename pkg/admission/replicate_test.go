@@ -2,8 +2,6 @@ package admission_test
 
 import (
 	"errors"
-	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,23 +14,14 @@ import (
 	"github.com/metergate/metergate/pkg/policy"
 )
 
-// replicated starts a private primary and a replica of it (both without persistence) and
-// returns clients of each once the replica is in sync.
+// replicated starts a private primary and a replica of it and returns clients of each.
 func replicated(t *testing.T) (primary, replica *redis.Client, replicaOpts *redis.Options) {
 	t.Helper()
-	ctx := testenv.Context(t, time.Minute)
-	p, r := testenv.StartRedis(t), testenv.StartRedis(t)
+	p, r := testenv.StartRedisReplicated(t)
 	primary = redis.NewClient(&redis.Options{Addr: p.Addr()})
 	replicaOpts = &redis.Options{Addr: r.Addr()}
 	replica = redis.NewClient(replicaOpts)
 	t.Cleanup(func() { _ = primary.Close(); _ = replica.Close() })
-	host, port, err := net.SplitHostPort(p.Addr())
-	require.NoError(t, err)
-	require.NoError(t, replica.Do(ctx, "REPLICAOF", host, port).Err())
-	require.Eventually(t, func() bool {
-		info, err := replica.Info(ctx, "replication").Result()
-		return err == nil && strings.Contains(info, "master_link_status:up")
-	}, 30*time.Second, 20*time.Millisecond, "replica in sync")
 	return primary, replica, replicaOpts
 }
 

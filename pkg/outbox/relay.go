@@ -33,6 +33,12 @@ type RelayOptions struct {
 	// Consumer names this relay in the group (the admit node's name). A relay restarted
 	// under the same name first sends what it had read and not yet acknowledged.
 	Consumer string
+	// WaitReplicas, when above 0, holds every batch back until that many replicas hold
+	// what it was read from (admission.WaitReplicated, at most WaitTimeout each try):
+	// nothing reaches Kafka that a failover could take back from Redis. admit sets them
+	// from ADMIT_REDIS_WAIT_REPLICAS and ADMIT_REDIS_WAIT_TIMEOUT.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 	// Batch is the most entries produced per Kafka write (500).
 	Batch int
 	// Block is how long one read waits for new entries (1s).
@@ -86,6 +92,9 @@ func NewRelay(rdb redis.UniversalClient, out Producer, o RelayOptions) *Relay {
 	}
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = 5 * time.Second
+	}
+	if o.WaitTimeout <= 0 {
+		o.WaitTimeout = 100 * time.Millisecond
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -251,7 +260,8 @@ func (r *Relay) next(ctx context.Context, stream string, pending *bool, lastClai
 
 // deliver produces entries until Kafka acks them all (a timeout is an unknown outcome:
 // produce again, the meter deduplicates), then acknowledges them and trims the stream.
-// It reports false when Redis failed an acknowledgement on the way.
+// It reports false when Redis failed on the way: the replicas could not be asked, or an
+// acknowledgement failed.
 func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, entries []redis.XMessage, full bool) bool {
 	msgs := make([]kafka.Message, 0, len(entries))
 	ids := make([]string, 0, len(entries))
@@ -270,6 +280,24 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		msgs = append(msgs, message(key, value))
 	}
 	backoff := newBackoff(r.opts.MaxBackoff)
+	for r.opts.WaitReplicas > 0 && len(msgs) > 0 {
+		// A void relayed from a primary that then dies unreplicated would cancel a
+		// decision the promoted replica still holds, and may replay to a caller as 200.
+		err := admission.WaitReplicated(ctx, r.rdb, stream, r.opts.WaitReplicas, r.opts.WaitTimeout)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return true // still pending
+		}
+		r.metrics.errors.WithLabelValues("redis").Inc()
+		log.Warn("relayed entries not on enough replicas yet; waiting", "events", len(msgs), "err", err)
+		if !errors.Is(err, admission.ErrNotReplicated) {
+			return false // Redis failed (a failover?): read again, own pending entries first
+		}
+		backoff.wait(ctx)
+	}
+	backoff.reset()
 	for len(msgs) > 0 {
 		start := time.Now()
 		err := r.out.Produce(ctx, msgs)

@@ -625,3 +625,42 @@ func TestRelayOldFormatEntries(t *testing.T) {
 	}
 	b.waitEmpty(t)
 }
+
+// recording notes when Produce is first called, and takes every write.
+type recording struct {
+	first    atomic.Pointer[time.Time]
+	produced atomic.Int64
+}
+
+func (r *recording) Produce(_ context.Context, msgs []kafka.Message) error {
+	now := time.Now()
+	r.first.CompareAndSwap(nil, &now)
+	r.produced.Add(int64(len(msgs)))
+	return nil
+}
+
+// With WaitReplicas the relay produces nothing a replica does not hold: while the replica
+// is busy (it acknowledges nothing), the entries wait in the outbox; once it is back they
+// are produced, every one.
+func TestRelayWaitsForReplicas(t *testing.T) {
+	t.Parallel()
+	primary, replica := testenv.StartRedisReplicated(t)
+	rdb := redis.NewClient(&redis.Options{Addr: primary.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	b := setup(t, rdb)
+	ctx := testenv.Context(t, time.Minute)
+	stalled, err := testenv.StallRedis(ctx, &redis.Options{Addr: replica.Addr()}, 1500*time.Millisecond)
+	require.NoError(t, err)
+	ids := b.admit(t, 40) // written on the primary, on no replica until the stall ends
+	out := &recording{}
+	b.run(t, out, outbox.RelayOptions{Registerer: prometheus.NewRegistry(), MaxBackoff: 50 * time.Millisecond,
+		WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond})
+	require.NoError(t, <-stalled)
+	stallEnded := time.Now()
+	require.Eventually(t, func() bool { return out.produced.Load() >= int64(len(ids)) }, 30*time.Second, 10*time.Millisecond)
+	first := out.first.Load()
+	require.NotNil(t, first)
+	require.False(t, first.Before(stallEnded.Add(-50*time.Millisecond)),
+		"produced at %s, %s before the replica could acknowledge", first.Format(time.StampMicro), stallEnded.Sub(*first))
+	b.waitEmpty(t)
+}
