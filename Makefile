@@ -5,7 +5,7 @@ GO ?= go
 STACK := bash deploy/local/stack.sh
 WITH_ENV := set -a && . .run/env && set +a &&
 
-.PHONY: help up up-cluster up-sentinel down down-sentinel status migrate build vet test test-short chaos bench lint fuzz
+.PHONY: help up up-cluster up-sentinel up-kafka-cluster down down-sentinel down-kafka-cluster status migrate build vet test test-short chaos bench lint fuzz
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -19,11 +19,17 @@ up-cluster: ## also start a 3-master Redis Cluster on 127.0.0.1:7000-7002
 up-sentinel: ## also start a Redis primary (:6380), two replicas (:6381-6382) and 3 Sentinels (:26380-26382)
 	$(STACK) up-sentinel
 
-down: ## stop everything `make up`, `make up-cluster` and `make up-sentinel` started
+up-kafka-cluster: ## also start a 3-node Kafka cluster (KRaft) on 127.0.0.1:9192-9194: replication 3, min.insync.replicas 2
+	$(STACK) up-kafka-cluster
+
+down: ## stop everything `make up`, `make up-cluster`, `make up-sentinel` and `make up-kafka-cluster` started
 	$(STACK) down
 
 down-sentinel: ## stop only what `make up-sentinel` started
 	$(STACK) down-sentinel
+
+down-kafka-cluster: ## stop only what `make up-kafka-cluster` started
+	$(STACK) down-kafka-cluster
 
 status: ## show what the local stack runs
 	$(STACK) status
@@ -41,12 +47,12 @@ vet: ## go vet every package
 demo: up build ## a guided run of the pipeline: 30 s of traffic, reconcile, a period close, a report (DEMO_DURATION=10s: shorter; docs/demo.md)
 	$(WITH_ENV) $(GO) run ./cmd/demo
 
-test: up up-cluster up-sentinel ## start the stack, then vet and run every test with -race against it
+test: up up-cluster up-sentinel up-kafka-cluster ## start the stack, then vet and run every test with -race against it
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	@# bench/redisrate, the benchmark's peer, is a module of its own (the main one must not depend on it)
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && cd bench/redisrate && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
-chaos: up up-sentinel ## the fault and bad-input suite in its full form, ending with its scoreboard (make test runs the short form)
+chaos: up up-sentinel up-kafka-cluster ## the fault and bad-input suite in its full form, ending with its scoreboard (make test runs the short form)
 	$(GO) test -c -race -o bin/chaos.test ./chaos
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 METERGATE_CHAOS=full && cd chaos && ../bin/chaos.test -test.count=1 -test.timeout=60m
 

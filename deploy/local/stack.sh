@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
 # The local stack without Docker: Redis, a 3-master Redis Cluster, a Redis primary and
-# replica watched by three Sentinels, PostgreSQL and a single-node Apache Kafka (KRaft) broker, all on loopback, all state under .run/ (but for
-# PostgreSQL as root: below).
+# replica watched by three Sentinels, PostgreSQL, a single-node Apache Kafka (KRaft) broker
+# and a 3-node Kafka cluster, all on loopback, all state under .run/ (but for PostgreSQL as
+# root: below).
 #
 #   stack.sh up           Redis :6379 (AOF on), PostgreSQL :5432 (db metergate), Kafka :9092
 #   stack.sh up-cluster   also a 3-master Redis Cluster on :7000-7002
 #   stack.sh up-sentinel  also a Redis primary :6380, its replica :6381 and three Sentinels
 #                         :26380-26382 watching them as master "metergate"
-#   stack.sh down         stops, by pid, everything the three above started
+#   stack.sh up-kafka-cluster  also a 3-node Kafka (KRaft) cluster on :9192-9194, each node
+#                         broker and controller (controllers :9195-9197): replication 3,
+#                         min.insync.replicas 2
+#   stack.sh start-kafka-node N  starts the cluster's node N (1-3) again and waits until it
+#                         serves (after a test killed it)
+#   stack.sh down         stops, by pid, everything the four above started
 #   stack.sh down-sentinel  stops only what up-sentinel started
+#   stack.sh down-kafka-cluster  stops only what up-kafka-cluster started
 #   stack.sh status       what is running
 #   stack.sh verify-down  fails if anything the stack started still runs
 #   stack.sh purge        down, then delete this clone's state (.run/ and PostgreSQL's data)
@@ -19,8 +26,8 @@
 #
 # Ports: REDIS_PORT, PG_PORT, KAFKA_PORT, KAFKA_CONTROLLER_PORT, REDIS_CLUSTER_PORTS (three,
 # space-separated), REDIS_SENTINEL_DATA_PORTS (the primary, then its replicas: two or more),
-# REDIS_SENTINEL_PORTS (three), so that a second clone can run a stack of its own beside the
-# first.
+# REDIS_SENTINEL_PORTS (three), KAFKA_CLUSTER_PORTS and KAFKA_CLUSTER_CONTROLLER_PORTS (three
+# each), so that a second clone can run a stack of its own beside the first.
 #
 # As root, PostgreSQL runs as the system user postgres, which may not be able to reach the
 # clone (a clone in root's 0700 home): its files then live in a directory of this clone's own
@@ -44,6 +51,10 @@ read -r -a SENTINEL_DATA_PORTS <<<"${REDIS_SENTINEL_DATA_PORTS:-6380 6381 6382}"
 [ ${#SENTINEL_DATA_PORTS[@]} -ge 2 ] || { echo "[stack] error: REDIS_SENTINEL_DATA_PORTS must name at least 2 ports" >&2; exit 2; }
 read -r -a SENTINEL_PORTS <<<"${REDIS_SENTINEL_PORTS:-26380 26381 26382}"
 [ ${#SENTINEL_PORTS[@]} -eq 3 ] || { echo "[stack] error: REDIS_SENTINEL_PORTS must name 3 ports" >&2; exit 2; }
+read -r -a KAFKA_CLUSTER_PORTS <<<"${KAFKA_CLUSTER_PORTS:-9192 9193 9194}"
+[ ${#KAFKA_CLUSTER_PORTS[@]} -eq 3 ] || { echo "[stack] error: KAFKA_CLUSTER_PORTS must name 3 ports" >&2; exit 2; }
+read -r -a KAFKA_CLUSTER_CONTROLLER_PORTS <<<"${KAFKA_CLUSTER_CONTROLLER_PORTS:-9195 9196 9197}"
+[ ${#KAFKA_CLUSTER_CONTROLLER_PORTS[@]} -eq 3 ] || { echo "[stack] error: KAFKA_CLUSTER_CONTROLLER_PORTS must name 3 ports" >&2; exit 2; }
 SENTINEL_MASTER=metergate
 PG_STATE_BASE=${METERGATE_PG_STATE_DIR:-/var/lib/metergate}
 PG_USER=metergate
@@ -370,38 +381,39 @@ up_postgres() {
 }
 
 # ---------------------------------------------------------------------------------------
-# Apache Kafka: one KRaft node (broker + controller) on the machine's JDK
+# Apache Kafka on the machine's JDK: one KRaft node (broker + controller) on :9092, and a
+# 3-node cluster (each node broker + controller) that `up-kafka-cluster` starts beside it.
 
-kafka_started() { port_open "$KAFKA_PORT" && grep -q 'Kafka Server started' "$RUN/kafka/kafka.log"; }
+# kafka_started DIR PORT: the node of DIR serves on PORT (its log says it started).
+kafka_started() { port_open "$2" && grep -q 'Kafka Server started' "$1/kafka.log"; }
 
-up_kafka() {
-  local dir="$RUN/kafka" libs; libs=$(kafka_libs)
-  local pidfile="$dir/kafka.pid"
+# kafka_node_props DIR NODE_ID PORT CONTROLLER_PORT VOTERS REPLICATION MIN_ISR: writes DIR's
+# server.properties and log4j2.properties for one node of a layout: the single broker
+# (VOTERS its own controller, REPLICATION 1) or a node of the cluster (three voters,
+# REPLICATION 3, MIN_ISR 2: an acks=all write needs two replicas).
+kafka_node_props() {
+  local dir=$1 id=$2 port=$3 cport=$4 voters=$5 rf=$6 isr=$7
   mkdir -p "$dir/data"
-  if alive "$pidfile" && port_open "$KAFKA_PORT"; then
-    log "Kafka already running on :$KAFKA_PORT (pid $(cat "$pidfile"))"; return 0
-  fi
-  if port_open "$KAFKA_PORT"; then
-    log "reusing a Kafka broker on :$KAFKA_PORT that this stack did not start"; return 0
-  fi
-  fetch_kafka
   cat >"$dir/server.properties" <<EOF
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+node.id=$id
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs=$dir/data
 num.partitions=1
-offsets.topic.replication.factor=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
+unclean.leader.election.enable=false
+offsets.topic.replication.factor=$rf
 offsets.topic.num.partitions=12
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 log.flush.interval.messages=1
@@ -417,21 +429,108 @@ rootLogger.appenderRef.out.ref = OUT
 logger.clients.name = org.apache.kafka
 logger.clients.level = WARN
 EOF
-  local java_cmd=(java -Xms256m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$libs/*")
-  if [ ! -s "$dir/data/meta.properties" ]; then
-    [ -s "$dir/cluster-id" ] || "${java_cmd[@]}" kafka.tools.StorageTool random-uuid >"$dir/cluster-id"
-    log "formatting Kafka storage (cluster id $(cat "$dir/cluster-id"))"
-    "${java_cmd[@]}" kafka.tools.StorageTool format -t "$(cat "$dir/cluster-id")" \
-      -c "$dir/server.properties" >"$dir/format.log" 2>&1 || die "kafka storage format failed: $(tail -5 "$dir/format.log")"
-  fi
+}
+
+# kafka_java DIR HEAP: sets JAVA_CMD to the java command line of DIR's node.
+kafka_java() {
+  JAVA_CMD=(java -Xms256m "-Xmx$2" -XX:+UseG1GC "-Dlog4j2.configurationFile=$1/log4j2.properties" -cp "$(kafka_libs)/*")
+}
+
+# kafka_format DIR HEAP CLUSTER_ID_FILE: formats DIR's storage once, with the cluster id in
+# CLUSTER_ID_FILE (made when missing; the nodes of one cluster share it).
+kafka_format() {
+  local dir=$1 heap=$2 idfile=$3
+  kafka_java "$dir" "$heap"
+  [ ! -s "$dir/data/meta.properties" ] || return 0
+  [ -s "$idfile" ] || "${JAVA_CMD[@]}" kafka.tools.StorageTool random-uuid >"$idfile"
+  log "formatting Kafka storage of $dir (cluster id $(cat "$idfile"))"
+  "${JAVA_CMD[@]}" kafka.tools.StorageTool format -t "$(cat "$idfile")" \
+    -c "$dir/server.properties" >"$dir/format.log" 2>&1 || die "kafka storage format failed: $(tail -5 "$dir/format.log")"
+}
+
+# kafka_launch DIR HEAP: starts DIR's node from its properties, without waiting (the nodes
+# of the cluster wait for each other's votes). The previous log is kept as kafka.log.1.
+kafka_launch() {
+  local dir=$1 heap=$2
+  kafka_java "$dir" "$heap"
+  [ ! -s "$dir/kafka.log" ] || mv "$dir/kafka.log" "$dir/kafka.log.1"
   : >"$dir/kafka.log"
   # A session of its own: killing the process group of whatever ran `make up` (a terminal's
   # job, a CI step) must not take the broker with it. setsid execs in place here (a
   # background job is no group leader), so $! is the broker's pid.
-  setsid nohup "${java_cmd[@]}" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 </dev/null &
-  echo $! >"$pidfile"
-  wait_for "Kafka $KAFKA_VERSION on :$KAFKA_PORT (log: $dir/kafka.log)" kafka_started
-  log "Kafka $KAFKA_VERSION up on :$KAFKA_PORT (pid $(cat "$pidfile"))"
+  setsid nohup "${JAVA_CMD[@]}" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 </dev/null &
+  echo $! >"$dir/kafka.pid"
+}
+
+up_kafka() {
+  local dir="$RUN/kafka"
+  if alive "$dir/kafka.pid" && port_open "$KAFKA_PORT"; then
+    log "Kafka already running on :$KAFKA_PORT (pid $(cat "$dir/kafka.pid"))"; return 0
+  fi
+  if port_open "$KAFKA_PORT"; then
+    log "reusing a Kafka broker on :$KAFKA_PORT that this stack did not start"; return 0
+  fi
+  fetch_kafka
+  kafka_node_props "$dir" 1 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "1@127.0.0.1:$KAFKA_CONTROLLER_PORT" 1 1
+  kafka_format "$dir" 1g "$dir/cluster-id"
+  kafka_launch "$dir" 1g
+  wait_for "Kafka $KAFKA_VERSION on :$KAFKA_PORT (log: $dir/kafka.log)" kafka_started "$dir" "$KAFKA_PORT"
+  log "Kafka $KAFKA_VERSION up on :$KAFKA_PORT (pid $(cat "$dir/kafka.pid"))"
+}
+
+# The cluster: node N (1-3) in $RUN/kafka-cluster/N, on the N-th of KAFKA_CLUSTER_PORTS and
+# KAFKA_CLUSTER_CONTROLLER_PORTS.
+kafka_cluster_dir() { echo "$RUN/kafka-cluster/$1"; }
+
+kafka_cluster_voters() {
+  local i voters=()
+  for i in 1 2 3; do voters+=("$i@127.0.0.1:${KAFKA_CLUSTER_CONTROLLER_PORTS[i - 1]}"); done
+  (IFS=,; echo "${voters[*]}")
+}
+
+# kafka_cluster_node_up N: node N runs and serves.
+kafka_cluster_node_up() {
+  alive "$(kafka_cluster_dir "$1")/kafka.pid" && port_open "${KAFKA_CLUSTER_PORTS[$1 - 1]}"
+}
+
+kafka_cluster_ok() {
+  local n
+  for n in 1 2 3; do kafka_cluster_node_up "$n" || return 1; done
+}
+
+# start_kafka_node N: starts the cluster's node N unless it runs (writing its properties and
+# formatting its storage the first time), without waiting for it.
+start_kafka_node() {
+  local n=$1 dir port
+  case $n in 1|2|3) ;; *) die "no Kafka cluster node $n (1-3)" ;; esac
+  dir=$(kafka_cluster_dir "$n"); port=${KAFKA_CLUSTER_PORTS[n - 1]}
+  if kafka_cluster_node_up "$n"; then
+    log "Kafka cluster node $n already running on :$port (pid $(cat "$dir/kafka.pid"))"; return 0
+  fi
+  ! port_open "$port" || die "port $port is taken by something this stack did not start"
+  ! port_open "${KAFKA_CLUSTER_CONTROLLER_PORTS[n - 1]}" || die "port ${KAFKA_CLUSTER_CONTROLLER_PORTS[n - 1]} is taken by something this stack did not start"
+  fetch_kafka
+  kafka_node_props "$dir" "$n" "$port" "${KAFKA_CLUSTER_CONTROLLER_PORTS[n - 1]}" "$(kafka_cluster_voters)" 3 2
+  kafka_format "$dir" 512m "$RUN/kafka-cluster/cluster-id"
+  kafka_launch "$dir" 512m
+}
+
+wait_kafka_node() {
+  local dir; dir=$(kafka_cluster_dir "$1")
+  wait_for "Kafka cluster node $1 on :${KAFKA_CLUSTER_PORTS[$1 - 1]} (log: $dir/kafka.log)" kafka_started "$dir" "${KAFKA_CLUSTER_PORTS[$1 - 1]}"
+  log "Kafka cluster node $1 up on :${KAFKA_CLUSTER_PORTS[$1 - 1]} (pid $(cat "$dir/kafka.pid"))"
+}
+
+up_kafka_cluster() {
+  local n
+  mkdir -p "$RUN/kafka-cluster"
+  for n in 1 2 3; do start_kafka_node "$n"; done # all three before waiting: a node needs the votes of another
+  for n in 1 2 3; do wait_kafka_node "$n"; done
+}
+
+down_kafka_cluster() {
+  local n
+  for n in 1 2 3; do stop_pid "kafka-cluster/$n" "$(kafka_cluster_dir "$n")/kafka.pid"; done
 }
 
 # ---------------------------------------------------------------------------------------
@@ -456,6 +555,11 @@ write_env() {
       echo "export REDIS_SENTINEL_ADDRS=$(IFS=,; echo "${saddrs[*]}")"
       echo "export REDIS_SENTINEL_MASTER=$SENTINEL_MASTER"
     fi
+    if kafka_cluster_ok; then
+      local kaddrs=()
+      for port in "${KAFKA_CLUSTER_PORTS[@]}"; do kaddrs+=("127.0.0.1:$port"); done
+      echo "export KAFKA_CLUSTER_BROKERS=$(IFS=,; echo "${kaddrs[*]}")"
+    fi
   } >"$RUN/env.tmp"
   mv "$RUN/env.tmp" "$RUN/env"
 }
@@ -479,6 +583,7 @@ stop_pid() {
 
 down() {
   stop_pid kafka "$RUN/kafka/kafka.pid"
+  down_kafka_cluster
   local port
   for port in "${CLUSTER_PORTS[@]}"; do stop_pid "redis-cluster/$port" "$RUN/redis-cluster/$port/redis.pid"; done
   down_sentinel
@@ -512,6 +617,11 @@ status() {
   local data; data=$(PGDATA_DIR)
   [ -n "$data" ] && [ -s "$data/postmaster.pid" ] && echo "postgres     pid $(head -1 "$data/postmaster.pid") :$PG_PORT ($data)" || echo "postgres     down"
   alive "$RUN/kafka/kafka.pid" && echo "kafka        pid $(cat "$RUN/kafka/kafka.pid") :$KAFKA_PORT" || echo "kafka        down"
+  local n
+  for n in 1 2 3; do
+    alive "$(kafka_cluster_dir "$n")/kafka.pid" && echo "kafka-$n      pid $(cat "$(kafka_cluster_dir "$n")/kafka.pid") :${KAFKA_CLUSTER_PORTS[n - 1]}" ||
+      echo "kafka-$n      down"
+  done
 }
 
 # verify_down: fails if any process started by this stack still runs (by recorded pid, or
@@ -522,7 +632,8 @@ verify_down() {
   [ -z "$left" ] || die "still running after down:
 $left"
   local port
-  for port in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "${SENTINEL_DATA_PORTS[@]}" "${SENTINEL_PORTS[@]}" "$PG_PORT" "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+  for port in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "${SENTINEL_DATA_PORTS[@]}" "${SENTINEL_PORTS[@]}" "$PG_PORT" "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" \
+    "${KAFKA_CLUSTER_PORTS[@]}" "${KAFKA_CLUSTER_CONTROLLER_PORTS[@]}"; do
     ! port_open "$port" || die "port $port still answers after down"
   done
   log "nothing started by the stack is running"
@@ -557,11 +668,22 @@ case "${1:-}" in
     up_sentinel
     write_env
     ;;
+  up-kafka-cluster)
+    install_missing
+    up_kafka_cluster
+    write_env
+    ;;
+  start-kafka-node)
+    [ $# -eq 2 ] || { echo "usage: $0 start-kafka-node 1|2|3" >&2; exit 2; }
+    start_kafka_node "$2"
+    wait_kafka_node "$2"
+    ;;
   down) down ;;
   down-sentinel) down_sentinel; write_env ;;
+  down-kafka-cluster) down_kafka_cluster; write_env ;;
   verify-down) verify_down ;;
   status) status ;;
   purge) purge ;;
   env) write_env; cat "$RUN/env" ;;
-  *) echo "usage: $0 up|up-cluster|up-sentinel|down|down-sentinel|verify-down|status|purge|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up|up-cluster|up-sentinel|up-kafka-cluster|start-kafka-node N|down|down-sentinel|down-kafka-cluster|verify-down|status|purge|env" >&2; exit 2 ;;
 esac
