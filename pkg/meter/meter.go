@@ -285,8 +285,15 @@ func (b *batch) parse() {
 // committer (inOrder), until ctx ends (the batch in hand is handed on first) or a batch
 // could not be written (failed). Kafka errors are logged and retried, except a closed
 // reader.
+//
+// After a Kafka error it waits only RetryMin, never longer: kafka-go paces its own retries
+// (a partition reader waits up to 1 s between attempts to reach a leader) and queues each
+// error it reports among the messages, where it waits until FetchMessage takes it. While a
+// broker was down its partition readers queued an error at every attempt; a meter that
+// waited longer after each (it used to double the wait up to RetryMax) took that backlog of
+// errors, and the messages queued behind it, at one every 5 s: after a partition leader was
+// SIGKILLed it was still reading those errors a minute later (chaos scenario 15).
 func (m *Meter) fetchBatches(ctx context.Context, reader *kafka.Reader, toWrite, inOrder chan<- *batch, failed <-chan struct{}) error {
-	backoff := m.opts.RetryMin
 	for {
 		msgs, ferr := m.fetch(ctx, reader)
 		if len(msgs) > 0 {
@@ -304,7 +311,6 @@ func (m *Meter) fetchBatches(ctx context.Context, reader *kafka.Reader, toWrite,
 		}
 		switch {
 		case ferr == nil:
-			backoff = m.opts.RetryMin
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(ferr, io.EOF):
@@ -313,12 +319,11 @@ func (m *Meter) fetchBatches(ctx context.Context, reader *kafka.Reader, toWrite,
 			// kafka-go reports errors it goes on healing from (a group it could not join, a
 			// partition's leader moving): wait and fetch again.
 			m.metrics.fetchErrs.Inc()
-			m.log.Warn("fetch from kafka failed; retrying", "err", ferr, "retry_in", backoff.String())
+			m.log.Warn("fetch from kafka failed; retrying", "err", ferr, "retry_in", m.opts.RetryMin.String())
 			select {
 			case <-ctx.Done():
-			case <-time.After(backoff):
+			case <-time.After(m.opts.RetryMin):
 			}
-			backoff = min(2*backoff, m.opts.RetryMax)
 		}
 	}
 }
