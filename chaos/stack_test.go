@@ -36,6 +36,7 @@ type options struct {
 	DatabaseURL string   // a private PostgreSQL server's URL, for the same reason
 	Brokers     []string // a private broker (testenv.StartBroker)
 	Partitions  int      // of the stack's topic (4 when zero)
+	Replication int      // of the stack's topic on Brokers (1 when zero)
 	Admits      int      // admit nodes (1 when zero), each with its relay
 	Meters      int      // meter replicas of one consumer group (1 when zero)
 	// RedisEnv are settings ("K=V") of every binary that replace the Redis ones, such as a
@@ -150,7 +151,7 @@ func newStack(t *testing.T, o options) *stack {
 		s.topic = testenv.Topic(t, max(o.Partitions, 4))
 	} else {
 		s.topic = "chaos." + testenv.Name(t)
-		createTopic(t, s.brokers, s.topic, max(o.Partitions, 4))
+		createTopic(t, s.brokers, s.topic, max(o.Partitions, 4), max(o.Replication, 1))
 	}
 	name := testenv.Name(t)
 	s.prefix = "t:" + name + ":mg"
@@ -645,11 +646,22 @@ func (sc *scenario) fill(b books, loads ...*loadResult) {
 	sc.Duplicated += b.Duplicated
 }
 
-// createTopic creates a topic on a private broker (the shared one's topics come from
-// testenv.Topic); it retries while the broker is still electing its controller.
-func createTopic(t *testing.T, brokers []string, name string, partitions int) {
+// createTopic creates a topic on a private broker or the Kafka cluster (the shared broker's
+// topics come from testenv.Topic); it retries while the broker is still electing its
+// controller. A topic of several replicas is on the shared cluster: it is deleted when the
+// test ends.
+func createTopic(t *testing.T, brokers []string, name string, partitions, replication int) {
 	t.Helper()
 	ctx := testenv.Context(t, time.Minute)
-	err := topic.EnsureRetry(ctx, slog.New(slog.DiscardHandler), brokers, topic.Spec{Name: name, Partitions: partitions, ReplicationFactor: 1})
+	err := topic.EnsureRetry(ctx, slog.New(slog.DiscardHandler), brokers, topic.Spec{Name: name, Partitions: partitions, ReplicationFactor: replication})
 	require.NoError(t, err, "create topic %s", name)
+	if replication > 1 {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := topic.Delete(ctx, brokers, name); err != nil {
+				t.Errorf("delete topic %s: %v", name, err)
+			}
+		})
+	}
 }
