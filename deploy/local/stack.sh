@@ -528,8 +528,15 @@ up_kafka_cluster() {
   for n in 1 2 3; do wait_kafka_node "$n"; done
 }
 
+# down_kafka_cluster: SIGTERM to the three nodes at once, then waits for each. One by one,
+# the last node's controlled shutdown waited for a controller quorum that was gone, until
+# stop_pid's SIGKILL 60 s later.
 down_kafka_cluster() {
-  local n
+  local n pidfile
+  for n in 1 2 3; do
+    pidfile="$(kafka_cluster_dir "$n")/kafka.pid"
+    ! alive "$pidfile" || kill -TERM "$(cat "$pidfile")" 2>/dev/null || true
+  done
   for n in 1 2 3; do stop_pid "kafka-cluster/$n" "$(kafka_cluster_dir "$n")/kafka.pid"; done
 }
 
