@@ -3,11 +3,13 @@ package chaos_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -42,8 +44,10 @@ func clusterStack(t *testing.T, cluster *testenv.BrokerCluster) (*stack, []strin
 // Scenario 15: the broker leading the most partitions of the stack's topic SIGKILLed under
 // load and started again 15 s later (the full form and the short one alike). The other two
 // elect new leaders; the relay (inside admit) and the meter, never restarted, follow them:
-// an event admitted after the kill lands while the broker is down, and once it is back
-// every id answered 200 is one row with its caller's account and units. When the killed
+// an event admitted after the kill lands on a partition the killed node led while it is
+// down, and once it is back every id answered 200 is one row with its caller's account
+// and units. (The topic is keyed by org: the victim is the node leading the most of the
+// partitions that hold rows before the kill.) When the killed
 // node was also the active controller, fencing it and moving its partitions can take most
 // of the 15 s (broker.session.timeout.ms is 9 s): the broker then stays down until the
 // first event admitted after the kill has landed (at most 2 minutes), so that it is the
@@ -58,9 +62,17 @@ func TestKafkaLeaderKilled(t *testing.T) {
 
 	l := s.startLoad(loadSpec{Workers: clusterWorkers, Keys: keys, Retry5xx: true, Deadline: 6 * time.Minute}, 200)
 	l.waitAdmitted(t, 200, 2*time.Minute)
+	// The partitions the orgs' events go to: those holding rows once 200 of the load are.
+	for s.rowsOf(ctx, subtract(l.admittedIDs(), nil)) < 200 {
+		require.NoError(t, ctx.Err(), "200 rows of the load before the kill")
+		time.Sleep(50 * time.Millisecond)
+	}
+	used := s.partitionsWithRows(ctx)
 	before, err := cluster.Leaders(ctx, s.topic)
 	require.NoError(t, err)
-	victim := mostLeader(before)
+	victim := mostLeader(only(before, used))
+	lost := only(before, used)[victim] // the partitions with traffic that lose their leader
+	require.NotEmpty(t, lost, "a node leads a partition with rows: %v, rows on %v", before, used)
 	admittedBefore := l.admittedIDs()
 	cluster.Kill(victim)
 	killed := time.Now()
@@ -77,10 +89,11 @@ func TestKafkaLeaderKilled(t *testing.T) {
 	}
 	moved := time.Since(killed)
 	t.Logf("node %d killed; its partitions led by others %s later: %v", victim, moved.Round(time.Millisecond), after)
-	// An event admitted after the kill lands while the victim is still down: the relay and
-	// the meter found the new leaders (and the group its coordinator) by themselves.
-	firstRow := s.waitNewRow(ctx, l, admittedBefore, killed, 2*time.Minute)
-	require.Positive(t, firstRow, "an event admitted after the kill is a row within 2 minutes, node %d still down", victim)
+	// An event admitted after the kill lands on a partition the victim led, while it is
+	// still down: the relay and the meter found the new leader (and the group its
+	// coordinator) by themselves.
+	firstRow := s.waitNewRow(ctx, l, admittedBefore, lost, killed, 2*time.Minute)
+	require.Positive(t, firstRow, "an event admitted after the kill is a row of partitions %v within 2 minutes, node %d still down", lost, victim)
 	time.Sleep(time.Until(killed.Add(gap)))
 	startAt := time.Now()
 	downFor := startAt.Sub(killed)
@@ -97,10 +110,10 @@ func TestKafkaLeaderKilled(t *testing.T) {
 	}
 	b := s.waitBooks(4*time.Minute, res)
 	sc.fill(b, res)
-	sc.Note = fmt.Sprintf("node %d (leader of partitions %v of %v) SIGKILLed, its partitions led by others %s later (%v); "+
-		"first event admitted after the kill a row %s after it; node %d started again %s after the kill, serving and in sync in %s; "+
+	sc.Note = fmt.Sprintf("node %d (leader of partitions %v of %v, those with rows %v) SIGKILLed, its partitions led by others %s later (%v); "+
+		"first event admitted after the kill a row of partitions %v %s after it; node %d started again %s after the kill, serving and in sync in %s; "+
 		"%d admitted after the kill; final answers %v, %d 5xx retried",
-		victim, before[victim], before, moved.Round(time.Millisecond), after, firstRow.Round(time.Millisecond),
+		victim, before[victim], before, used, moved.Round(time.Millisecond), after, lost, firstRow.Round(time.Millisecond),
 		victim, downFor.Round(time.Millisecond), started.Round(time.Millisecond), afterKill, res.Status, res.FiveXX)
 
 	requireSameProcess(t, s.admits[0], admit, "admit (and its relay)")
@@ -177,6 +190,29 @@ func TestKafkaBelowMinISR(t *testing.T) {
 	b.requireExact(t, res.Requests)
 }
 
+// only keeps the partitions of leaders that are in keep.
+func only(leaders map[int][]int, keep []int) map[int][]int {
+	out := map[int][]int{}
+	for id, ps := range leaders {
+		for _, p := range ps {
+			if slices.Contains(keep, p) {
+				out[id] = append(out[id], p)
+			}
+		}
+	}
+	return out
+}
+
+// partitionsWithRows are the Kafka partitions the stack's rows were read from.
+func (s *stack) partitionsWithRows(ctx context.Context) []int {
+	s.t.Helper()
+	rows, err := s.db.Query(ctx, `select distinct kafka_partition from usage_events order by 1`)
+	require.NoError(s.t, err)
+	ps, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(s.t, err)
+	return ps
+}
+
 // mostLeader is the node leading the most partitions (the lowest id of a tie).
 func mostLeader(leaders map[int][]int) int {
 	best := 0
@@ -223,12 +259,16 @@ func (s *stack) rowsOf(ctx context.Context, ids []string) int {
 }
 
 // waitNewRow polls (up to within) until an event the load admitted that is not in old is a
-// row, and returns how long after from that was; 0 when none was.
-func (s *stack) waitNewRow(ctx context.Context, l *runningLoad, old map[string]bool, from time.Time, within time.Duration) time.Duration {
+// row read from one of partitions, and returns how long after from that was; 0 when none
+// was.
+func (s *stack) waitNewRow(ctx context.Context, l *runningLoad, old map[string]bool, partitions []int, from time.Time, within time.Duration) time.Duration {
 	s.t.Helper()
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
-		if s.rowsOf(ctx, subtract(l.admittedIDs(), old)) > 0 {
+		var n int
+		require.NoError(s.t, s.db.QueryRow(ctx, `select count(*) from usage_events where event_id = any($1) and kafka_partition = any($2)`,
+			subtract(l.admittedIDs(), old), partitions).Scan(&n))
+		if n > 0 {
 			return time.Since(from)
 		}
 		time.Sleep(50 * time.Millisecond)
