@@ -31,11 +31,11 @@ type BrokerCluster struct {
 	Addrs []string
 
 	tb    testing.TB
-	nodes map[int]*clusterNode // by node id
+	nodes map[int]*kafkaNode // by node id
 }
 
-// clusterNode is what the stack's files say of one node.
-type clusterNode struct {
+// kafkaNode is what the stack's files say of one node.
+type kafkaNode struct {
 	id       int
 	addr     string // PLAINTEXT listener
 	ctrlPort string // CONTROLLER listener's port
@@ -60,7 +60,7 @@ func KafkaCluster(tb testing.TB) *BrokerCluster {
 	if len(addrs) != 3 {
 		unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", fmt.Sprintf("%d addresses, want 3", len(addrs)))
 	}
-	nodes, err := findClusterNodes(addrs)
+	nodes, err := findKafkaNodes(addrs)
 	if err != nil {
 		unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", err.Error())
 	}
@@ -96,14 +96,14 @@ func lockFile(path string) (*os.File, error) {
 	return f, nil
 }
 
-// findClusterNodes finds the process of each address (a kafka.Kafka whose properties file
+// findKafkaNodes finds the process of each address (a kafka.Kafka whose properties file
 // names it as its listener) and, through its properties file, the node's id and files.
-func findClusterNodes(addrs []string) (map[int]*clusterNode, error) {
+func findKafkaNodes(addrs []string) (map[int]*kafkaNode, error) {
 	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
 	if err != nil {
 		return nil, err
 	}
-	byAddr := map[string]*clusterNode{}
+	byAddr := map[string]*kafkaNode{}
 	for _, p := range procs {
 		raw, err := os.ReadFile(p)
 		if err != nil || !strings.Contains(string(raw), "kafka.Kafka") {
@@ -117,7 +117,7 @@ func findClusterNodes(addrs []string) (map[int]*clusterNode, error) {
 		if err != nil {
 			continue
 		}
-		n := &clusterNode{dir: filepath.Dir(args[len(args)-1])}
+		n := &kafkaNode{dir: filepath.Dir(args[len(args)-1])}
 		n.id, _ = strconv.Atoi(props["node.id"])
 		for _, l := range strings.Split(props["listeners"], ",") {
 			name, hostPort, _ := strings.Cut(l, "://")
@@ -135,7 +135,7 @@ func findClusterNodes(addrs []string) (map[int]*clusterNode, error) {
 		}
 		byAddr[n.addr] = n
 	}
-	nodes := map[int]*clusterNode{}
+	nodes := map[int]*kafkaNode{}
 	for i, a := range addrs {
 		n, ok := byAddr[a]
 		if !ok {
@@ -170,7 +170,7 @@ func readProperties(path string) (map[string]string, error) {
 // Addr is the bootstrap address of node id (1-3).
 func (c *BrokerCluster) Addr(id int) string { return c.node(id).addr }
 
-func (c *BrokerCluster) node(id int) *clusterNode {
+func (c *BrokerCluster) node(id int) *kafkaNode {
 	c.tb.Helper()
 	n, ok := c.nodes[id]
 	if !ok {
@@ -241,7 +241,7 @@ func (c *BrokerCluster) Kill(id int) {
 	}
 }
 
-func (n *clusterNode) pid() (int, error) {
+func (n *kafkaNode) pid() (int, error) {
 	raw, err := os.ReadFile(filepath.Join(n.dir, "kafka.pid"))
 	if err != nil {
 		return 0, err
