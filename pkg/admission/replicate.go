@@ -21,14 +21,25 @@ var ErrNotReplicated = errors.New("redis: writes not acknowledged by enough repl
 // ErrNotReplicated unless that many replicas acknowledged what the script wrote: an answer
 // then never leaves before a replica that a failover would promote holds its event.
 func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string, args ...any) *redis.Cmd {
-	if a.opts.WaitReplicas <= 0 {
+	if _, cluster := a.rdb.(*redis.ClusterClient); a.opts.WaitReplicas <= 0 && !cluster {
 		return s.Run(ctx, a.rdb, keys, args...)
 	}
+	// On a Cluster the call goes to the master's own client, which does not retry (the
+	// cluster client retries a command whose connection died after it was sent, even with
+	// MaxRetries -1: a decision charged twice). A MOVED is then an error, and reloads the
+	// slot map for the next call.
 	c, cc, err := masterOf(ctx, a.rdb, keys[0])
 	if err != nil {
 		return redis.NewCmdResult(nil, err)
 	}
 	cluster := cc != nil
+	if a.opts.WaitReplicas <= 0 {
+		cmd := s.Run(ctx, c, keys, args...)
+		if err := cmd.Err(); cluster && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "CLUSTERDOWN")) {
+			cc.ReloadState(ctx)
+		}
+		return cmd
+	}
 	script, wait := a.runAndWait(ctx, c, s.EvalSha, keys, args)
 	if redis.HasErrorPrefix(script.Err(), "NOSCRIPT") { // not cached there yet (a promoted replica, a restart)
 		script, wait = a.runAndWait(ctx, c, s.Eval, keys, args)
