@@ -87,7 +87,7 @@ func TestWaitReplicasShortFails(t *testing.T) {
 	_, err = adm.Void(ctx, admission.Void{Request: r, Reason: "unavailable"})
 	require.ErrorIs(t, err, admission.ErrNotReplicated, "a void is not taken as done before a replica holds it")
 	require.NoError(t, <-done)
-	require.Equal(t, 2.0, counter(t, reg, "metergate_admit_not_replicated_total"))
+	require.Equal(t, 2.0, testenv.CounterValue(t, reg, "metergate_admit_not_replicated_total"))
 
 	// The replica is back (once it has worked through its backlog): the void goes through.
 	require.Eventually(t, func() bool {
@@ -110,17 +110,4 @@ func TestWaitReplicasOnCluster(t *testing.T) {
 		require.ErrorIs(t, err, admission.ErrNotReplicated, "org %s", org)
 		require.Contains(t, err.Error(), "0 of 1")
 	}
-}
-
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("metric %s not registered", name)
-	return 0
 }

@@ -539,22 +539,8 @@ func TestRelayForgetsIdleConsumers(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, n)
 		require.Equal(t, int64(1), consumers()["gone-holding"])
-		require.Equal(t, 1.0, counterValue(t, reg, "metergate_relay_consumers_forgotten_total"))
+		require.Equal(t, 1.0, testenv.CounterValue(t, reg, "metergate_relay_consumers_forgotten_total"))
 	})
-}
-
-// counterValue is the value of the unlabelled counter name in reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
 }
 
 // The relay trims its stream (XTRIM MINID) only below the oldest entry any relay of the
