@@ -74,26 +74,9 @@ func (s *stack) gateway(ctx context.Context, res *Results) error {
 		}
 	}
 
-	type round map[string]struct{ Load, Idle gatewaySample }
-	var rounds []round
-	samples := map[string]struct{ perS, cpu, p50 []float64 }{}
-	for range s.cfg.Rounds {
-		r := round{}
-		for _, p := range paths {
-			load, err := s.gatewaySample(ctx, node.Pid(), p, s.cfg.Clients)
-			if err != nil {
-				return fmt.Errorf("%s: %w", p.name, err)
-			}
-			idle, err := s.gatewaySample(ctx, node.Pid(), p, 1)
-			if err != nil {
-				return fmt.Errorf("%s idle: %w", p.name, err)
-			}
-			r[p.name] = struct{ Load, Idle gatewaySample }{load, idle}
-			v := samples[p.name]
-			v.perS, v.cpu, v.p50 = append(v.perS, load.PerS), append(v.cpu, load.CPUUS), append(v.p50, idle.P50MS)
-			samples[p.name] = v
-		}
-		rounds = append(rounds, r)
+	samples, rounds, err := s.pathRounds(ctx, paths, func(string) int { return node.Pid() })
+	if err != nil {
+		return err
 	}
 	res.Raw["gateway_rounds"] = rounds
 	base := samples[httpPath.name]
@@ -118,6 +101,40 @@ func (s *stack) gateway(ctx context.Context, res *Results) error {
 				p.name, spreadOf(v.p50).Median, spreadOf(base.p50).Median))
 	}
 	return nil
+}
+
+// pathRound is one round's samples of a path: under load, and idle.
+type pathRound struct{ Load, Idle gatewaySample }
+
+// pathSeries are a path's samples over the rounds: decisions/s and CPU per decision under
+// load, and the idle p50.
+type pathSeries struct{ perS, cpu, p50 []float64 }
+
+// pathRounds takes cfg.Rounds interleaved rounds of every path: cfg.Clients closed loops
+// for the throughput and CPU, then one client for the idle p50. pid names the process
+// whose CPU a path's decisions cost.
+func (s *stack) pathRounds(ctx context.Context, paths []gatewayPath, pid func(path string) int) (map[string]pathSeries, []map[string]pathRound, error) {
+	var rounds []map[string]pathRound
+	samples := map[string]pathSeries{}
+	for range s.cfg.Rounds {
+		r := map[string]pathRound{}
+		for _, p := range paths {
+			load, err := s.gatewaySample(ctx, pid(p.name), p, s.cfg.Clients)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", p.name, err)
+			}
+			idle, err := s.gatewaySample(ctx, pid(p.name), p, 1)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s idle: %w", p.name, err)
+			}
+			r[p.name] = pathRound{load, idle}
+			v := samples[p.name]
+			v.perS, v.cpu, v.p50 = append(v.perS, load.PerS), append(v.cpu, load.CPUUS), append(v.p50, idle.P50MS)
+			samples[p.name] = v
+		}
+		rounds = append(rounds, r)
+	}
+	return samples, rounds, nil
 }
 
 // startGatewayNode starts an admit serving gRPC too, under a key prefix of its own; it

@@ -59,25 +59,9 @@ func (s *stack) replicas(ctx context.Context, res *Results) error {
 		pids[n.name] = p.Pid()
 	}
 
-	samples := map[string]struct{ perS, cpu, p50 []float64 }{}
-	var rounds []map[string]struct{ Load, Idle gatewaySample }
-	for range s.cfg.Rounds {
-		r := map[string]struct{ Load, Idle gatewaySample }{}
-		for _, p := range paths {
-			load, err := s.gatewaySample(ctx, pids[p.name], p, s.cfg.Clients)
-			if err != nil {
-				return fmt.Errorf("%s: %w", p.name, err)
-			}
-			idle, err := s.gatewaySample(ctx, pids[p.name], p, 1)
-			if err != nil {
-				return fmt.Errorf("%s idle: %w", p.name, err)
-			}
-			r[p.name] = struct{ Load, Idle gatewaySample }{load, idle}
-			v := samples[p.name]
-			v.perS, v.cpu, v.p50 = append(v.perS, load.PerS), append(v.cpu, load.CPUUS), append(v.p50, idle.P50MS)
-			samples[p.name] = v
-		}
-		rounds = append(rounds, r)
+	samples, rounds, err := s.pathRounds(ctx, paths, func(path string) int { return pids[path] })
+	if err != nil {
+		return err
 	}
 	res.Raw["replicas_rounds"] = rounds
 	base, wait := samples["async"], samples["wait1"]
