@@ -32,12 +32,9 @@ func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string
 	if err != nil {
 		return redis.NewCmdResult(nil, err)
 	}
-	cluster := cc != nil
 	if a.opts.WaitReplicas <= 0 {
 		cmd := s.Run(ctx, c, keys, args...)
-		if err := cmd.Err(); cluster && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "CLUSTERDOWN")) {
-			cc.ReloadState(ctx)
-		}
+		reloadIfMoved(ctx, cc, cmd.Err())
 		return cmd
 	}
 	script, wait := a.runAndWait(ctx, c, s.EvalSha, keys, args)
@@ -45,19 +42,12 @@ func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string
 		script, wait = a.runAndWait(ctx, c, s.Eval, keys, args)
 	}
 	if err := script.Err(); err != nil {
-		if cluster && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "CLUSTERDOWN")) {
-			cc.ReloadState(ctx) // the slot moved (a failover): the next call finds its new master
-		}
+		reloadIfMoved(ctx, cc, err)
 		return redis.NewCmdResult(nil, err)
 	}
-	n, err := wait.Int64()
-	if err != nil {
+	if err := replicated(wait, a.opts.WaitReplicas, a.opts.WaitTimeout); err != nil {
 		a.metrics.notReplicated.Inc()
-		return redis.NewCmdResult(nil, fmt.Errorf("%w: %w", ErrNotReplicated, err))
-	}
-	if n < int64(a.opts.WaitReplicas) {
-		a.metrics.notReplicated.Inc()
-		return redis.NewCmdResult(nil, fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, n, a.opts.WaitReplicas, a.opts.WaitTimeout))
+		return redis.NewCmdResult(nil, err)
 	}
 	return script
 }
@@ -80,11 +70,15 @@ func WaitReplicated(ctx context.Context, rdb redis.UniversalClient, key string, 
 		return nil
 	})
 	if err := fence.Err(); err != nil {
-		if cc != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "CLUSTERDOWN")) {
-			cc.ReloadState(ctx)
-		}
+		reloadIfMoved(ctx, cc, err)
 		return err
 	}
+	return replicated(wait, n, timeout)
+}
+
+// replicated reads WAIT's reply: ErrNotReplicated unless n replicas acknowledged within
+// timeout.
+func replicated(wait *redis.Cmd, n int, timeout time.Duration) error {
 	got, err := wait.Int64()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrNotReplicated, err)
@@ -93,6 +87,14 @@ func WaitReplicated(ctx context.Context, rdb redis.UniversalClient, key string, 
 		return fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, got, n, timeout)
 	}
 	return nil
+}
+
+// reloadIfMoved reloads a Cluster's slot map (cc; nil off a Cluster) when err says the
+// slot is no longer where the call went (a failover): the next call finds its new master.
+func reloadIfMoved(ctx context.Context, cc *redis.ClusterClient, err error) {
+	if cc != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "CLUSTERDOWN")) {
+		cc.ReloadState(ctx)
+	}
 }
 
 // masterOf returns what sends commands to the primary holding key: rdb itself, or on a
