@@ -80,12 +80,7 @@ func runSentinelFailover(t *testing.T, sentinel testenv.Sentinel, broker *testen
 	replicas, err := sentinel.Replicas(ctx)
 	require.NoError(t, err)
 	for _, replica := range replicas { // in sync (after an earlier run's restart too)
-		rc := redis.NewClient(&redis.Options{Addr: replica})
-		require.Eventually(t, func() bool {
-			info, err := rc.Info(ctx, "replication").Result()
-			return err == nil && strings.Contains(info, "master_link_status:up") && !strings.Contains(info, "master_sync_in_progress:1")
-		}, time.Minute, 20*time.Millisecond, "replica %s in sync", replica)
-		_ = rc.Close()
+		require.NoError(t, testenv.WaitReplicaInSync(testenv.Context(t, time.Minute), replica))
 	}
 	admitEnv := []string{}
 	if wait {

@@ -453,13 +453,8 @@ func (c *Cluster) rejoined(ctx context.Context, addr string, slots [][2]int) err
 	if len(slots) > 0 && !byID[self.master].serves(slots[0][0]) {
 		return fmt.Errorf("%s: replica of %s, which does not serve slot %d", addr, byID[self.master].addr, slots[0][0])
 	}
-	repl, err := info(ctx, addr, "replication")
-	if err != nil {
+	if err := ReplicaInSync(ctx, addr); err != nil {
 		return err
-	}
-	if infoField(repl, "master_link_status") != "up" || infoField(repl, "master_sync_in_progress") != "0" {
-		return fmt.Errorf("%s: replication link %s, sync in progress %s", addr,
-			infoField(repl, "master_link_status"), infoField(repl, "master_sync_in_progress"))
 	}
 	for _, a := range c.live() {
 		if err := clusterOK(ctx, a); err != nil {

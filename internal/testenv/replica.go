@@ -1,8 +1,9 @@
 package testenv
 
 import (
+	"context"
+	"fmt"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -24,16 +25,36 @@ func StartRedisReplicated(tb testing.TB) (primary, replica *RedisServer) {
 	if err := c.Do(ctx, "REPLICAOF", host, port).Err(); err != nil {
 		tb.Fatalf("REPLICAOF %s: %v", primary.Addr(), err)
 	}
+	if err := WaitReplicaInSync(ctx, replica.Addr()); err != nil {
+		tb.Fatalf("replica of %s: %v", primary.Addr(), err)
+	}
+	return primary, replica
+}
+
+// ReplicaInSync reports what keeps the Redis at addr from being a replica in sync with its
+// primary: a replication link not up, or a sync in progress.
+func ReplicaInSync(ctx context.Context, addr string) error {
+	repl, err := info(ctx, addr, "replication")
+	if err != nil {
+		return err
+	}
+	if infoField(repl, "master_link_status") != "up" || infoField(repl, "master_sync_in_progress") != "0" {
+		return fmt.Errorf("%s: replication link %s, sync in progress %s", addr,
+			infoField(repl, "master_link_status"), infoField(repl, "master_sync_in_progress"))
+	}
+	return nil
+}
+
+// WaitReplicaInSync polls ReplicaInSync until it passes or ctx ends.
+func WaitReplicaInSync(ctx context.Context, addr string) error {
 	for {
-		info, err := c.Info(ctx, "replication").Result()
-		if err == nil && strings.Contains(info, "master_link_status:up") {
-			return primary, replica
-		}
-		if ctx.Err() != nil {
-			tb.Fatalf("replica %s not in sync with %s within a minute: %v", replica.Addr(), primary.Addr(), err)
+		err := ReplicaInSync(ctx, addr)
+		if err == nil {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
+			return fmt.Errorf("not in sync: %w", err)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
