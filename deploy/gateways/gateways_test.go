@@ -6,22 +6,18 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/deploy/gateways"
+	"github.com/metergate/metergate/internal/gatewaytest"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/api"
@@ -128,143 +124,6 @@ func (a *admit) usedRequests(t *testing.T, account string) int {
 	return u.Units["requests"].Used
 }
 
-// upstream is the app behind the gateway: it records the event id of every request that
-// reaches it.
-type upstream struct {
-	addr   string
-	mu     sync.Mutex
-	events []string
-	header http.Header // of the last request
-}
-
-func startUpstream(t *testing.T) *upstream {
-	t.Helper()
-	u := &upstream{}
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.mu.Lock()
-		u.events = append(u.events, r.Header.Get(api.EventIDHeader))
-		u.header = r.Header.Clone()
-		u.mu.Unlock()
-		_, _ = io.WriteString(w, "hello from the app\n")
-	}))
-	t.Cleanup(hs.Close)
-	u.addr = hs.Listener.Addr().String()
-	return u
-}
-
-func (u *upstream) seen() ([]string, http.Header) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return append([]string(nil), u.events...), u.header
-}
-
-// binary finds a gateway's program on PATH (or in /usr/sbin, nginx's home): missing, the
-// test skips, or fails under METERGATE_REQUIRE_SERVICES=1 (make test, CI).
-func binary(t *testing.T, name string) string {
-	t.Helper()
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	if p := filepath.Join("/usr/sbin", name); isExec(p) {
-		return p
-	}
-	msg := name + " is not installed: run `make up` (deploy/local/stack.sh installs nginx and caddy) or apt-get install " + name
-	if testenv.RequireServices() {
-		t.Fatalf("METERGATE_REQUIRE_SERVICES=1: %s", msg)
-	}
-	t.Skip(msg)
-	return ""
-}
-
-func isExec(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
-}
-
-// shipped reads a configuration of this directory as shipped.
-func shipped(t *testing.T, name string) string {
-	t.Helper()
-	raw, err := gateways.Files.ReadFile(name)
-	require.NoError(t, err)
-	return string(raw)
-}
-
-// startNginx runs nginx with conf (nginx.conf rendered) in a directory of its own.
-func startNginx(t *testing.T, conf string) {
-	t.Helper()
-	bin := binary(t, "nginx")
-	dir := t.TempDir()
-	path := filepath.Join(dir, "nginx.conf")
-	require.NoError(t, os.WriteFile(path, []byte(conf), 0o600))
-	global := "daemon off;"
-	if os.Geteuid() == 0 {
-		global += " user root;" // the workers read the test's private directory
-	}
-	run(t, bin, nil, "-p", dir, "-c", path, "-g", global)
-	t.Cleanup(func() {
-		if t.Failed() {
-			if raw, err := os.ReadFile(filepath.Join(dir, "error.log")); err == nil {
-				t.Logf("nginx error.log:\n%s", raw)
-			}
-		}
-	})
-}
-
-// startCaddy runs Caddy with the shipped Caddyfile, its {$...} values from env.
-func startCaddy(t *testing.T, env []string) {
-	t.Helper()
-	bin := binary(t, "caddy")
-	dir := t.TempDir()
-	env = append(env, "CADDY_STORAGE="+filepath.Join(dir, "storage"), "HOME="+dir,
-		"XDG_CONFIG_HOME="+filepath.Join(dir, "config"), "XDG_DATA_HOME="+filepath.Join(dir, "data"))
-	run(t, bin, env, "run", "--config", "Caddyfile", "--adapter", "caddyfile")
-}
-
-// run starts a gateway in a process group of its own, its output in a file (nginx's
-// workers outlive a killed master and would hold a pipe open), and stops it when the test
-// ends: SIGTERM, then SIGKILL to the group after 10 s.
-func run(t *testing.T, bin string, env []string, args ...string) {
-	t.Helper()
-	out, err := os.CreateTemp(t.TempDir(), filepath.Base(bin)+"-*.log")
-	require.NoError(t, err)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	require.NoError(t, cmd.Start())
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }() // the exit status of a stopped gateway says nothing
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
-		_ = out.Close()
-		if t.Failed() {
-			raw, _ := os.ReadFile(out.Name())
-			t.Logf("output of %s %v:\n%s", filepath.Base(bin), args, raw)
-		}
-	})
-}
-
-// waitServing polls the gateway until it answers (anything: a 401 for no key is fine).
-func waitServing(t *testing.T, url string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			_ = resp.Body.Close()
-			return
-		}
-		require.True(t, time.Now().Before(deadline), "the gateway never answered at %s: %v", url, err)
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 type answer struct {
 	status int
 	header http.Header
@@ -293,33 +152,21 @@ func send(t *testing.T, method, url string, h map[string]string) answer {
 type gateway struct {
 	url string
 	adm *admit
-	app *upstream
+	app *gatewaytest.Upstream
 }
 
 func nginx(t *testing.T) gateway {
 	t.Helper()
-	adm, app := startAdmit(t), startUpstream(t)
-	_, port, err := net.SplitHostPort(testenv.FreeAddr(t))
-	require.NoError(t, err)
-	conf := gateways.Render(shipped(t, "nginx.conf"), map[string]string{"METERGATE_LISTEN": port, "ADMIT_ADDR": adm.addr,
-		"UPSTREAM_ADDR": app.addr, "ADMIT_SERVICE_TOKEN": serviceToken})
-	require.NotRegexp(t, `\$\{[A-Z_]+\}`, conf, "every value of the template is rendered")
-	startNginx(t, conf)
-	g := gateway{url: "http://127.0.0.1:" + port, adm: adm, app: app}
-	waitServing(t, g.url)
-	return g
+	adm, app := startAdmit(t), gatewaytest.StartUpstream(t)
+	url := gatewaytest.Nginx(t, gatewaytest.Target{AdmitAddr: adm.addr, ServiceToken: serviceToken, UpstreamAddr: app.Addr})
+	return gateway{url: url, adm: adm, app: app}
 }
 
 func caddy(t *testing.T) gateway {
 	t.Helper()
-	adm, app := startAdmit(t), startUpstream(t)
-	_, port, err := net.SplitHostPort(testenv.FreeAddr(t))
-	require.NoError(t, err)
-	startCaddy(t, []string{"METERGATE_LISTEN=" + port, "ADMIT_ADDR=" + adm.addr, "UPSTREAM_ADDR=" + app.addr,
-		"ADMIT_SERVICE_TOKEN=" + serviceToken})
-	g := gateway{url: "http://127.0.0.1:" + port, adm: adm, app: app}
-	waitServing(t, g.url)
-	return g
+	adm, app := startAdmit(t), gatewaytest.StartUpstream(t)
+	url := gatewaytest.Caddy(t, gatewaytest.Target{AdmitAddr: adm.addr, ServiceToken: serviceToken, UpstreamAddr: app.Addr})
+	return gateway{url: url, adm: adm, app: app}
 }
 
 // The shipped nginx.conf and Caddyfile, run by the real servers in front of an app with a
@@ -341,7 +188,7 @@ func TestGateways(t *testing.T) {
 
 func freeBurst(t *testing.T, g gateway) {
 	account, key := g.adm.account(t, "free", map[string]any{"plan": "free"})
-	before, _ := g.app.seen()
+	before, _ := g.app.Seen()
 
 	var mu sync.Mutex
 	var answers []answer
@@ -368,7 +215,7 @@ func freeBurst(t *testing.T, g gateway) {
 		counts[a.status]++
 		switch a.status {
 		case http.StatusOK:
-			require.Equal(t, "hello from the app\n", a.body)
+			require.Equal(t, gatewaytest.Reply, a.body)
 			require.Regexp(t, `^"`+account+`-requests";r=\d+;t=\d+`, a.header.Get("RateLimit"), "the client sees the limits")
 			require.NotEmpty(t, a.header.Get("RateLimit-Policy"))
 		case http.StatusTooManyRequests:
@@ -387,7 +234,7 @@ func freeBurst(t *testing.T, g gateway) {
 	require.LessOrEqual(t, counts[200], 22, "%v", counts)
 	require.Equal(t, 30, counts[200]+counts[429], "%v", counts)
 
-	after, header := g.app.seen()
+	after, header := g.app.Seen()
 	events := after[len(before):]
 	require.Len(t, events, counts[200], "the app got exactly the passed requests")
 	distinct := map[string]bool{}
@@ -407,20 +254,20 @@ func spentQuota(t *testing.T, g gateway) {
 		a := send(t, "GET", g.url+"/", map[string]string{"X-Api-Key": key})
 		require.Equal(t, http.StatusOK, a.status, a.body)
 	}
-	before, _ := g.app.seen()
+	before, _ := g.app.Seen()
 	a := send(t, "GET", g.url+"/", map[string]string{"X-Api-Key": key})
 	require.Equal(t, http.StatusPaymentRequired, a.status, a.body)
 	require.Equal(t, "application/json", a.header.Get("Content-Type"))
 	require.Equal(t, "quota_exceeded", a.json["decision"], a.body)
 	require.Equal(t, map[string]any{"account": account, "level": "org", "unit": "requests"}, a.json["blocked_by"], a.body)
 	require.Contains(t, a.header.Get("RateLimit"), `"`+account+`-requests-quota";r=0`)
-	after, _ := g.app.seen()
+	after, _ := g.app.Seen()
 	require.Len(t, after, len(before), "a refused request never reaches the app")
 	require.Equal(t, 2, g.adm.usedRequests(t, account))
 }
 
 func unknownKey(t *testing.T, g gateway) {
-	before, _ := g.app.seen()
+	before, _ := g.app.Seen()
 	a := send(t, "GET", g.url+"/", map[string]string{"X-Api-Key": "mgk_nobody"})
 	require.Equal(t, http.StatusUnauthorized, a.status, a.body)
 	require.Equal(t, "application/json", a.header.Get("Content-Type"))
@@ -434,6 +281,12 @@ func unknownKey(t *testing.T, g gateway) {
 	require.Equal(t, http.StatusBadRequest, a.status, a.body)
 	require.Equal(t, "invalid_units", a.json["error"].(map[string]any)["code"], a.body)
 
-	after, _ := g.app.seen()
+	after, _ := g.app.Seen()
 	require.Len(t, after, len(before), "a refused request never reaches the app")
+}
+
+// shipped reads a configuration of this directory as shipped.
+func shipped(t *testing.T, name string) string {
+	t.Helper()
+	return gatewaytest.Shipped(t, name)
 }
