@@ -43,12 +43,17 @@
 --   time, see pkg/admission/event.go), prio (the request's priority, 0-100), n_tier (0,
 --   or n_bucket when a level has a ceiling: a tier record follows each bucket record),
 --   n_wait (1 when a wait record follows the limits), n_credit (the credit records),
---   n_alert (the alert records), shadow (1: shadow mode, see "Shadow" below)
+--   n_alert (the alert records), shadow (1: shadow mode, see "Shadow" below), replay (1: a
+--   replay is answered with the first decision and becomes one more attempt of it; 0: a
+--   replay is refused, REPLAY_REFUSED, and nothing is written: a gateway would serve it
+--   again, unbilled)
 --   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
 --   ids of the requests that were answered with this decision (the first and each replay)
 --   and not voided since (void.lua). A record without "\n" has one attempt, its own. An
 --   event id written "~<uuid>" is "<uuid><id_tail>" (records are scoped by account, so
---   by org: the tail is the reader's too).
+--   by org: the tail is the reader's too). A record holds at most MAX_ATTEMPTS attempts: a
+--   replay past them is refused (IDEMPOTENCY_EXHAUSTED), so a record's size and the time to
+--   rewrite it stay bounded however often a key is replayed.
 --   per token bucket:    field; inc = amount × emission interval, µs; win = burst ×
 --                        emission interval, µs (Go derives both from the policy). The
 --                        bucket is the level's spare: its limit less what it reserves
@@ -125,6 +130,8 @@
 --   OVER_QUOTA:         a = index of the blocking quota, b = its period label
 --   INSUFFICIENT_BALANCE: a = index of the credit record, b = the balance it had
 --   IDEMPOTENCY_REUSED: the idempotency key was used before with other units
+--   REPLAY_REFUSED:     a replay where replay is 0; a = the first decision's event id
+--   IDEMPOTENCY_EXHAUSTED: a replay of a record that holds MAX_ATTEMPTS attempts
 -- state, integers: per bucket µs until it is full, per window {remaining, ms until clear},
 -- per quota {used}, per credit {balance, -1 when not read}; after the charge when allowed,
 -- as found when denied. Go derives the
@@ -138,9 +145,17 @@
 -- layout: reply
 local CLOCK_OFF, DECIDED = 0, 1
 local ALLOWED, RATE_LIMITED, OVER_QUOTA, IDEMPOTENCY_REUSED, INSUFFICIENT_BALANCE = 1, 2, 3, 4, 5
+local REPLAY_REFUSED, IDEMPOTENCY_EXHAUSTED = 6, 7
+
+-- MAX_ATTEMPTS bounds the attempts an idempotency record holds (see above).
+local MAX_ATTEMPTS = 16
+-- MAX_COUNTER is the largest value a quota counter may take, capped or not: 2^53 - 1, the
+-- largest integer a Lua number holds exactly. A request that would take a counter past it
+-- is refused (OVER_QUOTA), in shadow mode too, so that counters stay exact integers.
+local MAX_COUNTER = 9007199254740991
 
 local A, K, call, tonumber, unpack, fmt, match, sub = ARGV, KEYS, redis.call, tonumber, unpack, string.format, string.match, string.sub
-local floor, ceil, pairs, gmatch = math.floor, math.ceil, pairs, string.gmatch
+local floor, ceil, pairs, gmatch, gsub = math.floor, math.ceil, pairs, string.gmatch, string.gsub
 
 local time = call('TIME')
 local sec, usec = time[1], time[2]
@@ -283,8 +298,8 @@ local out = {DECIDED, tonumber(sec), tonumber(usec)}
 for dn = 1, tonumber(decisions) do
   -- layout: decision
   local event_id, idem, legacy, legacy_fp, fingerprint, id_tail, n_bucket, n_window, n_quota, n_conc,
-    ev, prio, n_tier, n_wait, n_credit, n_alert, shadow = unpack(A, a, a + 16)
-  a = a + 17
+    ev, prio, n_tier, n_wait, n_credit, n_alert, shadow, replay = unpack(A, a, a + 17)
+  a = a + 18
   n_bucket, n_window, n_quota, n_conc = tonumber(n_bucket), tonumber(n_window), tonumber(n_quota), tonumber(n_conc)
   n_tier, n_credit, n_alert = tonumber(n_tier), tonumber(n_credit), tonumber(n_alert)
   local hash = K[1 + dn]
@@ -392,10 +407,17 @@ for dn = 1, tonumber(decisions) do
       if call('EXISTS', tag .. 'v:' .. id) == 1 then
         rec = false
       elseif fp == (where and fingerprint or legacy_fp) then
-        code, ra, rb, replayed = ALLOWED, id, p, 1
         if attempts == '' then attempts = id end
-        rec = head .. '\n' .. attempts .. ' ' .. event_id
-        if where then call('HSET', where, idem, rec) else call('SET', legacy, rec, 'KEEPTTL') end
+        local _, held = gsub(attempts, '%S+', '')
+        if replay ~= '1' then
+          code, ra = REPLAY_REFUSED, id
+        elseif held >= MAX_ATTEMPTS then
+          code = IDEMPOTENCY_EXHAUSTED
+        else
+          code, ra, rb, replayed = ALLOWED, id, p, 1
+          rec = head .. '\n' .. attempts .. ' ' .. event_id
+          if where then call('HSET', where, idem, rec) else call('SET', legacy, rec, 'KEEPTTL') end
+        end
       else
         code = IDEMPOTENCY_REUSED
       end
@@ -406,6 +428,7 @@ for dn = 1, tonumber(decisions) do
   -- longest wait wins), then quotas (402, the highest level wins).
   local mine -- this request's score in its queue, if it is in one
   local queued, behind = '', false -- behind: refused for a waiter ahead
+  local full = false -- a quota counter would pass MAX_COUNTER: refused in shadow mode too
   if code == 0 then
     local worst, worst_retry = 0, 0
     local reserved = false -- the traffic arriving at bucket i is a child's guarantee
@@ -508,6 +531,12 @@ for dn = 1, tonumber(decisions) do
         end
       end
     end
+    for i = 1, n_quota do
+      if used[qk[i]] + qa[i] > MAX_COUNTER then
+        code, ra, rb, full = OVER_QUOTA, i, qd[i] and day or period, true
+        break
+      end
+    end
     if code == 0 then
       for i = 1, n_credit do
         local bal, draws = draw(gk[i], gt[i], ga[i])
@@ -522,7 +551,7 @@ for dn = 1, tonumber(decisions) do
 
   -- Shadow: a refusal is reported and the request admitted (see "Shadow" above).
   local shadowed, refusal, rate = '', '', true -- rate: the rate limits are charged
-  if shadow == '1' and (code == RATE_LIMITED or code == OVER_QUOTA or code == INSUFFICIENT_BALANCE) then
+  if shadow == '1' and not full and (code == RATE_LIMITED or code == OVER_QUOTA or code == INSUFFICIENT_BALANCE) then
     shadowed = code .. ' ' .. ra .. ' ' .. rb
     refusal = code == RATE_LIMITED and 'rate_limited' or code == OVER_QUOTA and 'quota_exceeded' or 'insufficient_balance'
     code, rate, behind = 0, false, false
@@ -683,7 +712,7 @@ for dn = 1, tonumber(decisions) do
   end
 
   local d, n = {code, ra, rb, replayed, queued, shadowed}, 6
-  if code ~= IDEMPOTENCY_REUSED then
+  if code ~= IDEMPOTENCY_REUSED and code ~= REPLAY_REFUSED and code ~= IDEMPOTENCY_EXHAUSTED then
     for i = 1, n_bucket do
       local tat = s[bf[i]] or 0
       n = n + 1

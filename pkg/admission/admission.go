@@ -33,6 +33,10 @@ type Request struct {
 	// capacity and is billed (docs/admission.md, "Shadow mode"). A shadow request does not
 	// wait.
 	Shadow bool
+	// RefuseReplay refuses a replay of the idempotency key (a *ReplayError) instead of
+	// answering it with the first decision: a gateway would serve the request again, and a
+	// replay charges nothing. A refused replay is not an attempt of the decision.
+	RefuseReplay bool
 }
 
 // Result is the outcome of a decision.
@@ -109,6 +113,22 @@ type Shadow struct {
 // ErrIdempotencyKeyReused is returned when an idempotency key comes back with other units
 // or another tool.
 var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different units")
+
+// ErrIdempotencyKeyExhausted is returned for a replay of a key whose decision was answered
+// MaxAttempts times already: its record holds no more (a record's size is bounded).
+var ErrIdempotencyKeyExhausted = errors.New("idempotency key replayed too often")
+
+// MaxAttempts is how many requests may be answered with one idempotency key's decision: the
+// first and its replays (lua/admit.lua, MAX_ATTEMPTS).
+const MaxAttempts = 16
+
+// ReplayError is returned for a replay of an idempotency key by a request that refuses
+// replays (Request.RefuseReplay): EventID is the first decision's event.
+type ReplayError struct{ EventID string }
+
+func (e *ReplayError) Error() string {
+	return "idempotency key replayed: the request was admitted before as " + e.EventID
+}
 
 // ErrNotSent wraps a script call's error when the call certainly never reached Redis (no
 // connection could be had): nothing was decided, so there is nothing to void.

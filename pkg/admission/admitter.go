@@ -318,6 +318,8 @@ const (
 	codeOverQuota         = 3 // OVER_QUOTA: a = blocking quota, b = its period
 	codeIdempotencyReused = 4 // IDEMPOTENCY_REUSED
 	codeInsufficient      = 5 // INSUFFICIENT_BALANCE: a = the credit record, b = its balance
+	codeReplayRefused     = 6 // REPLAY_REFUSED: a = the first decision's event id
+	codeExhausted         = 7 // IDEMPOTENCY_EXHAUSTED
 
 	replyHeaderLen    = 3 // status, sec, usec
 	decisionHeaderLen = 6 // code, a, b, replayed, queued, shadowed; the limits' state follows
@@ -328,6 +330,7 @@ var replyCodes = map[string]int64{
 	"CLOCK_OFF": statusClockOff, "DECIDED": statusDecided,
 	"ALLOWED": codeAllowed, "RATE_LIMITED": codeRateLimited, "OVER_QUOTA": codeOverQuota,
 	"IDEMPOTENCY_REUSED": codeIdempotencyReused, "INSUFFICIENT_BALANCE": codeInsufficient,
+	"REPLAY_REFUSED": codeReplayRefused, "IDEMPOTENCY_EXHAUSTED": codeExhausted,
 }
 
 func replyHeader(raw []any) (ok bool, now time.Time, err error) {
@@ -353,7 +356,7 @@ func (r Request) validate() error {
 		return errors.New("decide: idempotency key with white space")
 	}
 	for u, v := range r.Units {
-		if !u.Valid() || v < 0 {
+		if !u.Valid() || v < 0 || v > policy.MaxAmount {
 			return fmt.Errorf("decide: bad units %s=%d", u, v)
 		}
 	}
@@ -453,6 +456,7 @@ const (
 	decCredits
 	decAlerts
 	decShadow // "1": shadow mode (Request.Shadow)
+	decReplay // "1": a replay is answered; "0": refused (Request.RefuseReplay)
 	decisionLen
 )
 
@@ -531,7 +535,7 @@ var argNames = map[string][]string{
 	"decision": (&[decisionLen]string{
 		decEventID: "event_id", decIdem: "idem", decLegacy: "legacy", decLegacyFP: "legacy_fp",
 		decFingerprint: "fingerprint", decIDTail: "id_tail", decBuckets: "n_bucket", decWindows: "n_window", decQuotas: "n_quota", decConcs: "n_conc", decEvent: "ev",
-		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait", decCredits: "n_credit", decAlerts: "n_alert", decShadow: "shadow",
+		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait", decCredits: "n_credit", decAlerts: "n_alert", decShadow: "shadow", decReplay: "replay",
 	})[:],
 	"credit": (&[creditLen]string{creditGrants: "gkey", creditTerms: "tkey", creditAmount: "amount", creditLabel: "label"})[:],
 	"alert":  (&[alertLen]string{alertRef: "ref", alertNext: "next", alertList: "list", alertLabel: "label"})[:],
@@ -665,9 +669,12 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting, per p
 		d[decWait] = "1"
 	}
 	d[decCredits], d[decAlerts] = strconv.Itoa(len(p.credits)), strconv.Itoa(len(p.alerts))
-	d[decShadow] = "0"
+	d[decShadow], d[decReplay] = "0", "1"
 	if r.Shadow {
 		d[decShadow] = "1"
+	}
+	if r.RefuseReplay {
+		d[decReplay] = "0"
 	}
 	e.args = append(e.args, d[:]...)
 	for _, c := range p.rates[:p.buckets] {
@@ -1076,6 +1083,11 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		}
 	case codeIdempotencyReused:
 		return Decision{}, ErrIdempotencyKeyReused
+	case codeReplayRefused:
+		id, _ := d[1].(string)
+		return Decision{}, &ReplayError{EventID: id}
+	case codeExhausted:
+		return Decision{}, ErrIdempotencyKeyExhausted
 	default:
 		if err := p.refusal(&out, code, d[1], d[2], now); err != nil {
 			return Decision{}, err

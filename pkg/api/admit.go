@@ -1,19 +1,15 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
 	"strconv"
 	"time"
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/estimate"
-	"github.com/metergate/metergate/pkg/event"
-	"github.com/metergate/metergate/pkg/period"
-	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/pkg/gate"
 )
 
 type admitReply struct {
@@ -52,91 +48,56 @@ type balanceReply struct {
 }
 
 func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
+	if !s.estimating(w, r) {
+		return
+	}
 	in, e := parseAdmit(r.Body, s.cfg.Tools, s.cfg.Estimate)
+	s.estimated(r)
 	var wait time.Duration
 	if e == nil {
 		wait, e = maxWait(in.MaxWaitMS, s.cfg.MaxWait)
 	}
 	if e != nil {
-		s.metrics.rejected(e.Code)
+		s.gate.Rejected(e.Code)
 		writeError(w, e)
 		return
 	}
-	s.decide(r.Context(), w, in, wait, start)
+	a, err := s.gate.Admit(r.Context(), in.gate(gate.Service, wait))
+	if err != nil {
+		writeRefusal(w, err)
+		return
+	}
+	status, reply := s.reply(w.Header(), a, in.Estimated, false)
+	writeJSON(w, status, reply)
 }
 
-// decide takes the decision of a validated request and answers it on w: the reply of POST
-// /v1/admit (200, 429, 402, 401, 403, 422, 503) with its RateLimit fields and Retry-After.
-// Every front door answers through it (POST /v1/admit, the forward-auth check, Envoy's
-// rate-limit service), so they take the same decision with the same headers and the same
-// fail policy; they translate the reply. ctx is the caller's: when it is gone before the
-// answer, the decision is voided and decide panics with http.ErrAbortHandler.
-func (s *Server) decide(ctx context.Context, w http.ResponseWriter, in admitInput, wait time.Duration, start time.Time) {
-	var (
-		pol   policy.Resolved
-		keyID string
-		err   error
-	)
-	if in.APIKey != "" {
-		var key policy.APIKey
-		key, pol, err = s.cfg.Policies.Authenticate(in.APIKey)
-		keyID = key.ID
-		switch {
-		case errors.Is(err, policy.ErrRevoked):
-			s.metrics.rejected("revoked_api_key")
-			writeError(w, &Error{Status: 403, Code: "revoked_api_key", Message: "the API key was revoked"})
-			return
-		case err != nil:
-			s.metrics.rejected("unknown_api_key")
-			writeError(w, &Error{Status: 401, Code: "unknown_api_key", Message: "the API key is not known"})
-			return
-		}
-	} else if pol, err = s.cfg.Policies.Resolve(in.Account); err != nil {
-		s.metrics.rejected("unknown_account")
-		writeError(w, &Error{Status: 401, Code: "unknown_account", Message: fmt.Sprintf("account %q does not exist", in.Account)})
-		return
-	}
+// gate is the input of the gate's decision, from door.
+func (in admitInput) gate(door gate.Door, wait time.Duration) gate.Input {
+	return gate.Input{APIKey: in.APIKey, Account: in.Account, IdempotencyKey: in.IdempotencyKey, Units: in.Units,
+		Tool: in.Tool, MaxWait: wait, Door: door}
+}
 
-	req := admission.Request{
-		EventID:        s.cfg.Decider.NewEventID(pol.Org),
-		IdempotencyKey: in.IdempotencyKey,
-		Units:          in.Units,
-		Policy:         pol,
-		APIKeyID:       keyID,
-		Tool:           in.Tool,
-		Source:         s.cfg.Source,
-		MaxWait:        wait,
-		Shadow:         s.cfg.Shadow || pol.Shadow,
+// reply renders a decision as POST /v1/admit answers it (200, 429, 402): its status, its
+// body, and its RateLimit fields and Retry-After in h. Every door renders it: the check and
+// the rate-limit service pass it on to the end client, with own set (an end client sees its
+// own account's id only, the others by their kind; Config.RevealAccounts).
+func (s *Server) reply(h http.Header, a gate.Answer, est *estimate.Estimate, own bool) (int, admitReply) {
+	if own && !s.cfg.RevealAccounts {
+		a = a.Redacted()
 	}
-	decideStart := time.Now()
-	d, err := s.cfg.Decider.Decide(ctx, req)
-	if ctx.Err() != nil {
-		// The caller hung up: nobody will be told, so nothing may be billed. Not a Redis
-		// outage, whatever Decide returned. A waiting request that left its queue was not
-		// charged, but its last script call may have admitted it as the caller went: it is
-		// voided all the same (a void of nothing bills nothing).
-		s.callerGone(req, d, err)
-	}
-	switch {
-	case errors.Is(err, admission.ErrIdempotencyKeyReused):
-		s.metrics.rejected("idempotency_key_reused")
-		writeError(w, &Error{Status: 422, Code: "idempotency_key_reused", Message: "this idempotency key was used with different units or another tool"})
-		return
-	case err != nil:
-		s.redisDown(ctx, w, req, in.Estimated, err)
-		return
-	}
-	s.metrics.decided(d, pol, time.Since(start), wait > 0)
-	setRateLimitHeaders(w.Header(), d.Limits)
-	reply := admitReply{Decision: d.Result, Account: pol.Account(), Org: pol.Org, Estimated: in.Estimated}
-	if wait > 0 {
-		waited := time.Since(decideStart).Milliseconds()
+	d, pol := a.Decision, a.Policy
+	setRateLimitHeaders(h, d.Limits)
+	reply := admitReply{Decision: d.Result, Account: pol.Account(), Org: pol.Org, Estimated: est, FailOpen: a.FailOpen}
+	if a.Waited > 0 {
+		waited := a.Waited.Milliseconds()
 		reply.WaitedMS = &waited
 	}
 	switch d.Result {
 	case admission.Allow:
 		reply.EventID, reply.Period, reply.Replayed = d.EventID, d.Period, d.Replayed
+		if d.Replayed {
+			h.Set(ReplayedHeader, "true")
+		}
 		if sh := d.Shadow; sh != nil {
 			reply.Shadow = &shadowReply{Decision: sh.Result, BlockedBy: sh.Blocked}
 			if sh.Result == admission.RateLimited {
@@ -149,15 +110,15 @@ func (s *Server) decide(ctx context.Context, w http.ResponseWriter, in admitInpu
 				reply.Balances = append(reply.Balances, balanceReply(b))
 			}
 		}
-		writeJSON(w, http.StatusOK, reply)
+		return http.StatusOK, reply
 	case admission.RateLimited:
 		reply.BlockedBy = d.Blocked
 		ms := d.RetryAfter.Milliseconds()
 		reply.RetryAfterMS = &ms
 		if ms >= 0 {
-			w.Header().Set("Retry-After", retryAfterSeconds(d.RetryAfter))
+			h.Set("Retry-After", retryAfterSeconds(d.RetryAfter))
 		}
-		writeJSON(w, http.StatusTooManyRequests, reply)
+		return http.StatusTooManyRequests, reply
 	case admission.InsufficientBalance:
 		reply.BlockedBy = d.Blocked
 		for _, b := range d.Balances {
@@ -165,98 +126,63 @@ func (s *Server) decide(ctx context.Context, w http.ResponseWriter, in admitInpu
 				reply.Balance = &b.Balance
 			}
 		}
-		writeJSON(w, http.StatusPaymentRequired, reply)
+		return http.StatusPaymentRequired, reply
 	default:
 		reply.BlockedBy, reply.Period = d.Blocked, d.Period
-		writeJSON(w, http.StatusPaymentRequired, reply)
+		return http.StatusPaymentRequired, reply
 	}
 }
 
-// redisDown answers a decision Redis could not take: rate-only accounts fail open (their
-// event goes straight to Kafka, synchronously; if that fails too, deny), quota-bearing
-// accounts fail closed; both as configured.
-func (s *Server) redisDown(ctx context.Context, w http.ResponseWriter, req admission.Request, est *estimate.Estimate, cause error) {
-	pol := req.Policy
-	policyFor := s.cfg.RedisDownRateOnly
-	if pol.HasQuota() {
-		policyFor = s.cfg.RedisDownQuota
-	}
-	if pol.HasCredits() {
-		policyFor = FailClosed // a balance is never drawn without Redis: no overdraft
-	}
-	log := s.cfg.Log.With("org", pol.Org, "account", pol.Account(), "err", cause)
-	if policyFor == FailOpen && s.cfg.Recorder != nil {
-		now := s.cfg.Clock.Now().UTC()
-		data := req.Admitted(period.MonthLabel(now))
-		data.FailOpen = true
-		ev, err := event.New(req.EventID, s.cfg.Source, event.TypeAdmitted, event.Subject(data.Path), now, data)
-		if err == nil {
-			err = s.cfg.Recorder.Record(ctx, pol.Org, ev)
+// ReplayedHeader marks an answer given to a replayed idempotency key (Stripe's convention):
+// a 200 of POST /v1/admit that charged nothing, or a gateway's 409 that passes nothing.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// refusal is the error answer of a gate error, with its headers set in h: Retry-After on a
+// 503, Idempotent-Replayed on a refused replay. The caller gone is not answered at all:
+// ok is false.
+func refusal(h http.Header, err error) (e *Error, ok bool) {
+	var ge *gate.Error
+	switch {
+	case errors.Is(err, gate.ErrCallerGone):
+		return nil, false
+	case errors.As(err, &ge):
+		if ge.RetryAfter > 0 {
+			h.Set("Retry-After", retryAfterSeconds(ge.RetryAfter))
 		}
-		if ctx.Err() != nil { // nobody is told: void what may be billed (callerGone does not return)
-			charged, callErr := admission.Decision{}, cause
-			if err == nil { // the fail-open event is in Kafka, whatever Redis did
-				charged, callErr = admission.Decision{Result: admission.Allow}, nil
-			}
-			s.callerGone(req, charged, callErr)
+		if ge.Code == "idempotency_key_replayed" {
+			h.Set(ReplayedHeader, "true")
 		}
-		if err == nil {
-			log.Warn("redis unavailable: admitted fail-open, event written to kafka", "event_id", req.EventID)
-			s.metrics.failOpen.Inc()
-			writeJSON(w, http.StatusOK, admitReply{Decision: admission.Allow, EventID: req.EventID, Account: pol.Account(),
-				Org: pol.Org, Period: data.Period, FailOpen: true, Estimated: est})
-			return
-		}
-		log.Error("redis unavailable and the fail-open event could not be recorded: denying", "record_err", err)
-	} else {
-		log.Warn("redis unavailable: failing closed")
+		return &Error{Status: ge.Status, Code: ge.Code, Message: ge.Message}, true
 	}
-	s.metrics.failClosed.Inc()
-	// The script call may have run (it timed out after it was sent) or may still run (queued
-	// behind a stall): void it. A retry with the same idempotency key that is answered with
-	// its decision before the void lands makes it bill again (void.lua): that caller was
-	// told 200. A call that never reached Redis decided nothing.
-	if mayHaveCharged(admission.Decision{}, cause) {
-		s.void(req, event.VoidUnavailable)
+	return &Error{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error"}, true
+}
+
+// writeRefusal answers a gate error on w. The caller gone gets nothing: the handler is
+// aborted (http.ErrAbortHandler), as returning would make net/http answer an implicit,
+// empty 200.
+func writeRefusal(w http.ResponseWriter, err error) {
+	e, ok := refusal(w.Header(), err)
+	if !ok {
+		panic(http.ErrAbortHandler)
 	}
-	w.Header().Set("Retry-After", retryAfterSeconds(s.cfg.RedisDownRetryAfter))
-	writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "the decision cannot be taken right now; retry later"})
+	writeError(w, e)
 }
 
 // setRateLimitHeaders writes the IETF draft-10 RateLimit-Policy and RateLimit fields for
-// the rate limit and the quota closest to running out. A token bucket's q is what it has
-// for this request's traffic: its limit less its children's guarantees.
+// the rate limit and the quota closest to running out (rateLimitPicks). A token bucket's q
+// is what it has for this request's traffic: its limit less its children's guarantees.
 func setRateLimitHeaders(h http.Header, limits []admission.LimitState) {
-	var picked []admission.LimitState
-	for _, quota := range []bool{false, true} {
-		best, found := admission.LimitState{}, false
-		for _, l := range limits {
-			if l.Quota != quota || l.Limit <= 0 {
-				continue
-			}
-			if !found || float64(l.Remaining)/float64(l.Limit) < float64(best.Remaining)/float64(best.Limit) {
-				best, found = l, true
-			}
-		}
-		if found {
-			picked = append(picked, best)
-		}
-	}
+	picked := rateLimitPicks(limits)
 	if len(picked) == 0 {
 		return
 	}
-	sort.SliceStable(picked, func(i, j int) bool { return !picked[i].Quota && picked[j].Quota })
 	// Built with strconv, not fmt: every decision writes them.
 	var pol, cur []byte
 	item := func(b []byte, l admission.LimitState, k1 string, v1 int64, k2 string, v2 int64) []byte {
 		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
-		name := l.Account + "-" + l.Unit
-		if l.Quota {
-			name += "-quota"
-		}
-		b = strconv.AppendQuote(b, name)
+		b = strconv.AppendQuote(b, limitName(l))
 		b = strconv.AppendInt(append(b, k1...), v1, 10)
 		return strconv.AppendInt(append(b, k2...), v2, 10)
 	}
@@ -273,6 +199,45 @@ func setRateLimitHeaders(h http.Header, limits []admission.LimitState) {
 	h.Set("RateLimit", string(cur))
 }
 
+// rateLimitPicks are the limits the RateLimit fields name: the rate limit and the quota
+// closest to running out, the rate limit first.
+func rateLimitPicks(limits []admission.LimitState) []admission.LimitState {
+	var picked []admission.LimitState
+	for _, quota := range []bool{false, true} {
+		best, found := admission.LimitState{}, false
+		for _, l := range limits {
+			if l.Quota != quota || l.Limit <= 0 {
+				continue
+			}
+			if !found || remainingShare(l) < remainingShare(best) {
+				best, found = l, true
+			}
+		}
+		if found {
+			picked = append(picked, best)
+		}
+	}
+	return picked
+}
+
+// remainingShare is the share of a limit still left.
+func remainingShare(l admission.LimitState) float64 {
+	if l.Limit <= 0 {
+		return 1
+	}
+	return float64(l.Remaining) / float64(l.Limit)
+}
+
+// limitName names a limit in the RateLimit fields: "<account>-<unit>", "-quota" added for
+// a quota.
+func limitName(l admission.LimitState) string {
+	name := l.Account + "-" + l.Unit
+	if l.Quota {
+		name += "-quota"
+	}
+	return name
+}
+
 func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
@@ -282,6 +247,10 @@ func ceilSeconds(d time.Duration) int64 {
 
 // estimate answers POST /v1/estimate: the tokens of a model request, charged to nobody.
 func (s *Server) estimate(w http.ResponseWriter, r *http.Request) {
+	if !s.estimating(w, r) {
+		return
+	}
+	defer s.estimated(r)
 	est, e := parseEstimate(r.Body, s.cfg.Estimate)
 	if e != nil {
 		writeError(w, e)
@@ -289,3 +258,42 @@ func (s *Server) estimate(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, est)
 }
+
+// estimating takes one of the slots of Config.MaxEstimates for a request whose body may be
+// a model request to estimate (POST /v1/estimate; POST /v1/admit with a body past
+// MaxBodyBytes or of unknown length): estimating a large body costs CPU, so only so many run
+// at once. A request that gets no slot within estimateQueueWait is answered 503 busy; false
+// means it was. Release the slot with estimated.
+func (s *Server) estimating(w http.ResponseWriter, r *http.Request) bool {
+	if !estimates(r) {
+		return true
+	}
+	t := time.NewTimer(estimateQueueWait)
+	defer t.Stop()
+	select {
+	case s.estimates <- struct{}{}:
+		return true
+	case <-t.C:
+	case <-r.Context().Done():
+	}
+	s.gate.Rejected("busy")
+	w.Header().Set("Retry-After", "1")
+	writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "busy",
+		Message: fmt.Sprintf("%d estimates are running on this node; retry later", cap(s.estimates))})
+	return false
+}
+
+// estimated releases the slot estimating took for r.
+func (s *Server) estimated(r *http.Request) {
+	if estimates(r) {
+		<-s.estimates
+	}
+}
+
+// estimates reports whether r takes an estimate slot.
+func estimates(r *http.Request) bool {
+	return r.URL.Path == "/v1/estimate" || r.ContentLength < 0 || r.ContentLength > MaxBodyBytes
+}
+
+// estimateQueueWait is how long a request waits for an estimate slot before a 503.
+const estimateQueueWait = time.Second

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/gate"
 	"github.com/metergate/metergate/pkg/invoice"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
@@ -78,12 +80,12 @@ type Recorder interface {
 }
 
 // FailPolicy says what happens to a kind of account while Redis is unavailable.
-type FailPolicy string
+type FailPolicy = gate.FailPolicy
 
 // Fail policies.
 const (
-	FailOpen   FailPolicy = "open"
-	FailClosed FailPolicy = "closed"
+	FailOpen   = gate.FailOpen
+	FailClosed = gate.FailClosed
 )
 
 // Config assembles a Server.
@@ -123,14 +125,22 @@ type Config struct {
 	// Check names the headers of the forward-auth check (check.go); an empty name takes
 	// DefaultCheckHeaders' (but Account, which stays off unless named).
 	Check CheckHeaders
+	// RevealAccounts shows end clients behind a gateway (the check, the rate-limit service)
+	// the ids of every account of their path in refusals and RateLimit fields
+	// (ADMIT_GATEWAY_REVEAL_ACCOUNTS). Off by default: they see their own account's id, the
+	// others by their kind ("org", "team", …).
+	RevealAccounts bool
+	// MaxEstimates bounds the token estimates of large bodies running at once on this node
+	// (ADMIT_MAX_ESTIMATES; 2 × GOMAXPROCS when 0).
+	MaxEstimates int
 }
 
 // Server serves the API.
 type Server struct {
-	cfg     Config
-	mux     *http.ServeMux
-	metrics *metrics
-	voids   voids
+	cfg       Config
+	mux       *http.ServeMux
+	gate      *gate.Gate
+	estimates chan struct{} // a slot per estimate running (estimating)
 }
 
 // New returns a Server; mount Handler on the listener.
@@ -138,20 +148,17 @@ func New(cfg Config) *Server {
 	if cfg.Tools == nil {
 		cfg.Tools = policy.ToolCredits
 	}
-	if cfg.RedisDownRateOnly == "" {
-		cfg.RedisDownRateOnly = FailOpen
-	}
-	if cfg.RedisDownQuota == "" {
-		cfg.RedisDownQuota = FailClosed
-	}
-	if cfg.RedisDownRetryAfter <= 0 {
-		cfg.RedisDownRetryAfter = time.Second
-	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
+	if cfg.MaxEstimates <= 0 {
+		cfg.MaxEstimates = 2 * runtime.GOMAXPROCS(0)
+	}
 	cfg.Check = cfg.Check.withDefaults()
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), metrics: newMetrics(cfg.Registerer), voids: voids{stop: make(chan struct{})}}
+	g := gate.New(gate.Config{Log: cfg.Log, Policies: cfg.Policies, Decider: cfg.Decider, Recorder: cfg.Recorder,
+		Source: cfg.Source, RedisDownRateOnly: cfg.RedisDownRateOnly, RedisDownQuota: cfg.RedisDownQuota,
+		RedisDownRetryAfter: cfg.RedisDownRetryAfter, Clock: cfg.Clock, Shadow: cfg.Shadow, Registerer: cfg.Registerer})
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), gate: g, estimates: make(chan struct{}, cfg.MaxEstimates)}
 	s.routes()
 	return s
 }
@@ -398,3 +405,7 @@ func errorFor(err error) (*Error, bool) {
 	}
 	return nil, false
 }
+
+// Close ends the voids still retried against Redis (gate.Gate.Close). Call it once the
+// HTTP server and the rate-limit service have stopped.
+func (s *Server) Close(ctx context.Context) error { return s.gate.Close(ctx) }

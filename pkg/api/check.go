@@ -1,14 +1,13 @@
 package api
 
 import (
-	"bytes"
 	"crypto/subtle"
 	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/metergate/metergate/pkg/gate"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -91,66 +90,49 @@ func (s *Server) checkRequest(h http.Header) (admitInput, *Error) {
 	return in, nil
 }
 
-// check answers the forward-auth subrequest of a gateway: the decision of POST /v1/admit
-// (decide), taken from the original request's headers. A 200 allows the request and names
-// its event (EventIDHeader); every refusal is admit's, with its JSON body, RateLimit fields
-// and Retry-After, which the gateway passes to the client.
+// check answers the forward-auth subrequest of a gateway: the gate's decision, taken from
+// the original request's headers, as a Gateway door (a replayed idempotency key is refused,
+// never passed). A 200 allows the request and names its event (EventIDHeader); every
+// refusal is admit's, with its JSON body (also in ReplyHeader), RateLimit fields and
+// Retry-After, which the gateway passes to the client.
 func (s *Server) check(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
+	h := w.Header()
 	in, e := s.checkRequest(r.Header)
 	if e != nil {
-		s.metrics.rejected(e.Code)
-		rec := &checkWriter{header: w.Header()}
-		writeError(rec, e)
-		rec.send(w)
+		s.gate.Rejected(e.Code)
+		writeCheck(w, e.Status, map[string]*Error{"error": e})
 		return
 	}
-	rec := &checkWriter{header: w.Header()}
-	s.decide(r.Context(), rec, in, 0, start)
-	rec.send(w)
-}
-
-// checkWriter holds decide's reply so that check can add the headers a gateway copies: it
-// shares the real writer's header map, and buffers the status and the body.
-type checkWriter struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (c *checkWriter) Header() http.Header { return c.header }
-
-func (c *checkWriter) WriteHeader(status int) {
-	if c.status == 0 {
-		c.status = status
-	}
-}
-
-func (c *checkWriter) Write(b []byte) (int, error) {
-	if c.status == 0 {
-		c.status = http.StatusOK
-	}
-	return c.body.Write(b)
-}
-
-// send writes the held reply to w with the gateway's headers: the event and account of an
-// admission, the body of a refusal.
-func (c *checkWriter) send(w http.ResponseWriter) {
-	body := c.body.Bytes()
-	if c.status == http.StatusOK {
-		var allowed struct {
-			EventID string `json:"event_id"`
-			Account string `json:"account"`
+	a, err := s.gate.Admit(r.Context(), in.gate(gate.Gateway, 0))
+	if err != nil {
+		e, ok := refusal(h, err)
+		if !ok {
+			panic(http.ErrAbortHandler) // the gateway left: nobody is answered (writeRefusal)
 		}
-		if json.Unmarshal(body, &allowed) == nil {
-			c.header.Set(EventIDHeader, allowed.EventID)
-			c.header.Set(AccountHeader, allowed.Account)
-		}
-	} else {
-		c.header.Set(ReplyHeader, string(bytes.TrimSpace(body)))
+		writeCheck(w, e.Status, map[string]*Error{"error": e})
+		return
 	}
-	w.WriteHeader(c.status)
-	_, _ = w.Write(body) // a failed write means the gateway left
+	status, reply := s.reply(h, a, nil, true)
+	if status == http.StatusOK {
+		h.Set(EventIDHeader, reply.EventID)
+		h.Set(AccountHeader, reply.Account)
+	}
+	writeCheck(w, status, reply)
+}
+
+// writeCheck answers the check with v as JSON; a refusal repeats its body in ReplyHeader,
+// for gateways that cannot pass an auth reply's body to the client (nginx's auth_request).
+func writeCheck(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		status, body = http.StatusInternalServerError, []byte(`{"error":{"code":"internal","message":"internal error"}}`)
+	}
+	if status != http.StatusOK {
+		w.Header().Set(ReplyHeader, string(body))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n')) // a failed write means the gateway left
 }
 
 // checkService is service (the service token, loaded policies) with the token read from

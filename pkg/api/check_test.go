@@ -87,12 +87,20 @@ func TestCheckDecides(t *testing.T) {
 	require.JSONEq(t, r.Raw, r.Header.Get(api.ReplyHeader), "the refusal's body, for nginx")
 	require.Empty(t, r.Header.Get(api.EventIDHeader))
 
-	// The same idempotency key is one admission.
+	// The same idempotency key is one admission, and its replay passes nothing: a gateway
+	// would serve it again, unbilled.
+	r = b.check(t, "GET", "/v1/check", serviceToken, map[string]string{"X-Api-Key": key, "Idempotency-Key": "gw-1"})
+	require.Equal(t, http.StatusOK, r.Status, r.Raw)
+	require.Empty(t, r.Header.Get(api.ReplayedHeader))
+	allowed++
 	for range 2 {
 		r = b.check(t, "GET", "/v1/check", serviceToken, map[string]string{"X-Api-Key": key, "Idempotency-Key": "gw-1"})
-		require.Equal(t, http.StatusOK, r.Status, r.Raw)
+		require.Equal(t, http.StatusConflict, r.Status, r.Raw)
+		require.Equal(t, "idempotency_key_replayed", errCode(r))
+		require.Equal(t, "true", r.Header.Get(api.ReplayedHeader))
+		require.Empty(t, r.Header.Get(api.EventIDHeader))
+		require.JSONEq(t, r.Raw, r.Header.Get(api.ReplyHeader), "the refusal's body, for nginx")
 	}
-	allowed++
 
 	r = b.check(t, "GET", "/v1/check", serviceToken, map[string]string{"X-Api-Key": spentKey})
 	require.Equal(t, http.StatusOK, r.Status, r.Raw)
@@ -176,8 +184,8 @@ func TestCheckHeaderNames(t *testing.T) {
 	r = send(map[string]string{"X-Tenant": org, "X-Tokens": "60", "X-Call": "web_search"})
 	require.Equal(t, http.StatusTooManyRequests, r.Status, "the tokens header is read: %s", r.Raw)
 	r = send(map[string]string{"X-Key": key, "X-Request-Id": "names-1", "X-Tokens": "60"})
-	require.Equal(t, http.StatusOK, r.Status, "the idempotency header is read: a replay: %s", r.Raw)
-	require.Equal(t, true, r.Body["replayed"])
+	require.Equal(t, http.StatusConflict, r.Status, "the idempotency header is read: a replay: %s", r.Raw)
+	require.Equal(t, "idempotency_key_replayed", errCode(r))
 	require.Equal(t, "unknown_tool", errCode(send(map[string]string{"X-Tenant": org, "X-Call": "teleport"})))
 	require.Equal(t, "ambiguous_account", errCode(send(map[string]string{"X-Tenant": org, "X-Key": key})))
 	require.Equal(t, "invalid_account", errCode(send(map[string]string{"X-Tenant": "-bad"})))

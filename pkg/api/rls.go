@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlscommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/gate"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -55,8 +56,10 @@ type RLS struct {
 	APIKey, Account, Tool, IdempotencyKey string
 	// Event names the entry of the stream-done call that carries the admitted event id; a
 	// call with it is an outcome, not an admission. Status names the entry that carries the
-	// upstream's HTTP status in that call (200 when absent).
-	Event, Status string
+	// upstream's HTTP status in that call (200 when absent). Unit names an entry of a
+	// stream-done descriptor saying which unit that descriptor's hits_addend counts (Hits
+	// when absent), so that one outcome settles every unit the upstream reports.
+	Event, Status, Unit string
 	// Hits is the unit that hits_addend counts (ADMIT_RLS_HITS_UNIT, tokens by default);
 	// every call counts one request besides, unless Hits is requests.
 	Hits policy.Unit
@@ -68,7 +71,7 @@ type RLS struct {
 // DefaultRLS is the mapping unless configured otherwise.
 var DefaultRLS = RLS{
 	APIKey: "api_key", Account: "account", Tool: "tool", IdempotencyKey: "idempotency_key",
-	Event: "event_id", Status: "status", Hits: policy.Tokens, Ignore: []string{"generic_key"},
+	Event: "event_id", Status: "status", Unit: "unit", Hits: policy.Tokens, Ignore: []string{"generic_key"},
 }
 
 // Validate reports a mapping whose entries are empty or shared, or whose unit is unknown.
@@ -76,7 +79,7 @@ func (m RLS) Validate() error {
 	var errs []error
 	seen := map[string]string{}
 	for _, f := range []struct{ name, key string }{{"api key", m.APIKey}, {"account", m.Account}, {"tool", m.Tool},
-		{"idempotency key", m.IdempotencyKey}, {"event", m.Event}, {"status", m.Status}} {
+		{"idempotency key", m.IdempotencyKey}, {"event", m.Event}, {"status", m.Status}, {"unit", m.Unit}} {
 		switch {
 		case f.key == "":
 			errs = append(errs, fmt.Errorf("the %s entry is empty", f.name))
@@ -179,44 +182,57 @@ type rlsCall struct {
 	status    int
 	hits      int64
 	hitsGiven bool
+	// units are the stream-done call's hits of descriptors that name their unit (RLS.Unit).
+	units map[policy.Unit]int64
 }
 
-// ShouldRateLimit takes the decision of POST /v1/admit (decide) for the call's descriptors,
-// all together, or records the outcome of an admitted event (the stream-done call).
-func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, err error) {
-	start := time.Now()
+// ShouldRateLimit takes the gate's decision for the call's descriptors, all together, as a
+// Gateway door (a replayed idempotency key is refused, never passed), or records the
+// outcome of an admitted event (the stream-done call).
+func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := r.auth(ctx); err != nil {
 		return nil, err
 	}
 	if !r.s.cfg.Policies.Loaded() {
 		return nil, status.Error(codes.Unavailable, "policies_loading: this node has not loaded the policies yet; retry later")
 	}
+	n := len(req.GetDescriptors())
 	call, e := r.read(req)
 	if e != nil {
-		r.s.metrics.rejected(e.Code)
+		r.s.gate.Rejected(e.Code)
 		if e.Status == http.StatusBadRequest {
 			return nil, status.Error(codes.InvalidArgument, e.Error())
 		}
-		rec := newReplyRecorder()
-		writeError(rec, e)
-		return r.answer(rec, len(req.Descriptors)), nil
+		return refused(http.Header{}, e.Status, e.Code, map[string]*Error{"error": e}, nil, n), nil
 	}
 	if call.eventID != "" {
-		return r.outcome(ctx, call, len(req.Descriptors))
+		return r.outcome(ctx, call, n)
 	}
-	defer func() {
-		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler { //nolint:errorlint // decide's sentinel panic value, compared as net/http does
-				resp, err = nil, status.Error(codes.Canceled, "the caller went away: the decision was voided")
-				return
-			}
-			r.s.cfg.Log.Error("rate-limit service panicked", "panic", v)
-			resp, err = nil, status.Error(codes.Internal, "internal error")
+	a, err := r.s.gate.Admit(ctx, call.in.gate(gate.Gateway, 0))
+	if err != nil {
+		h := http.Header{}
+		e, ok := refusal(h, err)
+		if !ok {
+			return nil, status.Error(codes.Canceled, "the caller went away: the decision was voided")
 		}
-	}()
-	rec := newReplyRecorder()
-	r.s.decide(ctx, rec, call.in, 0, start)
-	return r.answer(rec, len(req.Descriptors)), nil
+		return refused(h, e.Status, e.Code, map[string]*Error{"error": e}, nil, n), nil
+	}
+	h := http.Header{}
+	code, reply := r.s.reply(h, a, nil, true)
+	picks := rateLimitPicks(a.Redacted().Decision.Limits)
+	if r.s.cfg.RevealAccounts {
+		picks = rateLimitPicks(a.Decision.Limits)
+	}
+	if code != http.StatusOK {
+		return refused(h, code, string(reply.Decision), reply, picks, n), nil
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, ResponseHeadersToAdd: headersToAdd(h)}
+	resp.RequestHeadersToAdd = []*corev3.HeaderValue{{Key: rlsEventHeader, Value: reply.EventID}}
+	st := descriptorStatus(resp.OverallCode, code, picks)
+	for range n {
+		resp.Statuses = append(resp.Statuses, st)
+	}
+	return resp, nil
 }
 
 // auth checks the service token in the call's metadata, as the HTTP API checks its
@@ -257,11 +273,25 @@ func (r *rls) read(req *rlsv3.RateLimitRequest) (rlsCall, *Error) {
 		if d.GetIsNegativeHits() {
 			return c, badRequest("invalid_hits_addend", "descriptor %d has negative hits: refunds are outcomes", i)
 		}
+		unit, e := r.descriptorUnit(i, d.GetEntries())
+		if e != nil {
+			return c, e
+		}
 		if h := d.GetHitsAddend(); h != nil {
 			if h.GetValue() > MaxHitsAddend {
 				return c, badRequest("invalid_hits_addend", "descriptor %d: hits_addend %d is over %d", i, h.GetValue(), MaxHitsAddend)
 			}
 			v := int64(h.GetValue()) //nolint:gosec // bounded by MaxHitsAddend just above
+			if unit != "" {
+				if _, dup := c.units[unit]; dup {
+					return c, badRequest("conflicting_descriptors", "two descriptors count %s", unit)
+				}
+				if c.units == nil {
+					c.units = map[policy.Unit]int64{}
+				}
+				c.units[unit] = v
+				continue
+			}
 			if c.hitsGiven && v != c.hits {
 				return c, badRequest("invalid_hits_addend", "descriptors give different hits_addend (%d, %d): one call is one admission", c.hits, v)
 			}
@@ -271,13 +301,15 @@ func (r *rls) read(req *rlsv3.RateLimitRequest) (rlsCall, *Error) {
 			k, v := en.GetKey(), en.GetValue()
 			p, mapped := fields[k]
 			switch {
+			case k == r.m.Unit:
+				continue // read by descriptorUnit
 			case k == "":
 				return c, badRequest("invalid_descriptors", "descriptor %d has an entry without a key", i)
 			case !mapped && (r.ignoreAll || r.ignore[k]):
 				continue
 			case !mapped:
 				return c, badRequest("unknown_descriptor_key", "descriptor %d: unknown entry key %q (mapped: %s; ADMIT_RLS_IGNORE_ENTRIES ignores others)",
-					i, k, strings.Join([]string{r.m.APIKey, r.m.Account, r.m.Tool, r.m.IdempotencyKey, r.m.Event, r.m.Status}, ", "))
+					i, k, strings.Join([]string{r.m.APIKey, r.m.Account, r.m.Tool, r.m.IdempotencyKey, r.m.Event, r.m.Status, r.m.Unit}, ", "))
 			case v == "":
 				return c, badRequest("invalid_descriptors", "descriptor %d: entry %q is empty", i, k)
 			case *p != "" && *p != v:
@@ -295,10 +327,32 @@ func (r *rls) read(req *rlsv3.RateLimitRequest) (rlsCall, *Error) {
 	if c.eventID != "" {
 		return c, r.readOutcome(&c, statusRaw)
 	}
+	if c.units != nil {
+		return c, badRequest("invalid_descriptors", "entry %q belongs to the stream-done call, with %q", r.m.Unit, r.m.Event)
+	}
 	if statusRaw != "" {
 		return c, badRequest("invalid_descriptors", "entry %q belongs to the stream-done call, with %q", r.m.Status, r.m.Event)
 	}
 	return c, r.readAdmission(&c)
+}
+
+// descriptorUnit is the unit a descriptor's entries name with RLS.Unit ("" for none).
+func (r *rls) descriptorUnit(i int, entries []*rlscommon.RateLimitDescriptor_Entry) (policy.Unit, *Error) {
+	var unit policy.Unit
+	for _, en := range entries {
+		if en.GetKey() != r.m.Unit {
+			continue
+		}
+		u := policy.Unit(en.GetValue())
+		switch {
+		case !u.Valid():
+			return "", badRequest("invalid_descriptors", "descriptor %d: entry %q names no unit: %.40q", i, r.m.Unit, en.GetValue())
+		case unit != "" && unit != u:
+			return "", badRequest("conflicting_descriptors", "descriptor %d names two units", i)
+		}
+		unit = u
+	}
+	return unit, nil
 }
 
 // readAdmission checks the admission's credentials and units as parseAdmit does.
@@ -352,9 +406,15 @@ func (r *rls) readOutcome(c *rlsCall, statusRaw string) *Error {
 // outcome records the stream-done call as the admitted event's outcome, with hits_addend
 // as the units really used.
 func (r *rls) outcome(ctx context.Context, c rlsCall, n int) (*rlsv3.RateLimitResponse, error) {
-	o := admission.Outcome{EventID: c.eventID, Status: c.status, Source: r.s.cfg.Source}
+	o := admission.Outcome{EventID: c.eventID, Status: c.status, Source: r.s.cfg.Source, Units: c.units}
 	if c.hitsGiven {
-		o.Units = map[policy.Unit]int64{r.m.Hits: c.hits}
+		if _, dup := o.Units[r.m.Hits]; dup {
+			return nil, status.Errorf(codes.InvalidArgument, "conflicting_descriptors: two descriptors count %s", r.m.Hits)
+		}
+		if o.Units == nil {
+			o.Units = map[policy.Unit]int64{}
+		}
+		o.Units[r.m.Hits] = c.hits
 	}
 	err := r.s.cfg.Decider.Outcome(ctx, o)
 	switch {
@@ -373,132 +433,77 @@ func (r *rls) outcome(ctx context.Context, c rlsCall, n int) (*rlsv3.RateLimitRe
 	return resp, nil
 }
 
-// answer translates decide's HTTP reply into Envoy's: 200 is OK, every other status
-// OVER_LIMIT with the reply's JSON body, its RateLimit fields and Retry-After, and its
-// status and code in the dynamic metadata (for Envoy's local_reply_config).
-func (r *rls) answer(rec *replyRecorder, n int) *rlsv3.RateLimitResponse {
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
-	for _, name := range []string{"RateLimit", "RateLimit-Policy", "Retry-After"} {
-		if v := rec.header.Get(name); v != "" {
-			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: name, Value: v})
+// headersToAdd are the answer's RateLimit fields and Retry-After, for the client.
+func headersToAdd(h http.Header) []*corev3.HeaderValue {
+	var out []*corev3.HeaderValue
+	for _, name := range []string{"RateLimit", "RateLimit-Policy", "Retry-After", ReplayedHeader} {
+		if v := h.Get(name); v != "" {
+			out = append(out, &corev3.HeaderValue{Key: name, Value: v})
 		}
 	}
-	var body struct {
-		Decision string `json:"decision"`
-		EventID  string `json:"event_id"`
-		Error    *Error `json:"error"`
+	return out
+}
+
+// refused is Envoy's answer to a refusal: OVER_LIMIT with the reply's JSON body, its
+// RateLimit fields and Retry-After, and its HTTP status and code in the dynamic metadata
+// (for Envoy's local_reply_config).
+func refused(h http.Header, httpStatus int, code string, body any, picks []admission.LimitState, n int) *rlsv3.RateLimitResponse {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		raw = []byte(`{"error":{"code":"internal","message":"internal error"}}`)
 	}
-	_ = json.Unmarshal(rec.body.Bytes(), &body) // decide writes JSON; a field missing stays empty
-	if rec.status == http.StatusOK {
-		if body.EventID != "" {
-			resp.RequestHeadersToAdd = []*corev3.HeaderValue{{Key: rlsEventHeader, Value: body.EventID}}
-		}
-	} else {
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		resp.RawBody = bytes.TrimSpace(rec.body.Bytes())
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "Content-Type", Value: "application/json"})
-		code := body.Decision
-		if body.Error != nil {
-			code = body.Error.Code
-		}
-		resp.DynamicMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{
-			"http_status": structpb.NewNumberValue(float64(rec.status)),
-			"code":        structpb.NewStringValue(code),
-		}}
-	}
-	st := descriptorStatus(resp.OverallCode, rec.status, rec.header)
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT, RawBody: raw,
+		ResponseHeadersToAdd: append(headersToAdd(h), &corev3.HeaderValue{Key: "Content-Type", Value: "application/json"})}
+	resp.DynamicMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{
+		"http_status": structpb.NewNumberValue(float64(httpStatus)),
+		"code":        structpb.NewStringValue(code),
+	}}
+	st := descriptorStatus(resp.OverallCode, httpStatus, picks)
 	for range n {
 		resp.Statuses = append(resp.Statuses, st)
 	}
 	return resp
 }
 
-// descriptorStatus is every descriptor's status: the call's code, and the limit of the
-// RateLimit fields that tells the most (the rate limit of a 429, the quota of a 402,
-// otherwise the one closest to running out).
-func descriptorStatus(code rlsv3.RateLimitResponse_Code, httpStatus int, h http.Header) *rlsv3.RateLimitResponse_DescriptorStatus {
+// descriptorStatus is every descriptor's status: the call's code, and of the limits the
+// RateLimit fields name (picks) the one that tells the most (the rate limit of a 429, the
+// quota of a 402, otherwise the one closest to running out).
+func descriptorStatus(code rlsv3.RateLimitResponse_Code, httpStatus int, picks []admission.LimitState) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: code}
-	items := rateLimitItems(h)
-	if len(items) == 0 {
+	if len(picks) == 0 {
 		return st
 	}
 	best := -1
-	for i, it := range items {
+	for i, l := range picks {
 		switch {
 		case httpStatus == http.StatusTooManyRequests:
-			if !it.quota && best < 0 {
+			if !l.Quota && best < 0 {
 				best = i
 			}
 		case httpStatus == http.StatusPaymentRequired:
-			if it.quota && best < 0 {
+			if l.Quota && best < 0 {
 				best = i
 			}
-		case best < 0 || it.q > 0 && items[best].q > 0 && float64(it.r)/float64(it.q) < float64(items[best].r)/float64(items[best].q):
+		case best < 0 || remainingShare(l) < remainingShare(picks[best]):
 			best = i
 		}
 	}
 	if best < 0 {
 		best = 0
 	}
-	it := items[best]
-	st.CurrentLimit = envoyLimit(it)
-	st.LimitRemaining = clampUint32(it.r)
-	st.DurationUntilReset = durationpb.New(time.Duration(it.t) * time.Second)
+	l := picks[best]
+	st.CurrentLimit = envoyLimit(l)
+	st.LimitRemaining = clampUint32(l.Remaining)
+	st.DurationUntilReset = durationpb.New(time.Duration(ceilSeconds(l.Reset)) * time.Second)
 	return st
-}
-
-// rateLimitItem is one limit of the RateLimit-Policy and RateLimit fields.
-type rateLimitItem struct {
-	name       string
-	quota      bool
-	q, w, r, t int64
-}
-
-// rateLimitItems reads back the fields setRateLimitHeaders wrote: the same items, in the
-// same order, in both.
-func rateLimitItems(h http.Header) []rateLimitItem {
-	pol, cur := splitItems(h.Get("RateLimit-Policy")), splitItems(h.Get("RateLimit"))
-	if len(pol) != len(cur) {
-		return nil
-	}
-	items := make([]rateLimitItem, len(pol))
-	for i := range pol {
-		name, params := itemParams(pol[i])
-		_, now := itemParams(cur[i])
-		items[i] = rateLimitItem{name: name, quota: strings.HasSuffix(name, "-quota"),
-			q: params["q"], w: params["w"], r: now["r"], t: now["t"]}
-	}
-	return items
-}
-
-func splitItems(v string) []string {
-	if v == "" {
-		return nil
-	}
-	return strings.Split(v, ", ")
-}
-
-// itemParams splits `"name";k=v;k=v` into the name and its integer parameters.
-func itemParams(item string) (string, map[string]int64) {
-	parts := strings.Split(item, ";")
-	name, err := strconv.Unquote(parts[0])
-	if err != nil {
-		name = parts[0]
-	}
-	params := make(map[string]int64, len(parts)-1)
-	for _, p := range parts[1:] {
-		k, v, _ := strings.Cut(p, "=")
-		params[k], _ = strconv.ParseInt(v, 10, 64)
-	}
-	return name, params
 }
 
 // envoyLimit is the limit as Envoy states one: q requests per unit_multiplier units, the
 // largest unit that divides the window (a quota's month is a MONTH).
-func envoyLimit(it rateLimitItem) *rlsv3.RateLimitResponse_RateLimit {
-	l := &rlsv3.RateLimitResponse_RateLimit{Name: it.name, RequestsPerUnit: clampUint32(it.q)}
+func envoyLimit(lim admission.LimitState) *rlsv3.RateLimitResponse_RateLimit {
+	l := &rlsv3.RateLimitResponse_RateLimit{Name: limitName(lim), RequestsPerUnit: clampUint32(lim.Limit)}
 	const day = 86400
-	switch w := it.w; {
+	switch w := ceilSeconds(lim.Window); {
 	case w <= 0:
 		l.Unit = rlsv3.RateLimitResponse_RateLimit_UNKNOWN
 	case w >= 28*day && w <= 31*day:
@@ -523,26 +528,4 @@ func envoyLimit(it rateLimitItem) *rlsv3.RateLimitResponse_RateLimit {
 
 func clampUint32(v int64) uint32 {
 	return uint32(min(max(v, 0), math.MaxUint32))
-}
-
-// replyRecorder keeps decide's reply: its status, headers and body.
-type replyRecorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func newReplyRecorder() *replyRecorder { return &replyRecorder{header: http.Header{}} }
-
-func (w *replyRecorder) Header() http.Header { return w.header }
-
-func (w *replyRecorder) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-}
-
-func (w *replyRecorder) Write(b []byte) (int, error) {
-	w.WriteHeader(http.StatusOK)
-	return w.body.Write(b)
 }
