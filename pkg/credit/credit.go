@@ -47,9 +47,10 @@ const (
 	Plan        = "plan"        // a plan's recurring grant
 )
 
-// MaxAmount is the largest grant: balances are read as Lua numbers (doubles) by the
-// admission script, exact only up to 2^53, and an account may hold many grants.
-const MaxAmount = 1_000_000_000_000_000
+// MaxAmount is the largest grant, policy.MaxAmount: balances are read as Lua numbers
+// (doubles) by the admission script, exact only up to 2^53, and an account may hold many
+// grants.
+const MaxAmount = policy.MaxAmount
 
 // MaxIdempotencyKey is the longest idempotency key, in bytes.
 const MaxIdempotencyKey = 255

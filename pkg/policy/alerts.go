@@ -99,9 +99,9 @@ func (r *AlertRule) check() error {
 	slices.Sort(r.Thresholds)
 	r.Thresholds = slices.Compact(r.Thresholds)
 	for _, t := range r.Thresholds {
-		if t <= 0 || (r.Kind != BalanceBelow && t > 100) || t > maxGrantAmount {
+		if t <= 0 || (r.Kind != BalanceBelow && t > 100) || t > MaxAmount {
 			if r.Kind == BalanceBelow {
-				return invalid("thresholds", "amounts must be from 1 to %d", int64(maxGrantAmount))
+				return invalid("thresholds", "amounts must be from 1 to %d", int64(MaxAmount))
 			}
 			return invalid("thresholds", "percentages must be from 1 to 100")
 		}

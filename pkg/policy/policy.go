@@ -46,6 +46,7 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -238,10 +239,45 @@ func (l Limit) Validate() error {
 	if l.Quota != nil && *l.Quota < Uncapped {
 		errs = append(errs, errors.New("quota must be -1 (uncapped) or at least 0"))
 	}
+	errs = append(errs, l.checkBounds()...)
 	if l.Quota != nil && l.QuotaPeriod != Month && l.QuotaPeriod != Day {
 		errs = append(errs, fmt.Errorf("unknown quota_period %q (want month or day)", l.QuotaPeriod))
 	}
 	return errors.Join(errs...)
+}
+
+// checkBounds reports every number of l past its maximum (MaxAmount, MaxBucketWindow),
+// each error naming its field.
+func (l Limit) checkBounds() []error {
+	var errs []error
+	if l.Quota != nil && *l.Quota > MaxAmount {
+		errs = append(errs, fmt.Errorf("quota must be at most %d", int64(MaxAmount)))
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"burst", l.Burst}, {"limit", l.Limit}, {"ceiling", l.Ceiling}} {
+		if f.v > MaxAmount {
+			errs = append(errs, fmt.Errorf("%s must be at most %d", f.name, int64(MaxAmount)))
+		}
+	}
+	switch {
+	case math.IsNaN(l.RatePerS) || math.IsInf(l.RatePerS, 0):
+		errs = append(errs, errors.New("rate_per_s must be a finite number"))
+	case l.RatePerS > MaxAmount:
+		errs = append(errs, fmt.Errorf("rate_per_s must be at most %d", int64(MaxAmount)))
+	}
+	maxS := int64(MaxBucketWindow / time.Second)
+	switch {
+	case l.Algorithm != TokenBucket:
+	case l.WindowS > 0: // written as limit per window_s: the window itself, exactly
+		if l.WindowS > maxS {
+			errs = append(errs, fmt.Errorf("window_s of a token bucket must be at most %d (about 31 years)", maxS))
+		}
+	case l.RatePerS > 0 && l.Burst > 0 && float64(l.Burst)/l.RatePerS > float64(maxS):
+		errs = append(errs, fmt.Errorf("burst / rate_per_s (the time the bucket takes to fill) must be at most %d s (about 31 years): raise rate_per_s", maxS))
+	}
+	return errs
 }
 
 // Kind is the place of a node in the account tree.

@@ -344,6 +344,9 @@ func (s *Store) CreatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 	if err != nil {
 		return Plan{}, err
 	}
+	if err := checkPriceBounds(price); err != nil {
+		return Plan{}, err
+	}
 	var out Plan
 	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		if err := checkRank(ctx, tx, p); err != nil {
@@ -381,6 +384,9 @@ func (s *Store) UpdatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 	}
 	limits, err := checkPlanFields(p)
 	if err != nil {
+		return Plan{}, err
+	}
+	if err := checkPriceBounds(price); err != nil {
 		return Plan{}, err
 	}
 	var out Plan
@@ -433,8 +439,8 @@ func checkPlanFields(p Plan) (map[Unit]Limit, error) {
 		switch {
 		case !u.Valid():
 			return nil, invalid("grants", "unknown unit %q (want requests, tokens, credits or cost_micros)", u)
-		case g.Amount <= 0 || g.Amount > maxGrantAmount:
-			return nil, invalid("grants", "%s: amount must be 1 to %d", u, int64(maxGrantAmount))
+		case g.Amount <= 0 || g.Amount > MaxAmount:
+			return nil, invalid("grants", "%s: amount must be 1 to %d", u, int64(MaxAmount))
 		case g.Priority < 0 || g.Priority > 100:
 			return nil, invalid("grants", "%s: priority must be 0 to 100", u)
 		}
@@ -453,6 +459,34 @@ func checkPlanFields(p Plan) (map[Unit]Limit, error) {
 	return out, nil
 }
 
+// checkPriceBounds refuses an amount or count of a price version past MaxAmount, naming it
+// as the API's body does (price.base_fee_minor, price.units.tokens.tiers[1].price_minor);
+// the pricing rules themselves are invoice.Plan.Validate's.
+func checkPriceBounds(p *invoice.Plan) error {
+	if p == nil {
+		return nil
+	}
+	if p.BaseFeeMinor > MaxAmount {
+		return invalid("price.base_fee_minor", "price.base_fee_minor must be at most %d", int64(MaxAmount))
+	}
+	for _, up := range p.Units {
+		if up.Included > MaxAmount {
+			return invalid("price.units", "price.units.%s.included must be at most %d", up.Unit, int64(MaxAmount))
+		}
+		for i, t := range up.Tiers {
+			for _, f := range []struct {
+				name string
+				v    int64
+			}{{"from", t.From}, {"up_to", t.UpTo}, {"price_minor", t.PriceMinor}, {"per_units", t.PerUnits}} {
+				if f.v > MaxAmount {
+					return invalid("price.units", "price.units.%s.tiers[%d].%s must be at most %d", up.Unit, i, f.name, int64(MaxAmount))
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // checkRank refuses a rank another plan has: ranks order the plans, the lowest is the
 // smallest.
 func checkRank(ctx context.Context, tx pgx.Tx, p Plan) error {
@@ -469,9 +503,6 @@ func checkRank(ctx context.Context, tx pgx.Tx, p Plan) error {
 
 // writePlanRest writes a plan's limits and, if any, a price version, then checks that the
 // smallest plan has a price (invoices of orgs on unknown or unpriced plans use it).
-// maxGrantAmount bounds a grant's units: the admission script reads balances as doubles.
-const maxGrantAmount = 1e15
-
 func writePlanRest(ctx context.Context, tx pgx.Tx, plan string, limits map[Unit]Limit, grants map[Unit]PlanGrant, price *invoice.Plan) error {
 	if _, err := tx.Exec(ctx, `DELETE FROM plan_grants WHERE plan = $1`, plan); err != nil {
 		return fmt.Errorf("delete grants of plan %q: %w", plan, err)
