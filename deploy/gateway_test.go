@@ -23,6 +23,7 @@ import (
 
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/config"
+	"github.com/metergate/metergate/pkg/policy"
 )
 
 // fromYAML decodes YAML into a proto message through its JSON form, refusing unknown
@@ -69,12 +70,13 @@ func yamlDocs(t *testing.T, path string) []map[string]any {
 }
 
 // requireMappedKeys checks that the descriptor keys of the rate limits are admit's
-// default mapping (or ignored by default), that one request-path descriptor carries the
-// API key and hits_addend, and that the stream-done rate limit carries the event id.
+// default mapping (or ignored by default), that the request path carries the API key and
+// nothing the client decides its charge with (tool, idempotency key, hits_addend), and that
+// the stream-done rate limits carry the event id, one of them the credits unit.
 func requireMappedKeys(t *testing.T, limits []*routev3.RateLimit) {
 	t.Helper()
 	m := api.DefaultRLS
-	mapped := []string{m.APIKey, m.Account, m.Tool, m.IdempotencyKey, m.Event, m.Status}
+	mapped := []string{m.APIKey, m.Account, m.Tool, m.IdempotencyKey, m.Event, m.Status, m.Unit}
 	var keys, doneKeys []string
 	hits := false
 	for _, l := range limits {
@@ -85,6 +87,9 @@ func requireMappedKeys(t *testing.T, limits []*routev3.RateLimit) {
 				key = a.GetGenericKey().GetDescriptorKey()
 				if key == "" {
 					key = "generic_key" // Envoy's default key
+				}
+				if key == m.Unit {
+					require.True(t, policy.Unit(a.GetGenericKey().GetDescriptorValue()).Valid(), "%v", a)
 				}
 			case a.GetRequestHeaders() != nil:
 				key = a.GetRequestHeaders().GetDescriptorKey()
@@ -109,11 +114,12 @@ func requireMappedKeys(t *testing.T, limits []*routev3.RateLimit) {
 		}
 	}
 	require.Contains(t, keys, m.APIKey)
-	require.Contains(t, keys, m.Tool)
-	require.Contains(t, keys, m.IdempotencyKey)
+	require.NotContains(t, keys, m.Tool, "the client's x-tool decides no charge")
+	require.NotContains(t, keys, m.IdempotencyKey, "the client's idempotency key passes nothing twice")
 	require.NotContains(t, keys, m.Event, "the request path names no event: that call would be an outcome")
-	require.True(t, hits, "the request's estimated tokens are a hits_addend")
+	require.False(t, hits, "the client's estimated tokens are no hits_addend")
 	require.Contains(t, doneKeys, m.Event, "the stream-done call names the admitted event")
+	require.Contains(t, doneKeys, m.Unit, "the stream-done call settles credits too")
 }
 
 // deploy/envoy/envoy.yaml is a valid Envoy bootstrap whose rate-limit filter asks admit's

@@ -170,9 +170,10 @@ func caddy(t *testing.T) gateway {
 }
 
 // The shipped nginx.conf and Caddyfile, run by the real servers in front of an app with a
-// real admit: the seeds' free key's burst of 30 is cut at about 20, the rest 429 with
-// Retry-After and admit's JSON at the client; a spent quota is 402 with its JSON; an unknown
-// or missing key 401; the app gets exactly the passed requests, each an admitted event.
+// real admit: the seeds' free key's burst of 30, all with one Idempotency-Key, is cut at
+// about 20, the rest 429 with Retry-After and admit's JSON at the client; a spent quota is
+// 402 with its JSON; an unknown or missing key 401; the app gets exactly the passed
+// requests, each an admitted event of its own: what the client sends buys nothing unbilled.
 func TestGateways(t *testing.T) {
 	t.Parallel()
 	for name, start := range map[string]func(*testing.T) gateway{"nginx": nginx, "caddy": caddy} {
@@ -201,7 +202,9 @@ func freeBurst(t *testing.T, g gateway) {
 		}
 		wg.Go(func() {
 			<-start
-			a := send(t, method, g.url+"/v1/chat", map[string]string{"X-Api-Key": key, "X-Estimated-Tokens": "50"})
+			// One idempotency key for all: the gateway must not pass a replay, unbilled.
+			a := send(t, method, g.url+"/v1/chat", map[string]string{"X-Api-Key": key, "X-Estimated-Tokens": "50",
+				"Idempotency-Key": "the-same-key", "X-Tool": "image_generate"})
 			mu.Lock()
 			defer mu.Unlock()
 			answers = append(answers, a)
@@ -277,9 +280,10 @@ func unknownKey(t *testing.T, g gateway) {
 	require.Equal(t, http.StatusUnauthorized, a.status, a.body)
 	require.Equal(t, "missing_api_key", a.json["error"].(map[string]any)["code"], a.body)
 
-	a = send(t, "GET", g.url+"/", map[string]string{"X-Api-Key": "mgk_nobody", "X-Estimated-Tokens": "many"})
-	require.Equal(t, http.StatusBadRequest, a.status, a.body)
-	require.Equal(t, "invalid_units", a.json["error"].(map[string]any)["code"], a.body)
+	// The client's charging headers never reach admit: not even a bad one is read.
+	a = send(t, "GET", g.url+"/", map[string]string{"X-Api-Key": "mgk_nobody", "X-Estimated-Tokens": "many", "X-Tool": "teleport"})
+	require.Equal(t, http.StatusUnauthorized, a.status, a.body)
+	require.Equal(t, "unknown_api_key", a.json["error"].(map[string]any)["code"], a.body)
 
 	after, _ := g.app.Seen()
 	require.Len(t, after, len(before), "a refused request never reaches the app")
