@@ -50,8 +50,8 @@
 --   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
 --   ids of the requests that were answered with this decision (the first and each replay)
 --   and not voided since (void.lua). A record without "\n" has one attempt, its own. An
---   event id written "~<uuid>" is "<uuid><id_tail>" (records are scoped by account, so
---   by org: the tail is the reader's too). A record holds at most MAX_ATTEMPTS attempts: a
+--   event id written "~<uuid>" (the head's and the attempts') is "<uuid><id_tail>"
+--   (records are scoped by account, so by org: the tail is the reader's too). A record holds at most MAX_ATTEMPTS attempts: a
 --   replay past them is refused (IDEMPOTENCY_EXHAUSTED), so a record's size and the time to
 --   rewrite it stay bounded however often a key is replayed.
 --   per token bucket:    field; inc = amount × emission interval, µs; win = burst ×
@@ -156,6 +156,12 @@ local MAX_COUNTER = 9007199254740991
 
 local A, K, call, tonumber, unpack, fmt, match, sub = ARGV, KEYS, redis.call, tonumber, unpack, string.format, string.match, string.sub
 local floor, ceil, pairs, gmatch, gsub = math.floor, math.ceil, pairs, string.gmatch, string.gsub
+
+-- short writes an event id of the org as a record holds it: "~<uuid>" for "<uuid><id_tail>".
+local function short(id, tail)
+  if sub(id, -#tail) == tail then return '~' .. sub(id, 1, #id - #tail) end
+  return id
+end
 
 local time = call('TIME')
 local sec, usec = time[1], time[2]
@@ -407,7 +413,10 @@ for dn = 1, tonumber(decisions) do
       if call('EXISTS', tag .. 'v:' .. id) == 1 then
         rec = false
       elseif fp == (where and fingerprint or legacy_fp) then
-        if attempts == '' then attempts = id end
+        -- Bucket records write the org's event ids short; the legacy layout keeps them
+        -- whole, as the versions that wrote it read them.
+        local tail = where and id_tail or '\0'
+        if attempts == '' then attempts = short(id, tail) end
         local _, held = gsub(attempts, '%S+', '')
         if replay ~= '1' then
           code, ra = REPLAY_REFUSED, id
@@ -415,7 +424,7 @@ for dn = 1, tonumber(decisions) do
           code = IDEMPOTENCY_EXHAUSTED
         else
           code, ra, rb, replayed = ALLOWED, id, p, 1
-          rec = head .. '\n' .. attempts .. ' ' .. event_id
+          rec = head .. '\n' .. attempts .. ' ' .. short(event_id, tail)
           if where then call('HSET', where, idem, rec) else call('SET', legacy, rec, 'KEEPTTL') end
         end
       else

@@ -42,7 +42,9 @@ if idem ~= '' then
     if attempts == '' then attempts = id end
     local others, found = {}, false
     for a in string.gmatch(attempts, '%S+') do
-      if a == attempt and not found then found = true else others[#others + 1] = a end
+      local full = a -- "~<uuid>" is "<uuid><id_tail>", as in the head
+      if string.sub(a, 1, 1) == '~' then full = string.sub(a, 2) .. id_tail end
+      if full == attempt and not found then found = true else others[#others + 1] = a end
     end
     if found and #others > 0 then
       record = head .. '\n' .. table.concat(others, ' ')

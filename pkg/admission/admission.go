@@ -118,6 +118,11 @@ var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different 
 // MaxAttempts times already: its record holds no more (a record's size is bounded).
 var ErrIdempotencyKeyExhausted = errors.New("idempotency key replayed too often")
 
+// MaxCounter is the largest value a quota counter takes, capped or not: 2^53 - 1, the
+// largest integer the script's Lua numbers hold exactly (lua/admit.lua, MAX_COUNTER). A
+// request that would take a counter past it is refused as over its quota.
+const MaxCounter = 1<<53 - 1
+
 // MaxAttempts is how many requests may be answered with one idempotency key's decision: the
 // first and its replays (lua/admit.lua, MAX_ATTEMPTS).
 const MaxAttempts = 16

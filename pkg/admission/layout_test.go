@@ -22,6 +22,11 @@ func TestScriptLayout(t *testing.T) {
 	blocks, codes := parseScriptLayout(t, string(src))
 	require.Equal(t, argNames, blocks, "argument layout: lua/admit.lua (actual) against admitter.go (expected)")
 	require.Equal(t, replyCodes, codes, "reply codes: lua/admit.lua (actual) against admitter.go (expected)")
+	for name, want := range map[string]int64{"MAX_ATTEMPTS": MaxAttempts, "MAX_COUNTER": MaxCounter} {
+		m := regexp.MustCompile(`(?m)^local ` + name + ` = (\d+)$`).FindStringSubmatch(string(src))
+		require.NotNil(t, m, "lua/admit.lua declares %s", name)
+		require.Equal(t, strconv.FormatInt(want, 10), m[1], "%s: lua/admit.lua (actual) against Go (expected)", name)
+	}
 }
 
 var (
