@@ -25,6 +25,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
 
 	"github.com/metergate/metergate/internal/cli"
 	"github.com/metergate/metergate/migrations"
@@ -134,13 +136,9 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	// anything runs so that a taken port fails the start.
 	var grpcServe func(context.Context) error
 	if cfg.RLS.Addr != "" {
-		gs, health, err := server.NewGRPCServer(rlsMapping(cfg.RLS))
+		lis, gs, health, err := grpcListener(cfg, server, reg)
 		if err != nil {
 			return err
-		}
-		lis, err := net.Listen("tcp", cfg.RLS.Addr)
-		if err != nil {
-			return fmt.Errorf("ADMIT_GRPC_ADDR: %w", err)
 		}
 		defer lis.Close() // closed by the server once it serves; this covers an early return
 		log.Info("grpc listening", "addr", lis.Addr().String())
@@ -160,9 +158,9 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		g.Go(func() error { return relay.Run(ctx) })
 	}
 	g.Go(func() error { return cache.Run(ctx) })
-	// ops.Serve sets no WriteTimeout or ReadTimeout, so a request may wait ADMIT_MAX_WAIT for
-	// capacity; at shutdown, waiters still held after SHUTDOWN_TIMEOUT are cut (docs/config.md).
-	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
+	// HTTP_WRITE_TIMEOUT outlasts ADMIT_MAX_WAIT (config.Admit.Validate), so a request may wait
+	// for capacity; at shutdown, waiters still held after SHUTDOWN_TIMEOUT are cut (docs/config.md).
+	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.HTTP(), mux) })
 	if grpcServe != nil {
 		g.Go(func() error { return grpcServe(ctx) })
 	}
@@ -181,6 +179,34 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		log.Error("voids still pending at shutdown", "err", cerr)
 	}
 	return err
+}
+
+// grpcListener opens the gRPC listener, at most ADMIT_GRPC_MAX_CONNS connections at once,
+// and builds the server with the listener's limits: streams, message and metadata sizes,
+// handshake, idle, age and keepalive bounds, and the service token for every streaming
+// call (health Watch, reflection), ADMIT_GRPC_MAX_HELD_STREAMS of them at once. Unary
+// calls are not concerned: health Check stays open to orchestrators, ShouldRateLimit
+// checks the token itself.
+func grpcListener(cfg config.Admit, server *api.Server, reg prometheus.Registerer) (net.Listener, *grpc.Server, *health.Server, error) {
+	guard, err := ops.StreamGuard(cfg.Admission.ServiceToken, cfg.RLS.MaxHeldStreams)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	opts := append(cfg.GRPC().ServerOptions(), grpc.ChainStreamInterceptor(guard))
+	gs, hs, err := server.NewGRPCServer(rlsMapping(cfg.RLS), opts...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	lis, err := net.Listen("tcp", cfg.RLS.Addr)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("ADMIT_GRPC_ADDR: %w", err)
+	}
+	refused := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "metergate_grpc_connections_refused_total",
+		Help: "gRPC connections closed when accepted because ADMIT_GRPC_MAX_CONNS were open.",
+	})
+	reg.MustRegister(refused)
+	return ops.LimitListener(lis, cfg.RLS.Limits.MaxConns, refused), gs, hs, nil
 }
 
 // rlsMapping is the descriptor mapping of Envoy's rate-limit service as configured.
@@ -206,7 +232,7 @@ func runRelay(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return relay.Run(ctx) })
-	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
+	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.HTTP(), mux) })
 	g.Go(func() error {
 		_ = topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()) // ends only with ctx
 		return nil

@@ -55,6 +55,19 @@ func TestRateLimitServiceOnGRPCAddr(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
+	// Streaming calls need the service token (ops.StreamGuard); unary Check does not.
+	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: api.RLSService})
+	require.NoError(t, err)
+	_, err = w.Recv()
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "Watch without a token: %v", err)
+	wctx, endWatch := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+serviceToken()))
+	w, err = hc.Watch(wctx, &healthpb.HealthCheckRequest{Service: api.RLSService})
+	require.NoError(t, err)
+	hr, err := w.Recv()
+	require.NoError(t, err, "Watch with the service token")
+	require.Equal(t, healthpb.HealthCheckResponse_SERVING, hr.GetStatus())
+	endWatch()
+
 	org := strings.ReplaceAll(prefix, "_", "-")
 	post(t, http.DefaultClient, base+"/v1/admin/accounts", adminToken(), map[string]any{"id": org, "kind": "org", "plan": "free"}, 201)
 	key := post(t, http.DefaultClient, base+"/v1/admin/api-keys", adminToken(), map[string]any{"account": org}, 201)["api_key"].(string)
@@ -73,6 +86,9 @@ func TestRateLimitServiceOnGRPCAddr(t *testing.T) {
 	}
 	_, err = client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "metergate", Descriptors: []*commonv3.RateLimitDescriptor{entry("api_key", key)}})
 	require.Equal(t, codes.Unauthenticated, status.Code(err), "no token: %v", err)
+	// A call is a few hundred bytes; one past ADMIT_GRPC_MAX_RECV_BYTES is refused unread.
+	_, err = call(entry("api_key", strings.Repeat("k", 64<<10)))
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "a 64 KiB call: %v", err)
 
 	var first *rlsv3.RateLimitResponse
 	for { // the key reaches the node's cache through LISTEN/NOTIFY

@@ -93,7 +93,7 @@ func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
 	}
 
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.Addr, mux, cfg.Server.ShutdownTimeout) })
+	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.HTTP(), mux) })
 	if deliverer != nil {
 		// Run ends when ctx does, once the attempts in flight are recorded.
 		g.Go(func() error { return deliverer.Run(ctx) })

@@ -14,6 +14,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/invoice"
+	"github.com/metergate/metergate/pkg/ops"
 )
 
 // Admit is the configuration of cmd/admit.
@@ -217,9 +218,31 @@ func (c *Admit) Register(l *Loader) {
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 }
 
+// answerMargin is what HTTP_WRITE_TIMEOUT must leave, past the body's arrival and the
+// longest wait for capacity, for the decision itself: its Redis call (REDIS_TIMEOUT), the
+// replicas' WAIT, a fail-open event written straight to Kafka.
+const answerMargin = 30 * time.Second
+
 // Validate reports every problem of the configuration, one per line, prefixed by section.
 func (c *Admit) Validate() error {
-	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), c.Kafka.Validate(), c.Admission.Validate(), c.RLS.Validate())
+	var errs []error
+	// The write deadline starts once a request's headers are in: a request may then take
+	// HTTP_READ_TIMEOUT for its body and wait ADMIT_MAX_WAIT, and must still be answered
+	// (an admission answered to nobody would be billed).
+	if need := c.Server.ReadTimeout + c.Admission.MaxWait + answerMargin; c.Server.WriteTimeout < need {
+		errs = append(errs, fmt.Errorf("HTTP_WRITE_TIMEOUT=%s: want at least HTTP_READ_TIMEOUT + ADMIT_MAX_WAIT + %s = %s, so that a request allowed to wait is still answered",
+			c.Server.WriteTimeout, answerMargin, need))
+	}
+	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), c.Kafka.Validate(),
+		c.Admission.Validate(), c.RLS.Validate(), prefix("server", errs))
+}
+
+// GRPC is the rate-limit service's listener limits as pkg/ops applies them; its metadata
+// is bounded by HTTP_MAX_HEADER_BYTES, as the HTTP headers are.
+func (c *Admit) GRPC() ops.GRPC {
+	g := c.RLS.Limits
+	g.MaxHeaderBytes = c.Server.MaxHeaderBytes
+	return g
 }
 
 // Meter is the configuration of cmd/meter.

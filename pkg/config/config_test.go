@@ -232,10 +232,92 @@ func TestRedisSentinel(t *testing.T) {
 	}
 }
 
+// Every HTTP listener has header, body, write and idle deadlines and a header size
+// limit, with defaults; the write deadline leaves room for admit's longest wait.
+func TestHTTPLimits(t *testing.T) {
+	t.Parallel()
+	var c config.Admit
+	_, err := config.Load(&c, "admit", nil, envMap(nil), io.Discard)
+	require.NoError(t, err)
+	h := c.Server.HTTP()
+	require.Equal(t, 5*time.Second, h.ReadHeaderTimeout)
+	require.Equal(t, 15*time.Second, h.ReadTimeout)
+	require.Equal(t, 2*time.Minute, h.WriteTimeout)
+	require.Equal(t, time.Minute, h.IdleTimeout)
+	require.Equal(t, 64<<10, h.MaxHeaderBytes)
+	require.Equal(t, "127.0.0.1:8080", h.Addr)
+	require.Equal(t, 15*time.Second, h.ShutdownTimeout)
+
+	var m config.Meter
+	_, err = config.Load(&m, "meter", nil, envMap(map[string]string{"HTTP_READ_TIMEOUT": "6s"}), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 6*time.Second, m.Server.HTTP().ReadTimeout, "meter's listener takes the same settings")
+
+	for _, tc := range []struct {
+		env map[string]string
+		err string
+	}{
+		{map[string]string{"HTTP_READ_TIMEOUT": "0s"}, "HTTP_READ_TIMEOUT=0s: want more than 0"},
+		{map[string]string{"HTTP_IDLE_TIMEOUT": "-1s"}, "HTTP_IDLE_TIMEOUT=-1s: want more than 0"},
+		{map[string]string{"HTTP_READ_HEADER_TIMEOUT": "0s"}, "HTTP_READ_HEADER_TIMEOUT=0s: want more than 0"},
+		{map[string]string{"HTTP_READ_HEADER_TIMEOUT": "20s"}, "HTTP_READ_HEADER_TIMEOUT=20s: want at most HTTP_READ_TIMEOUT (15s)"},
+		{map[string]string{"HTTP_MAX_HEADER_BYTES": "1000"}, "HTTP_MAX_HEADER_BYTES=1000: want 4096-1048576"},
+		{map[string]string{"HTTP_MAX_HEADER_BYTES": "2000000"}, "HTTP_MAX_HEADER_BYTES=2000000"},
+		// 15s for the body + 30s of wait + 30s for the decision.
+		{map[string]string{"HTTP_WRITE_TIMEOUT": "74s"}, "HTTP_WRITE_TIMEOUT=1m14s: want at least HTTP_READ_TIMEOUT + ADMIT_MAX_WAIT + 30s = 1m15s"},
+		{map[string]string{"ADMIT_MAX_WAIT": "10m"}, "HTTP_WRITE_TIMEOUT=2m0s: want at least HTTP_READ_TIMEOUT + ADMIT_MAX_WAIT + 30s = 10m45s"},
+		{map[string]string{"ADMIT_MAX_WAIT": "10m", "HTTP_WRITE_TIMEOUT": "10m45s"}, ""},
+		{map[string]string{"HTTP_WRITE_TIMEOUT": "75s"}, ""},
+	} {
+		var c config.Admit
+		_, err := config.Load(&c, "admit", nil, envMap(tc.env), io.Discard)
+		if tc.err == "" {
+			require.NoError(t, err, tc.env)
+			continue
+		}
+		require.ErrorContains(t, err, tc.err, tc.env)
+	}
+}
+
+// The gRPC listener's limits have defaults, take their metadata bound from
+// HTTP_MAX_HEADER_BYTES and refuse zero.
+func TestGRPCLimits(t *testing.T) {
+	t.Parallel()
+	var c config.Admit
+	_, err := config.Load(&c, "admit", nil, envMap(map[string]string{"HTTP_MAX_HEADER_BYTES": "8192"}), io.Discard)
+	require.NoError(t, err)
+	g := c.GRPC()
+	require.Equal(t, 1024, g.MaxConns)
+	require.Equal(t, 256, g.MaxStreams)
+	require.Equal(t, 64<<10, g.MaxRecvBytes)
+	require.Equal(t, 8192, g.MaxHeaderBytes)
+	require.Equal(t, 5*time.Second, g.HandshakeTimeout)
+	require.Equal(t, 5*time.Minute, g.IdleTimeout)
+	require.Equal(t, 30*time.Minute, g.MaxAge)
+	require.Equal(t, 30*time.Second, g.MaxAgeGrace)
+	require.Equal(t, time.Minute, g.KeepaliveTime)
+	require.Equal(t, 20*time.Second, g.KeepaliveTimeout)
+	require.Equal(t, 10*time.Second, g.KeepaliveMinTime)
+	require.Equal(t, 16, c.RLS.MaxHeldStreams)
+	require.Len(t, g.ServerOptions(), 6)
+
+	_, err = config.Load(&c, "admit", nil, envMap(map[string]string{"ADMIT_GRPC_MAX_CONNS": "0", "ADMIT_GRPC_MAX_STREAMS": "0",
+		"ADMIT_GRPC_MAX_RECV_BYTES": "0", "ADMIT_GRPC_MAX_HELD_STREAMS": "0", "ADMIT_GRPC_HANDSHAKE_TIMEOUT": "0s",
+		"ADMIT_GRPC_MAX_CONN_AGE": "0s", "ADMIT_GRPC_KEEPALIVE_MIN_TIME": "0s"}), io.Discard)
+	require.Error(t, err)
+	for _, want := range []string{"ADMIT_GRPC_MAX_CONNS=0: want 1-", "ADMIT_GRPC_MAX_STREAMS=0", "ADMIT_GRPC_MAX_RECV_BYTES=0",
+		"ADMIT_GRPC_MAX_HELD_STREAMS=0", "ADMIT_GRPC_HANDSHAKE_TIMEOUT=0s: want more than 0", "ADMIT_GRPC_MAX_CONN_AGE=0s",
+		"ADMIT_GRPC_KEEPALIVE_MIN_TIME=0s"} {
+		require.Contains(t, err.Error(), want)
+	}
+}
+
 // ADMIT_MAX_WAIT defaults to 30s, may be 0 (no waiting) and no more than 10m.
 func TestMaxWait(t *testing.T) {
 	env := func(v string) map[string]string {
-		m := map[string]string{"ADMIT_SERVICE_TOKEN": "service-token-0123", "ADMIT_ADMIN_TOKEN": "admin-token-012345"}
+		// A request may wait 10m: its answer may take that long (TestHTTPLimits).
+		m := map[string]string{"ADMIT_SERVICE_TOKEN": "service-token-0123", "ADMIT_ADMIN_TOKEN": "admin-token-012345",
+			"HTTP_WRITE_TIMEOUT": "11m"}
 		if v != "" {
 			m["ADMIT_MAX_WAIT"] = v
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/topic"
 )
 
@@ -257,31 +258,71 @@ func (c Kafka) Spec() topic.Spec {
 	return topic.Spec{Name: c.Topic, Partitions: c.Partitions, ReplicationFactor: c.ReplicationFactor}
 }
 
-// Server is a binary's HTTP listener (API and/or /healthz, /readyz, /metrics).
+// Server is a binary's HTTP listener (API and/or /healthz, /readyz, /metrics) and the
+// limits every client of it meets (ops.HTTP).
 type Server struct {
 	Addr            string
 	ShutdownTimeout time.Duration
+	// ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout and MaxHeaderBytes are
+	// ops.HTTP's.
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration
+	WriteTimeout      time.Duration
+	IdleTimeout       time.Duration
+	MaxHeaderBytes    int
 
 	addrEnv string
 }
 
-// register adds <ENV>_ADDR-style settings under the given variable names.
+// Bounds of HTTP_MAX_HEADER_BYTES: net/http's own default is 1 MiB.
+const (
+	minHeaderBytes = 4 << 10
+	maxHeaderBytes = 1 << 20
+)
+
+// register adds <ENV>_ADDR-style settings under the given variable names, SHUTDOWN_TIMEOUT
+// and the HTTP_* limits.
 func (c *Server) register(l *Loader, addrEnv, defAddr string) {
 	l.String(&c.Addr, addrEnv, defAddr, "HTTP listen address")
 	l.Duration(&c.ShutdownTimeout, "SHUTDOWN_TIMEOUT", 15*time.Second, "how long a graceful shutdown may take")
+	l.Duration(&c.ReadHeaderTimeout, "HTTP_READ_HEADER_TIMEOUT", 5*time.Second, "longest time a client may take to send a request's line and headers")
+	l.Duration(&c.ReadTimeout, "HTTP_READ_TIMEOUT", 15*time.Second, "longest time a client may take to send a whole request, headers and body")
+	l.Duration(&c.WriteTimeout, "HTTP_WRITE_TIMEOUT", 2*time.Minute, "longest time from a request's headers to the end of its answer (admit: more than HTTP_READ_TIMEOUT + ADMIT_MAX_WAIT + 30s)")
+	l.Duration(&c.IdleTimeout, "HTTP_IDLE_TIMEOUT", time.Minute, "longest time a kept-alive connection may wait for its next request")
+	l.Int(&c.MaxHeaderBytes, "HTTP_MAX_HEADER_BYTES", 64<<10, "largest request line and headers, in bytes (past it: 431)")
 	c.addrEnv = addrEnv
 }
 
-// Validate reports a bad listen address or shutdown timeout.
+// Validate reports a bad listen address, a shutdown timeout or limit that is not set, and
+// a header deadline past the whole request's.
 func (c Server) Validate() error {
 	var errs []error
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		errs = append(errs, fmt.Errorf("%s=%q: not host:port", c.addrEnv, c.Addr))
 	}
-	if c.ShutdownTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("SHUTDOWN_TIMEOUT=%s: want more than 0", c.ShutdownTimeout))
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"SHUTDOWN_TIMEOUT", c.ShutdownTimeout}, {"HTTP_READ_HEADER_TIMEOUT", c.ReadHeaderTimeout},
+		{"HTTP_READ_TIMEOUT", c.ReadTimeout}, {"HTTP_WRITE_TIMEOUT", c.WriteTimeout}, {"HTTP_IDLE_TIMEOUT", c.IdleTimeout}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s=%s: want more than 0", d.name, d.v))
+		}
+	}
+	if c.ReadHeaderTimeout > c.ReadTimeout {
+		errs = append(errs, fmt.Errorf("HTTP_READ_HEADER_TIMEOUT=%s: want at most HTTP_READ_TIMEOUT (%s), which covers the headers too", c.ReadHeaderTimeout, c.ReadTimeout))
+	}
+	if c.MaxHeaderBytes < minHeaderBytes || c.MaxHeaderBytes > maxHeaderBytes {
+		errs = append(errs, fmt.Errorf("HTTP_MAX_HEADER_BYTES=%d: want %d-%d", c.MaxHeaderBytes, minHeaderBytes, maxHeaderBytes))
 	}
 	return prefix("server", errs)
+}
+
+// HTTP is the listener as pkg/ops serves it.
+func (c Server) HTTP() ops.HTTP {
+	return ops.HTTP{Addr: c.Addr, ReadHeaderTimeout: c.ReadHeaderTimeout, ReadTimeout: c.ReadTimeout,
+		WriteTimeout: c.WriteTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes,
+		ShutdownTimeout: c.ShutdownTimeout}
 }
 
 func prefix(section string, errs []error) error {

@@ -1,6 +1,8 @@
 // Package ops serves what operators and orchestrators ask of every long-running binary:
 // /healthz (the process is alive), /readyz (every dependency answers) and /metrics
-// (Prometheus).
+// (Prometheus); and it bounds what a client may hold of its listeners: the deadlines and
+// header limit of the HTTP servers (HTTP), the connections, streams, messages and
+// keepalives of a gRPC server (GRPC, LimitListener) and its streaming calls (StreamGuard).
 package ops
 
 import (
