@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/policy"
@@ -69,7 +71,12 @@ func decodeJSONMax(body io.Reader, v any, limit int) (int, *Error) {
 	return len(raw), decodeRaw(raw, v)
 }
 
+// decodeRaw decodes raw into v as decodeJSON does, after refusing a duplicate key
+// (checkDuplicateKeys).
 func decodeRaw(raw []byte, v any) *Error {
+	if e := checkDuplicateKeys(raw); e != nil {
+		return e
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
@@ -92,6 +99,151 @@ func decodeRaw(raw []byte, v any) *Error {
 	return nil
 }
 
+// maxKeyDepth is the deepest nesting checkDuplicateKeys follows: encoding/json's own limit,
+// so that a body it refuses for depth keeps that refusal (invalid_json).
+const maxKeyDepth = 10000
+
+// keyFrame is an object or array checkDuplicateKeys is inside.
+type keyFrame struct {
+	object   bool
+	wantKey  bool                // object: the next string is a key
+	key      string              // object: the last key read
+	index    int                 // array: the index of the next value
+	keys     []string            // object: its keys so far, folded (few keys)
+	keySet   map[string]struct{} // object: the same, once there are many
+	keyCount int
+}
+
+// checkDuplicateKeys refuses a JSON value with an object, at any depth, that has a key twice
+// (400 duplicate_key naming the key's path): encoding/json would keep the last value
+// silently, so two readers of one body (a proxy and admit, a log and the decoder) could
+// see different requests. Keys that differ only in case count as the same, because
+// encoding/json matches a struct's field names regardless of case ("API_KEY" sets
+// api_key). raw is read once, as a stream of tokens; anything but a duplicate (bad JSON,
+// nesting past maxKeyDepth, data after the value) is left for the decoder to refuse with
+// its own code, a duplicate before it or not.
+func checkDuplicateKeys(raw []byte) *Error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber() // numbers are not parsed: their text is enough
+	var (
+		stack []keyFrame
+		dup   *Error // the first duplicate: returned once the value proves to be JSON
+	)
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		var top *keyFrame
+		if len(stack) > 0 {
+			top = &stack[len(stack)-1]
+		}
+		if s, ok := tok.(string); ok && top != nil && top.object && top.wantKey {
+			seen := top.add(s)
+			top.key, top.wantKey = s, false
+			if seen && dup == nil {
+				dup = badRequest("duplicate_key", "the key %q appears twice in one object (keys that differ only in case count as the same)", keyPath(stack))
+			}
+			continue
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			if len(stack) >= maxKeyDepth {
+				return nil
+			}
+			stack = append(stack, keyFrame{object: tok == json.Delim('{'), wantKey: true})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			if len(stack) == 0 {
+				return dup // the first value is checked; the decoder refuses trailing data
+			}
+			top = &stack[len(stack)-1]
+		}
+		// A value ended (a scalar, or the object or array just closed).
+		switch {
+		case top == nil:
+			return nil // a scalar body
+		case top.object:
+			top.wantKey = true
+		default:
+			top.index++
+		}
+	}
+}
+
+// smallObject is how many keys an object's frame compares one by one before a map.
+const smallObject = 8
+
+// add records key in an object's frame and reports whether it had it already (folded).
+func (f *keyFrame) add(key string) bool {
+	k := foldKey(key)
+	if f.keySet == nil && len(f.keys) < smallObject {
+		for _, seen := range f.keys {
+			if seen == k {
+				return true
+			}
+		}
+		f.keys = append(f.keys, k)
+		return false
+	}
+	if f.keySet == nil {
+		f.keySet = make(map[string]struct{}, 2*smallObject)
+		for _, seen := range f.keys {
+			f.keySet[seen] = struct{}{}
+		}
+		f.keys = nil
+	}
+	if _, ok := f.keySet[k]; ok {
+		return true
+	}
+	f.keySet[k] = struct{}{}
+	return false
+}
+
+// foldKey folds a key as encoding/json does when it matches field names: ASCII letters to
+// upper case, other runes to the smallest rune of their case-folding orbit; two keys fold
+// alike exactly when strings.EqualFold says they are equal, when one struct field would
+// take both.
+func foldKey(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		switch {
+		case 'a' <= r && r <= 'z':
+			r -= 'a' - 'A'
+		case r >= utf8.RuneSelf:
+			for {
+				next := unicode.SimpleFold(r)
+				if next <= r {
+					r = next
+					break
+				}
+				r = next
+			}
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// keyPath names the key just read: units.tokens, estimate.request.messages[0].role.
+func keyPath(stack []keyFrame) string {
+	var b strings.Builder
+	for _, f := range stack {
+		switch {
+		case f.object && !f.wantKey: // the key whose value holds the rest
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(f.key)
+		case !f.object:
+			fmt.Fprintf(&b, "[%d]", f.index)
+		}
+	}
+	return b.String()
+}
+
 // decodeUnits turns {"tokens": 2500, ...} into units, refusing unknown units and values
 // that are not non-negative integers (a number in quotes included).
 func decodeUnits(in map[string]json.RawMessage) (map[policy.Unit]int64, *Error) {
@@ -102,6 +254,9 @@ func decodeUnits(in map[string]json.RawMessage) (map[policy.Unit]int64, *Error) 
 			return nil, badRequest("unknown_unit", "unknown unit %q (known: requests, tokens, credits, cost_micros)", name)
 		}
 		v, err := jsonInt(raw)
+		if errors.Is(err, strconv.ErrRange) || err == nil && v > policy.MaxAmount {
+			return nil, unitsTooLarge("units." + name)
+		}
 		if err != nil {
 			return nil, badRequest("invalid_units", "units.%s must be a whole number, got %.40s", name, raw)
 		}
@@ -111,6 +266,11 @@ func decodeUnits(in map[string]json.RawMessage) (map[policy.Unit]int64, *Error) 
 		out[u] = v
 	}
 	return out, nil
+}
+
+// unitsTooLarge refuses an amount of units past policy.MaxAmount, naming where it was.
+func unitsTooLarge(field string) *Error {
+	return badRequest("invalid_units", "%s must be at most %d (10^15)", field, int64(policy.MaxAmount))
 }
 
 // jsonInt parses a JSON number that is a whole int64, written without fraction or exponent.
@@ -225,6 +385,9 @@ func parseAdmit(body io.Reader, tools map[string]int64, opt estimate.Options) (a
 		est, e := b.Estimate.count(opt)
 		if e != nil {
 			return in, e
+		}
+		if est.Total > policy.MaxAmount {
+			return in, unitsTooLarge("the estimate's tokens (max_tokens)")
 		}
 		units[policy.Tokens], in.Estimated = est.Total, &est
 	}

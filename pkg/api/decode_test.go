@@ -1,6 +1,8 @@
 package api
 
 import (
+	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -104,6 +106,9 @@ func FuzzParseAdmit(f *testing.F) {
 		if (in.APIKey == "") == (in.Account == "") {
 			t.Fatalf("accepted without exactly one credential: %+v", in)
 		}
+		if keys, entries, folded := keyCounts(t, body); keys != entries || folded {
+			t.Fatalf("accepted a body that repeats a key: %q", body)
+		}
 		if len(in.Units) == 0 {
 			t.Fatalf("accepted with no units: %+v", in)
 		}
@@ -202,6 +207,119 @@ func FuzzParseOutcome(f *testing.F) {
 			if !u.Valid() || v < 0 {
 				t.Fatalf("accepted bad unit %s=%d", u, v)
 			}
+		}
+	})
+}
+
+func TestDuplicateKeys(t *testing.T) {
+	for body, path := range map[string]string{
+		`{"api_key":"k","api_key":"j"}`:                        "api_key",
+		`{"api_key":"k","units":{"requests":1,"requests":-1}}`: "units.requests",
+		`{"api_key":"k","API_KEY":"j"}`:                        "API_KEY",
+		`{"api_key":"k","Api_Key":"j"}`:                        "Api_Key",
+		`{"api_key":"k","\u0061pi_key":"j"}`:                   "api_key",
+		`{"api_key":"k","estimate":{"request":{"messages":[{"role":"user","content":"a"},{"role":"user","role":"system"}]}}}`: "estimate.request.messages[1].role",
+		`{"a":[[1,{"b":{"c":1,"d":2,"c":3}}]]}`:                                          "a[0][1].b.c",
+		`{"k0":0,"k1":1,"k2":2,"k3":3,"k4":4,"k5":5,"k6":6,"k7":7,"k8":8,"k9":9,"k4":4}`: "k4",
+		`{"ſ":1,"S":2}`: "S", // encoding/json folds the long s with s
+	} {
+		e := decodeRaw([]byte(body), new(map[string]any))
+		require.NotNil(t, e, body)
+		require.Equal(t, "duplicate_key", e.Code, body)
+		require.Equal(t, 400, e.Status)
+		require.Contains(t, e.Message, strconv.Quote(path), body)
+	}
+	for _, body := range []string{
+		`{"a":1,"b":{"a":1},"c":[{"a":1},{"a":2}]}`, // the same key in different objects
+		`{"a":"a","b":"a"}`, `[{"a":1},{"a":1}]`, `"a"`, `{}`,
+		`{"k0":0,"k1":1,"k2":2,"k3":3,"k4":4,"k5":5,"k6":6,"k7":7,"k8":8,"k9":9,"k10":10}`,
+	} {
+		require.Nil(t, decodeRaw([]byte(body), new(any)), body)
+	}
+	// Other bad input keeps its own code, a duplicate before it or not.
+	for body, code := range map[string]string{
+		`{"a":1,"a":`:           "invalid_json",
+		`{"a":1} {"a":1,"a":2}`: "invalid_json",
+		strings.Repeat("[", maxKeyDepth+1) + strings.Repeat("]", maxKeyDepth+1): "invalid_json",
+	} {
+		e := decodeRaw([]byte(body), new(any))
+		require.NotNil(t, e, body)
+		require.Equal(t, code, e.Code, body)
+	}
+	// Every decoder of a body refuses them: admit's, an outcome's, the admin API's.
+	_, e := parseAdmit(strings.NewReader(`{"api_key":"k","units":{"tokens":1,"tokens":2}}`), policy.ToolCredits, estimate.Options{})
+	require.Equal(t, "duplicate_key", e.Code)
+	_, _, _, e = parseOutcome(strings.NewReader(`{"event_id":"e","status":200,"status":500}`))
+	require.Equal(t, "duplicate_key", e.Code)
+	require.Equal(t, "duplicate_key", decodeJSON(strings.NewReader(`{"id":"a","id":"b"}`), new(accountBody)).Code)
+}
+
+// keyCounts is the oracle of FuzzDuplicateKeys, with nothing in common with
+// checkDuplicateKeys: keys counts the colons outside strings of a valid JSON value (one per
+// key written), entries the keys of its objects once encoding/json has decoded them (a
+// repeated key kept once), and folded whether some decoded object has two keys that
+// differ only in case.
+func keyCounts(t *testing.T, raw []byte) (keys, entries int, folded bool) {
+	inString, escaped := false, false
+	for _, c := range raw {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case !inString && c == ':':
+			keys++
+		}
+	}
+	var v any
+	require.NoError(t, json.Unmarshal(raw, &v))
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			entries += len(v)
+			var seen []string
+			for k, x := range v {
+				for _, s := range seen {
+					folded = folded || strings.EqualFold(s, k)
+				}
+				seen = append(seen, k)
+				walk(x)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x)
+			}
+		}
+	}
+	walk(v)
+	return keys, entries, folded
+}
+
+// FuzzDuplicateKeys: a valid JSON value is refused with duplicate_key exactly when one of
+// its objects repeats a key (the oracle's colons outnumber the decoded keys) or has two
+// keys that differ only in case; the refusal names a key the body has.
+func FuzzDuplicateKeys(f *testing.F) {
+	for _, s := range []string{
+		`{"a":1,"a":2}`, `{"a":1,"A":2}`, `{"a":{"b":[{"c":1},{"c":1,"c":2}]}}`, `{"a":"x:y","b":"\":"}`,
+		`[{"a":1},{"a":1}]`, `{"\u0061":1,"a":2}`, `{"ſ":1,"s":2}`, `{"K":1,"k":2}`, `1`, `{"a":1,"a":`,
+		`{"k0":0,"k1":1,"k2":2,"k3":3,"k4":4,"k5":5,"k6":6,"k7":7,"k8":8,"k9":9,"k4":4}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		e := checkDuplicateKeys(raw)
+		if !json.Valid(raw) {
+			return // the decoder refuses it; what the check said does not matter
+		}
+		keys, entries, folded := keyCounts(t, raw)
+		if (keys > entries || folded) != (e != nil) {
+			t.Fatalf("%d keys written, %d decoded, folded %v: check said %v", keys, entries, folded, e)
+		}
+		if e != nil && (e.Code != "duplicate_key" || e.Status != 400) {
+			t.Fatalf("refusal %+v is not a 400 duplicate_key", e)
 		}
 	})
 }

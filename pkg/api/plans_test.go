@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -256,4 +257,94 @@ func TestPlanGrants(t *testing.T) {
 	upd := b.call(t, "PUT", "/v1/admin/plans/"+id, adminToken, map[string]any{"rank": rank})
 	require.Equal(t, http.StatusOK, upd.Status, upd.Raw)
 	require.NotContains(t, upd.Body, "grants", "a PUT without grants leaves none")
+}
+
+// Every limit, quota, cap, price and threshold the admin API takes has a maximum: at it a
+// write is accepted, one past it is a 400 whose message names the field. The contract
+// check holds the document's maximum to the API's on every exchange.
+func TestAdminBounds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	const most = policy.MaxAmount
+	org, team := b.id("org"), b.id("team")
+	b.account(t, map[string]any{"id": org, "kind": "org", "concurrency": math.MaxInt32,
+		"limits": map[string]any{"tokens": map[string]any{"rate_per_s": 1e6, "burst": most, "quota": most}}})
+	b.account(t, map[string]any{"id": team, "kind": "team", "parent": org})
+
+	for _, c := range []struct {
+		field    string
+		ok, past map[string]any
+	}{
+		{"burst", map[string]any{"rate_per_s": 1e6, "burst": most}, map[string]any{"rate_per_s": 1e7, "burst": most + 1}},
+		{"rate_per_s", map[string]any{"rate_per_s": most, "burst": 10}, map[string]any{"rate_per_s": most + 1, "burst": 10}},
+		{"burst / rate_per_s", map[string]any{"rate_per_s": 0.001, "burst": 1_000_000}, map[string]any{"rate_per_s": 0.001, "burst": 1_000_001}},
+		{"window_s", map[string]any{"limit": 5, "window_s": 1_000_000_000}, map[string]any{"limit": 5, "window_s": 1_000_000_001}},
+		{"limit", map[string]any{"algorithm": "sliding_window", "limit": most, "window_s": 60},
+			map[string]any{"algorithm": "sliding_window", "limit": most + 1, "window_s": 60}},
+		{"quota", map[string]any{"quota": most}, map[string]any{"quota": most + 1}},
+		{"quota", map[string]any{"quota": most, "quota_period": "day"}, map[string]any{"quota": most + 1, "quota_period": "day"}},
+		{"ceiling", map[string]any{"rate_per_s": 1, "burst": 10, "ceiling": most}, map[string]any{"rate_per_s": 1, "burst": 10, "ceiling": most + 1}},
+	} {
+		r := b.call(t, "PUT", "/v1/admin/accounts/"+team, adminToken, map[string]any{"limits": map[string]any{"credits": c.ok}})
+		require.Equal(t, http.StatusOK, r.Status, "%s at its maximum: %s", c.field, r.Raw)
+		r = b.call(t, "PUT", "/v1/admin/accounts/"+team, adminToken, map[string]any{"limits": map[string]any{"credits": c.past}})
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s past its maximum: %s", c.field, r.Raw)
+		require.Equal(t, "invalid_limits", errCode(r), r.Raw)
+		require.Contains(t, r.Raw, "credits: ")
+		require.Contains(t, r.Raw, c.field+" ", r.Raw)
+	}
+	r := b.call(t, "PUT", "/v1/admin/accounts/"+team, adminToken, map[string]any{"concurrency": int64(math.MaxInt32) + 1})
+	require.Equal(t, http.StatusBadRequest, r.Status, r.Raw)
+	require.Equal(t, "invalid_concurrency", errCode(r), r.Raw)
+
+	// A plan with every number at its maximum, then each one past it.
+	plan := func() map[string]any {
+		return map[string]any{"id": b.id("big"), "rank": planRank(), "concurrency": math.MaxInt32,
+			"limits": map[string]any{"tokens": map[string]any{"rate_per_s": 1e6, "burst": most, "quota": most}},
+			"grants": map[string]any{"credits": map[string]any{"amount": most}},
+			"price": map[string]any{"currency": "EUR", "base_fee_minor": most, "units": map[string]any{
+				"tokens": map[string]any{"included": most - 2, "tiers": []any{
+					map[string]any{"from": most - 2, "up_to": most, "price_minor": most, "per_units": most},
+					map[string]any{"from": most, "price_minor": 1, "per_units": 1},
+				}},
+			}}}
+	}
+	price := func(p map[string]any) map[string]any { return p["price"].(map[string]any) }
+	tier := func(p map[string]any, i int) map[string]any {
+		return price(p)["units"].(map[string]any)["tokens"].(map[string]any)["tiers"].([]any)[i].(map[string]any)
+	}
+	for _, c := range []struct {
+		code, field string
+		change      func(p map[string]any)
+	}{
+		{"invalid_limits", "tokens: quota", func(p map[string]any) { p["limits"] = map[string]any{"tokens": map[string]any{"quota": most + 1}} }},
+		{"invalid_grants", "credits: amount", func(p map[string]any) { p["grants"] = map[string]any{"credits": map[string]any{"amount": most + 1}} }},
+		{"invalid_concurrency", "concurrency", func(p map[string]any) { p["concurrency"] = int64(math.MaxInt32) + 1 }},
+		{"invalid_price_base_fee_minor", "price.base_fee_minor", func(p map[string]any) { price(p)["base_fee_minor"] = most + 1 }},
+		{"invalid_price_units", "price.units.tokens.included", func(p map[string]any) {
+			price(p)["units"].(map[string]any)["tokens"].(map[string]any)["included"] = most + 1
+		}},
+		{"invalid_price_units", "price.units.tokens.tiers[1].from", func(p map[string]any) { tier(p, 1)["from"] = most + 1 }},
+		{"invalid_price_units", "price.units.tokens.tiers[0].up_to", func(p map[string]any) { tier(p, 0)["up_to"] = most + 1 }},
+		{"invalid_price_units", "price.units.tokens.tiers[0].price_minor", func(p map[string]any) { tier(p, 0)["price_minor"] = most + 1 }},
+		{"invalid_price_units", "price.units.tokens.tiers[0].per_units", func(p map[string]any) { tier(p, 0)["per_units"] = most + 1 }},
+	} {
+		p := plan()
+		c.change(p)
+		r := b.call(t, "POST", "/v1/admin/plans", adminToken, p)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", c.field, r.Raw)
+		require.Equal(t, c.code, errCode(r), r.Raw)
+		require.Contains(t, r.Raw, c.field, r.Raw)
+	}
+	r = b.call(t, "POST", "/v1/admin/plans", adminToken, plan())
+	require.Equal(t, http.StatusCreated, r.Status, "every number at its maximum: %s", r.Raw)
+
+	// An alert's balance threshold.
+	rule := map[string]any{"account": org, "kind": "balance_below", "unit": "credits", "thresholds": []int64{most + 1}}
+	r = b.call(t, "POST", "/v1/admin/alerts", adminToken, rule)
+	require.Equal(t, http.StatusBadRequest, r.Status, r.Raw)
+	require.Equal(t, "invalid_thresholds", errCode(r), r.Raw)
+	rule["thresholds"] = []int64{most}
+	r = b.call(t, "POST", "/v1/admin/alerts", adminToken, rule)
+	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
 }
