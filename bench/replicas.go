@@ -20,9 +20,11 @@ import (
 // the idle p50 added (1 client). The replicas are local: a network round trip to a replica
 // elsewhere adds its own latency to every decision.
 func (s *stack) replicas(ctx context.Context, res *Results) error {
-	addrs, master := os.Getenv("REDIS_SENTINEL_ADDRS"), os.Getenv("REDIS_SENTINEL_MASTER")
+	// The test setup's own names (.run/env): the binaries refuse REDIS_URL beside
+	// REDIS_SENTINEL_ADDRS, so the stack does not export those.
+	addrs, master := os.Getenv("METERGATE_TEST_SENTINEL_ADDRS"), os.Getenv("METERGATE_TEST_SENTINEL_MASTER")
 	if addrs == "" || master == "" {
-		return errors.New("REDIS_SENTINEL_ADDRS and REDIS_SENTINEL_MASTER unset: run `make up-sentinel` and `. .run/env`")
+		return errors.New("METERGATE_TEST_SENTINEL_ADDRS and METERGATE_TEST_SENTINEL_MASTER unset: run `make up-sentinel` and `. .run/env`")
 	}
 	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: strings.Split(addrs, ",")})
 	defer func() { _ = rdb.Close() }()
@@ -40,7 +42,7 @@ func (s *stack) replicas(ctx context.Context, res *Results) error {
 		}
 		env := append(append([]string{}, s.env...), "ADMIT_ADDR="+addr, "ADMIT_NODE=bench-replicas-"+n.name,
 			"REDIS_TIMEOUT=5s", "ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken,
-			"ADMIT_KEY_PREFIX="+s.cfg.KeyPrefix+"-replicas", "REDIS_CLUSTER_ADDRS=",
+			"ADMIT_KEY_PREFIX="+s.cfg.KeyPrefix+"-replicas", "REDIS_URL=", "REDIS_CLUSTER_ADDRS=",
 			"REDIS_SENTINEL_ADDRS="+addrs, "REDIS_SENTINEL_MASTER="+master, "ADMIT_REDIS_WAIT_REPLICAS="+n.wait)
 		p, err := sandbox.StartAs(s.cfg.BinDir, s.cfg.LogDir, "admit", "replicas-"+n.name, addr, env)
 		if err != nil {

@@ -118,10 +118,9 @@ func (v *clusterFailover) run(t *testing.T) {
 	if v.wait {
 		admitEnv = []string{"ADMIT_REDIS_WAIT_REPLICAS=1"}
 	}
-	// REDIS_URL names no server: with REDIS_CLUSTER_ADDRS only its scheme and credentials
-	// count.
-	s := newStack(t, options{RedisURL: "redis://cluster-named-nodes:6379/0", AdmitEnv: admitEnv,
-		RedisEnv: []string{"REDIS_CLUSTER_ADDRS=" + strings.Join(cluster.Addrs(), ",")}})
+	// REDIS_URL names no server: the binaries refuse one beside REDIS_CLUSTER_ADDRS.
+	s := newStack(t, options{AdmitEnv: admitEnv,
+		RedisEnv: []string{"REDIS_URL=", "REDIS_CLUSTER_ADDRS=" + strings.Join(cluster.Addrs(), ",")}})
 
 	// The orgs' names are picked so that their shards' hash tags land where wanted.
 	keys := admission.Keys{Shards: admission.DefaultShards}

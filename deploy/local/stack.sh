@@ -551,16 +551,19 @@ write_env() {
     echo "export KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
     # The broker's jars, for tests that run a private broker they can stop and start.
     [ ! -f "$(kafka_libs)/.complete" ] || echo "export KAFKA_LIBS=$(kafka_libs)"
+    # The Cluster and Sentinel setups under the tests' own names (internal/testenv): the
+    # binaries refuse REDIS_URL beside REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS, so a
+    # shell that sourced this file starts them against the one Redis of REDIS_URL.
     if cluster_ok; then
       local addrs=() port
       for port in "${CLUSTER_PORTS[@]}"; do addrs+=("127.0.0.1:$port"); done
-      echo "export REDIS_CLUSTER_ADDRS=$(IFS=,; echo "${addrs[*]}")"
+      echo "export METERGATE_TEST_REDIS_CLUSTER_ADDRS=$(IFS=,; echo "${addrs[*]}")"
     fi
     if sentinel_ok; then
       local saddrs=()
       for port in "${SENTINEL_PORTS[@]}"; do saddrs+=("127.0.0.1:$port"); done
-      echo "export REDIS_SENTINEL_ADDRS=$(IFS=,; echo "${saddrs[*]}")"
-      echo "export REDIS_SENTINEL_MASTER=$SENTINEL_MASTER"
+      echo "export METERGATE_TEST_SENTINEL_ADDRS=$(IFS=,; echo "${saddrs[*]}")"
+      echo "export METERGATE_TEST_SENTINEL_MASTER=$SENTINEL_MASTER"
     fi
     if kafka_cluster_ok; then
       local kaddrs=()

@@ -72,22 +72,28 @@ func EachRedis(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
 	}
 }
 
-// RedisCluster returns a client of the test Redis Cluster (REDIS_CLUSTER_ADDRS) once the
-// cluster reports state ok. There is no container fallback: `make up-cluster` starts one.
+// ClusterAddrsEnv names the seeds of the test Redis Cluster in .run/env. It is not the
+// binaries' REDIS_CLUSTER_ADDRS: a shell that sourced .run/env has REDIS_URL too, which the
+// binaries refuse beside a Cluster.
+const ClusterAddrsEnv = "METERGATE_TEST_REDIS_CLUSTER_ADDRS"
+
+// RedisCluster returns a client of the test Redis Cluster (METERGATE_TEST_REDIS_CLUSTER_ADDRS)
+// once the cluster reports state ok. There is no container fallback: `make up-cluster`
+// starts one.
 func RedisCluster(tb testing.TB) *redis.ClusterClient {
 	tb.Helper()
-	env := os.Getenv("REDIS_CLUSTER_ADDRS")
+	env := os.Getenv(ClusterAddrsEnv)
 	if env == "" {
-		unavailable(tb, "Redis Cluster", "REDIS_CLUSTER_ADDRS", "REDIS_CLUSTER_ADDRS unset")
+		unavailable(tb, "Redis Cluster", ClusterAddrsEnv, ClusterAddrsEnv+" unset")
 	}
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(env, ",")})
 	tb.Cleanup(func() { _ = c.Close() })
 	info, err := c.ClusterInfo(Context(tb, 10*time.Second)).Result()
 	if err != nil {
-		unavailable(tb, "Redis Cluster", "REDIS_CLUSTER_ADDRS", err.Error())
+		unavailable(tb, "Redis Cluster", ClusterAddrsEnv, err.Error())
 	}
 	if !strings.Contains(info, "cluster_state:ok") {
-		unavailable(tb, "Redis Cluster", "REDIS_CLUSTER_ADDRS", "cluster_state is not ok")
+		unavailable(tb, "Redis Cluster", ClusterAddrsEnv, "cluster_state is not ok")
 	}
 	return c
 }

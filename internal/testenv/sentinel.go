@@ -25,34 +25,43 @@ type Sentinel struct {
 	Master string
 }
 
-// RedisSentinel returns the Sentinel setup of REDIS_SENTINEL_ADDRS and
-// REDIS_SENTINEL_MASTER once a sentinel names a primary that answers PING. There is no
-// container fallback: `make up-sentinel` starts one. A test that kills the primary owns
-// the setup while it runs: only one such test runs at a time.
+// SentinelAddrsEnv and SentinelMasterEnv name the test Sentinel setup in .run/env. They are
+// not the binaries' REDIS_SENTINEL_ADDRS and REDIS_SENTINEL_MASTER: a shell that sourced
+// .run/env has REDIS_URL too, which the binaries refuse beside a Sentinel (Env gives a
+// process the binaries' settings).
+const (
+	SentinelAddrsEnv  = "METERGATE_TEST_SENTINEL_ADDRS"
+	SentinelMasterEnv = "METERGATE_TEST_SENTINEL_MASTER"
+)
+
+// RedisSentinel returns the Sentinel setup of METERGATE_TEST_SENTINEL_ADDRS and
+// METERGATE_TEST_SENTINEL_MASTER once a sentinel names a primary that answers PING. There
+// is no container fallback: `make up-sentinel` starts one. A test that kills the primary
+// owns the setup while it runs: only one such test runs at a time.
 func RedisSentinel(tb testing.TB) Sentinel {
 	tb.Helper()
-	addrs, master := os.Getenv("REDIS_SENTINEL_ADDRS"), os.Getenv("REDIS_SENTINEL_MASTER")
+	addrs, master := os.Getenv(SentinelAddrsEnv), os.Getenv(SentinelMasterEnv)
 	if addrs == "" || master == "" {
-		unavailable(tb, "Redis Sentinel", "REDIS_SENTINEL_ADDRS and REDIS_SENTINEL_MASTER", "unset")
+		unavailable(tb, "Redis Sentinel", SentinelAddrsEnv+" and "+SentinelMasterEnv, "unset")
 	}
 	s := Sentinel{Addrs: strings.Split(addrs, ","), Master: master}
 	ctx := Context(tb, 10*time.Second)
 	primary, err := s.Primary(ctx)
 	if err != nil {
-		unavailable(tb, "Redis Sentinel", "REDIS_SENTINEL_ADDRS", err.Error())
+		unavailable(tb, "Redis Sentinel", SentinelAddrsEnv, err.Error())
 	}
 	c := redis.NewClient(&redis.Options{Addr: primary})
 	defer func() { _ = c.Close() }()
 	if err := c.Ping(ctx).Err(); err != nil {
-		unavailable(tb, "Redis Sentinel", "REDIS_SENTINEL_ADDRS", fmt.Sprintf("primary %s: %v", primary, err))
+		unavailable(tb, "Redis Sentinel", SentinelAddrsEnv, fmt.Sprintf("primary %s: %v", primary, err))
 	}
 	return s
 }
 
-// Env is the settings that send a binary to the setup's primary (REDIS_URL's host is then
-// not used; it names no server on purpose).
+// Env is the settings that send a binary to the setup's primary: the sentinels, and a
+// REDIS_URL that names no server (the binaries refuse one that does beside them).
 func (s Sentinel) Env() []string {
-	return []string{"REDIS_URL=redis://sentinel-named-primary:6379/0", "REDIS_CLUSTER_ADDRS=",
+	return []string{"REDIS_URL=", "REDIS_CLUSTER_ADDRS=",
 		"REDIS_SENTINEL_ADDRS=" + strings.Join(s.Addrs, ","), "REDIS_SENTINEL_MASTER=" + s.Master}
 }
 

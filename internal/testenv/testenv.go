@@ -1,8 +1,9 @@
 // Package testenv finds the real Redis, Redis Cluster, PostgreSQL and Kafka that
 // integration tests run against, and isolates tests from each other on them.
 //
-// Services are found through REDIS_URL, REDIS_CLUSTER_ADDRS, DATABASE_URL and KAFKA_BROKERS
-// (`make up && . .run/env` sets them). When a variable is unset and a Docker daemon answers,
+// Services are found through REDIS_URL, METERGATE_TEST_REDIS_CLUSTER_ADDRS,
+// METERGATE_TEST_SENTINEL_ADDRS, DATABASE_URL and KAFKA_BROKERS (`make up && . .run/env`
+// sets them). When a variable is unset and a Docker daemon answers,
 // testcontainers-go starts the service for the test process. Otherwise the test is skipped
 // with a message naming `make up`, except under METERGATE_REQUIRE_SERVICES=1 (set by
 // `make test` and CI), where it fails.

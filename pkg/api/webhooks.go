@@ -66,7 +66,9 @@ func (s *Server) webhookError(w http.ResponseWriter, op string, err error) {
 		writeError(w, badRequest("invalid_"+inv.Field, "%s", inv.Message))
 	case errors.Is(err, webhook.ErrForbiddenTarget):
 		writeError(w, badRequest("forbidden_target",
-			"%s; private, loopback and link-local targets are refused unless WEBHOOK_ALLOW_PRIVATE is set", err.Error()))
+			"%s; addresses that are not globally reachable (private, loopback, link-local, shared, documentation, ...) are refused unless WEBHOOK_ALLOW_PRIVATE is set", err.Error()))
+	case errors.Is(err, webhook.ErrUnknownAccount):
+		writeError(w, badRequest("unknown_account", "%s: an endpoint's account filter must name an existing account", err.Error()))
 	case errors.Is(err, webhook.ErrNotFound):
 		writeError(w, &Error{Status: http.StatusNotFound, Code: "not_found", Message: err.Error()})
 	default:

@@ -40,6 +40,14 @@ func setupWebhooks(t *testing.T, allowPrivate bool) *webhookBundle {
 	return b
 }
 
+// org makes an org account of id (an endpoint's account filter names an existing account).
+func (b *webhookBundle) org(t *testing.T, id string) string {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO accounts (id, kind, org) VALUES ($1, 'org', $1) ON CONFLICT DO NOTHING`, id)
+	require.NoError(t, err)
+	return id
+}
+
 // alert inserts a usage_alerts row under path at eventTime, as the meter does.
 func (b *webhookBundle) alert(t *testing.T, name string, path []string, eventTime time.Time) string {
 	t.Helper()
@@ -59,7 +67,7 @@ func (b *webhookBundle) alert(t *testing.T, name string, path []string, eventTim
 func TestWebhookEndpointAPI(t *testing.T) {
 	t.Parallel()
 	b := setupWebhooks(t, false)
-	org := b.id("org")
+	org := b.org(t, b.id("org"))
 	r := b.call(t, "POST", "/v1/admin/webhooks", adminToken, map[string]any{
 		"url": "https://hooks.example.com/metergate", "event_types": []string{"usage.threshold.v1"}, "account": org})
 	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
@@ -121,6 +129,12 @@ func TestWebhookEndpointAPI(t *testing.T) {
 		{"PUT", "/v1/admin/webhooks/" + id, map[string]any{"url": "http://127.0.0.1:8080/", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
 		{"POST", "/v1/admin/webhooks", map[string]any{"url": "http://[::1]:8080/", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
 		{"POST", "/v1/admin/webhooks", map[string]any{"url": "http://10.1.2.3/", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
+		{"POST", "/v1/admin/webhooks", map[string]any{"url": "http://100.100.100.200/latest", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
+		{"POST", "/v1/admin/webhooks", map[string]any{"url": "http://[64:ff9b::a9fe:a9fe]/latest", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
+		{"PUT", "/v1/admin/webhooks/" + id, map[string]any{"url": "https://[2002:a9fe:a9fe::1]/", "event_types": []string{"usage.threshold.v1"}}, "forbidden_target"},
+		{"POST", "/v1/admin/webhooks", map[string]any{"url": "https://hooks.example.com/", "event_types": []string{"usage.threshold.v1"}, "account": b.id("nobody")}, "unknown_account"},
+		{"PUT", "/v1/admin/webhooks/" + id, map[string]any{"url": "https://hooks.example.com/", "event_types": []string{"usage.threshold.v1"}, "account": b.id("nobody")}, "unknown_account"},
+		{"POST", "/v1/admin/webhooks", `{"url":"https://hooks.example.com/","event_types":["usage.threshold.v1"],"url":"http://10.1.2.3/"}`, "duplicate_key"},
 		{"POST", "/v1/admin/webhooks/" + id + "/rotate", map[string]any{"overlap_s": -1}, "invalid_overlap"},
 		{"POST", "/v1/admin/webhooks/" + id + "/rotate", map[string]any{"overlap_s": 1.5}, "invalid_field"},
 		{"GET", "/v1/admin/webhooks/" + id + "/deliveries?status=lost", nil, "invalid_status"},
@@ -172,7 +186,7 @@ func TestWebhookAPIPrivateAllowedAndUnconfigured(t *testing.T) {
 	t.Parallel()
 	b := setupWebhooks(t, true)
 	r := b.call(t, "POST", "/v1/admin/webhooks", adminToken, map[string]any{"url": "http://127.0.0.1:9/h",
-		"event_types": []string{"usage.threshold.v1"}, "account": b.id("org"), "enabled": false}) // no other test's alert reaches it
+		"event_types": []string{"usage.threshold.v1"}, "account": b.org(t, b.id("org")), "enabled": false}) // no other test's alert reaches it
 	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
 
 	none := &testBundle{}
@@ -206,7 +220,7 @@ func TestWebhookDeliveryLogAndReplayAPI(t *testing.T) {
 	t.Cleanup(srv.Close)
 	received := func(id string) int { mu.Lock(); defer mu.Unlock(); return got[id] }
 
-	org := b.id("org")
+	org := b.org(t, b.id("org"))
 	t0 := time.Now().UTC().Truncate(time.Second)
 	early := b.alert(t, "early", []string{org, "team"}, t0.Add(-time.Hour)) // before the endpoint
 	// A name, not a literal address: the store takes it, the deliverer is allowed to dial it.

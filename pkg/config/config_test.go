@@ -171,10 +171,10 @@ func TestNames(t *testing.T) {
 	require.Equal(t, "kafka-topic-partitions", config.FlagName("KAFKA_TOPIC_PARTITIONS"))
 }
 
-// A Redis Cluster takes its credentials and TLS from REDIS_URL; a database other than 0
-// is refused there (a cluster has only database 0).
+// A Redis Cluster takes its credentials and TLS from REDIS_URL, which names no server; a
+// database other than 0 is refused there (a cluster has only database 0).
 func TestRedisClusterCredentials(t *testing.T) {
-	c := config.Redis{URL: "rediss://app:s3cret@ignored:6380/0", ClusterAddrs: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, Timeout: time.Second}
+	c := config.Redis{URL: "rediss://app:s3cret@/0", ClusterAddrs: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, Timeout: time.Second}
 	require.NoError(t, c.Validate())
 	rdb, err := c.Open()
 	require.NoError(t, err)
@@ -186,18 +186,19 @@ func TestRedisClusterCredentials(t *testing.T) {
 	require.Equal(t, "app", o.Username)
 	require.Equal(t, "s3cret", o.Password)
 	require.NotNil(t, o.TLSConfig, "rediss:// means TLS")
+	require.Empty(t, o.TLSConfig.ServerName, "each node is verified under its own name")
 	require.Equal(t, config.ClusterStateReload, o.ClusterStateReloadInterval, "a failover is noticed within about a second")
 
-	c.URL = "redis://127.0.0.1:6379/3"
+	c.URL = "redis:///3"
 	require.ErrorContains(t, c.Validate(), "only database 0")
-	c.ClusterAddrs = nil
+	c.URL, c.ClusterAddrs = "redis://127.0.0.1:6379/3", nil
 	require.NoError(t, c.Validate(), "one server may use any database")
 }
 
-// Sentinel takes the primary's credentials, database and TLS from REDIS_URL; the two
-// Sentinel settings come together, and not with a Cluster.
+// Sentinel takes the primary's credentials, database and TLS from REDIS_URL, which names
+// no server; the two Sentinel settings come together, and not with a Cluster.
 func TestRedisSentinel(t *testing.T) {
-	c := config.Redis{URL: "rediss://app:s3cret@ignored:6380/2", SentinelAddrs: []string{"10.0.0.1:26379", "10.0.0.2:26379"},
+	c := config.Redis{URL: "rediss://app:s3cret@/2", SentinelAddrs: []string{"10.0.0.1:26379", "10.0.0.2:26379"},
 		SentinelMaster: "mymaster", Timeout: time.Second}
 	require.NoError(t, c.Validate())
 	rdb, err := c.Open()
@@ -211,7 +212,7 @@ func TestRedisSentinel(t *testing.T) {
 	require.Equal(t, "s3cret", o.Password)
 	require.Equal(t, 2, o.DB)
 	require.NotNil(t, o.TLSConfig, "rediss:// means TLS")
-	require.Empty(t, o.TLSConfig.ServerName, "each server is verified under its own name, not REDIS_URL's host")
+	require.Empty(t, o.TLSConfig.ServerName, "each server is verified under its own name")
 	require.Zero(t, o.MaxRetries, "no retries (-1 becomes 0): a script call that timed out is not run again")
 
 	for _, tc := range []struct {
@@ -228,6 +229,59 @@ func TestRedisSentinel(t *testing.T) {
 			c := c
 			tc.edit(&c)
 			require.ErrorContains(t, c.Validate(), tc.wantErr)
+		})
+	}
+}
+
+// A REDIS_URL naming a server beside REDIS_SENTINEL_ADDRS or REDIS_CLUSTER_ADDRS is
+// refused at start, as is one naming none without them: no setting is silently ignored.
+// The refusal names the server, never the password.
+func TestRedisAmbiguousServer(t *testing.T) {
+	t.Parallel()
+	sentinels := map[string]string{"REDIS_SENTINEL_ADDRS": "10.0.0.1:26379", "REDIS_SENTINEL_MASTER": "mymaster"}
+	cluster := map[string]string{"REDIS_CLUSTER_ADDRS": "10.0.0.1:7000"}
+	with := func(m map[string]string, url string) map[string]string {
+		out := map[string]string{"REDIS_URL": url}
+		for k, v := range m {
+			out[k] = v
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		err  string // "" when valid
+		addr string // the server a valid single-server setting dials
+	}{
+		{"sentinel and a host", with(sentinels, "redis://:s3cret@redis.internal:6379/0"),
+			`REDIS_URL names the server "redis.internal:6379" and REDIS_SENTINEL_ADDRS is set: which one?`, ""},
+		{"cluster and a host", with(cluster, "rediss://app:s3cret@10.0.0.9:6380"),
+			`REDIS_URL names the server "10.0.0.9:6380" and REDIS_CLUSTER_ADDRS is set: which one?`, ""},
+		{"sentinel and a socket", with(sentinels, "unix:///run/redis.sock"), `REDIS_URL names the server "/run/redis.sock"`, ""},
+		{"sentinel and a port only", with(sentinels, "redis://:6380/0"), `REDIS_URL names the server ":6380"`, ""},
+		{"no host, no sentinel, no cluster", map[string]string{"REDIS_URL": "redis://:s3cret@/0"}, "REDIS_URL names no server", ""},
+		{"sentinel, credentials only", with(sentinels, "redis://:s3cret@/1"), "", ""},
+		{"sentinel, no REDIS_URL", with(sentinels, ""), "", ""},
+		{"cluster, TLS and credentials only", with(cluster, "rediss://app:s3cret@"), "", ""},
+		{"cluster, no REDIS_URL", with(cluster, ""), "", ""},
+		{"one server", map[string]string{"REDIS_URL": "redis://redis.internal:6379/2"}, "", "redis.internal:6379"},
+		{"no REDIS_URL at all", map[string]string{}, "", "127.0.0.1:6379"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c config.Admit
+			_, err := config.Load(&c, "admit", nil, envMap(tc.env), io.Discard)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				require.NotContains(t, err.Error(), "s3cret", "a refusal never shows the password")
+				return
+			}
+			require.NoError(t, err)
+			rdb, err := c.Redis.Open()
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = rdb.Close() })
+			if tc.addr != "" {
+				require.Equal(t, tc.addr, rdb.(*redis.Client).Options().Addr)
+			}
 		})
 	}
 }

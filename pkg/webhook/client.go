@@ -8,13 +8,14 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"syscall"
 	"time"
 )
 
 // ErrForbiddenTarget is returned for a delivery to an address the client may not reach:
-// loopback, private, link-local, multicast or unspecified, unless Options.AllowPrivate.
+// any address of the IANA special-purpose registries that is not globally reachable
+// (loopback, private, shared, link-local, documentation, multicast, ...; the table is in
+// address.go), unless Options.AllowPrivate.
 var ErrForbiddenTarget = errors.New("webhook target address not allowed")
 
 // Options configure a Client.
@@ -26,6 +27,9 @@ type Options struct {
 	Timeout time.Duration
 	// MaxReply is the most of a reply body read (4 KiB); the rest is dropped.
 	MaxReply int64
+	// Resolver looks up the names of endpoints; nil is the system's (net.DefaultResolver).
+	// Every address it gives is checked when dialed.
+	Resolver *net.Resolver
 }
 
 // Client delivers to webhook endpoints.
@@ -44,7 +48,7 @@ func NewClient(o Options) *Client {
 	if o.MaxReply <= 0 {
 		o.MaxReply = 4 << 10
 	}
-	dialer := &net.Dialer{Timeout: o.Timeout, Control: func(_, address string, _ syscall.RawConn) error {
+	dialer := &net.Dialer{Timeout: o.Timeout, Resolver: o.Resolver, Control: func(_, address string, _ syscall.RawConn) error {
 		if o.AllowPrivate {
 			return nil
 		}
@@ -54,21 +58,6 @@ func NewClient(o Options) *Client {
 		MaxIdleConns: 100, IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: o.Timeout}
 	return &Client{maxReply: o.MaxReply, http: &http.Client{Transport: transport, Timeout: o.Timeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
-}
-
-// checkAddress refuses an "ip:port" that is not a public unicast address.
-func checkAddress(address string) error {
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return fmt.Errorf("%w: %q: %w", ErrForbiddenTarget, address, err)
-	}
-	ip := ap.Addr().Unmap()
-	switch {
-	case ip.IsLoopback(), ip.IsPrivate(), ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast(),
-		ip.IsInterfaceLocalMulticast(), ip.IsMulticast(), ip.IsUnspecified(), !ip.IsGlobalUnicast():
-		return fmt.Errorf("%w: %s is not a public address", ErrForbiddenTarget, ip)
-	}
-	return nil
 }
 
 // Reply is what an endpoint answered to one attempt.

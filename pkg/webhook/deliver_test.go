@@ -96,9 +96,20 @@ func (b *bundle) insertAlert(t *testing.T, id string, path []string, eventTime t
 
 func (b *bundle) endpoint(t *testing.T, url, account string) (webhook.Endpoint, string) {
 	t.Helper()
+	if account != "" {
+		b.org(t, account)
+	}
 	e, secret, err := b.store.CreateEndpoint(b.ctx, webhook.EndpointRequest{URL: url, EventTypes: []string{webhook.EventThreshold}, Account: account})
 	require.NoError(t, err)
 	return e, secret
+}
+
+// org makes an org account of id, if there is none: an endpoint's account filter names an
+// existing account.
+func (b *bundle) org(t *testing.T, id string) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO accounts (id, kind, org) VALUES ($1, 'org', $1) ON CONFLICT DO NOTHING`, id)
+	require.NoError(t, err)
 }
 
 // run runs a deliverer until the test ends.
@@ -390,7 +401,8 @@ func TestPrivateTargetRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	guarded := webhook.NewStore(b.pool, false)
-	for _, u := range []string{"http://127.0.0.1:8080/h", "https://10.0.0.7/h", "http://[::1]/h", "http://169.254.169.254/latest"} {
+	for _, u := range []string{"http://127.0.0.1:8080/h", "https://10.0.0.7/h", "http://[::1]/h", "http://169.254.169.254/latest",
+		"http://100.100.100.200/latest", "http://[64:ff9b::a9fe:a9fe]/latest", "https://240.0.0.1/h", "https://[2001:db8::1]/h"} {
 		_, _, err := guarded.CreateEndpoint(b.ctx, webhook.EndpointRequest{URL: u, EventTypes: []string{webhook.EventThreshold}})
 		require.ErrorIs(t, err, webhook.ErrForbiddenTarget, u)
 	}

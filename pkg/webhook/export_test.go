@@ -8,3 +8,6 @@ func (d *Deliverer) Claim(ctx context.Context, n int) (int, error) {
 	jobs, err := d.claim(ctx, n)
 	return len(jobs), err
 }
+
+// CheckAddress is the check of every address the client dials ("ip:port").
+var CheckAddress = checkAddress

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/pkg/policy"
 )
 
 // EventThreshold is the short name of the usage alerts' CloudEvents type,
@@ -43,6 +44,8 @@ const (
 // Errors of the store.
 var (
 	ErrNotFound = errors.New("webhook endpoint or delivery not found")
+	// ErrUnknownAccount: an endpoint's account filter names no account.
+	ErrUnknownAccount = errors.New("unknown account")
 )
 
 // InvalidError is returned for every input the store refuses; nothing is written.
@@ -108,8 +111,9 @@ type Attempt struct {
 
 // CheckURL refuses what may not be an endpoint's URL: anything but an absolute http(s) URL
 // with a host, of at most MaxURL bytes (an *InvalidError), and a host that is a literal
-// loopback, private, link-local or otherwise non-public address unless allowPrivate
-// (ErrForbiddenTarget). A name is checked when a delivery connects, after DNS.
+// address the delivery client would refuse (a special-purpose address that is not
+// globally reachable, address.go) unless allowPrivate (ErrForbiddenTarget). A name is
+// checked when a delivery connects, after DNS.
 func CheckURL(raw string, allowPrivate bool) error {
 	if len(raw) > MaxURL {
 		return invalid("url", "url is longer than %d bytes", MaxURL)
@@ -125,7 +129,7 @@ func CheckURL(raw string, allowPrivate bool) error {
 		return nil
 	}
 	if ip, err := netip.ParseAddr(u.Hostname()); err == nil {
-		return checkAddress(net.JoinHostPort(ip.String(), "443"))
+		return checkIP(ip)
 	}
 	return nil
 }
@@ -193,8 +197,25 @@ func (s *Store) check(r EndpointRequest) error {
 	if err := validTypes(r.EventTypes); err != nil {
 		return err
 	}
-	if len(r.Account) > 64 {
-		return invalid("account", "account is longer than 64 characters")
+	if r.Account != "" && !policy.ValidID(r.Account) {
+		return invalid("account", "account must be 1-64 of [A-Za-z0-9._-], starting with a letter or digit")
+	}
+	return nil
+}
+
+// checkAccount refuses (ErrUnknownAccount) an account filter that names no account, in tx;
+// FOR KEY SHARE keeps the account until tx ends. An empty filter is none.
+func checkAccount(ctx context.Context, tx pgx.Tx, account string) error {
+	if account == "" {
+		return nil
+	}
+	var found bool
+	err := tx.QueryRow(ctx, `SELECT true FROM accounts WHERE id = $1 FOR KEY SHARE`, account).Scan(&found)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("account %q: %w", account, ErrUnknownAccount)
+	}
+	if err != nil {
+		return fmt.Errorf("read account %q: %w", account, err)
 	}
 	return nil
 }
@@ -207,7 +228,7 @@ func nullable(s string) *string {
 }
 
 // CreateEndpoint records an endpoint and its first secret, which it returns: the only time
-// the secret is shown.
+// the secret is shown. An account filter must name an existing account (ErrUnknownAccount).
 func (s *Store) CreateEndpoint(ctx context.Context, r EndpointRequest) (Endpoint, string, error) {
 	if err := s.check(r); err != nil {
 		return Endpoint{}, "", err
@@ -223,6 +244,9 @@ func (s *Store) CreateEndpoint(ctx context.Context, r EndpointRequest) (Endpoint
 	}
 	var e Endpoint
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := checkAccount(ctx, tx, r.Account); err != nil {
+			return err
+		}
 		var err error
 		e, err = scanEndpoint(tx.QueryRow(ctx, `
 			INSERT INTO webhook_endpoints (id, url, event_types, account, enabled, disabled_reason)
@@ -245,8 +269,9 @@ func (s *Store) CreateEndpoint(ctx context.Context, r EndpointRequest) (Endpoint
 // reasonAdmin is the disabled_reason of an endpoint disabled through the admin API.
 const reasonAdmin = "disabled through the admin API"
 
-// UpdateEndpoint replaces an endpoint's URL, types and account filter, and enables or
-// disables it (Enabled). Enabling resets its run of failures.
+// UpdateEndpoint replaces an endpoint's URL, types and account filter (an existing
+// account's, ErrUnknownAccount otherwise), and enables or disables it (Enabled). Enabling
+// resets its run of failures.
 func (s *Store) UpdateEndpoint(ctx context.Context, id string, r EndpointRequest) (Endpoint, error) {
 	if !validEndpointID(id) {
 		return Endpoint{}, fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
@@ -254,18 +279,29 @@ func (s *Store) UpdateEndpoint(ctx context.Context, id string, r EndpointRequest
 	if err := s.check(r); err != nil {
 		return Endpoint{}, err
 	}
-	e, err := scanEndpoint(s.pool.QueryRow(ctx, `
-		UPDATE webhook_endpoints SET url = $2, event_types = $3, account = $4, updated_at = now(),
-			enabled = coalesce($5, enabled),
-			disabled_reason = CASE WHEN $5 IS NULL THEN disabled_reason WHEN $5 THEN NULL ELSE coalesce(disabled_reason, $6) END,
-			consecutive_failures = CASE WHEN $5 AND NOT enabled THEN 0 ELSE consecutive_failures END
-		WHERE id = $1 RETURNING `+endpointColumns,
-		id, r.URL, r.EventTypes, nullable(r.Account), r.Enabled, reasonAdmin))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Endpoint{}, fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
-	}
+	var e Endpoint
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := checkAccount(ctx, tx, r.Account); err != nil {
+			return err
+		}
+		var err error
+		e, err = scanEndpoint(tx.QueryRow(ctx, `
+			UPDATE webhook_endpoints SET url = $2, event_types = $3, account = $4, updated_at = now(),
+				enabled = coalesce($5, enabled),
+				disabled_reason = CASE WHEN $5 IS NULL THEN disabled_reason WHEN $5 THEN NULL ELSE coalesce(disabled_reason, $6) END,
+				consecutive_failures = CASE WHEN $5 AND NOT enabled THEN 0 ELSE consecutive_failures END
+			WHERE id = $1 RETURNING `+endpointColumns,
+			id, r.URL, r.EventTypes, nullable(r.Account), r.Enabled, reasonAdmin))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("update webhook endpoint: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return Endpoint{}, fmt.Errorf("update webhook endpoint: %w", err)
+		return Endpoint{}, err
 	}
 	return e, nil
 }
