@@ -89,6 +89,10 @@ func pendingRows(ctx context.Context, pool *pgxpool.Pool) ([]Adjustment, error) 
 // applied. The script's marker makes the Redis change happen once even when a run died
 // after it and before the row was marked: the replay returns the values of the first
 // application, which are recorded.
+//
+// A correction Redis refuses (its counter is not an integer, or would overflow) is a
+// problem of its account: reported, left pending for the next run, and the others are
+// applied.
 func apply(ctx context.Context, o Options, s *Summary) (int, error) {
 	pending, err := pendingRows(ctx, o.Pool)
 	if err != nil {
@@ -96,9 +100,18 @@ func apply(ctx context.Context, o Options, s *Summary) (int, error) {
 	}
 	n := 0
 	for _, a := range pending {
+		if s.failedAdjustment(a.ID) {
+			continue // refused earlier in this run: the next run tries again
+		}
 		key := o.Keys.Quota(a.Org, a.Account, a.Unit, a.Period)
 		got, err := lua.Adjust.Run(ctx, o.Redis, []string{o.Keys.Marker(a.Org, a.ID), key},
 			a.Amount, o.MarkerTTL.Milliseconds(), "").Int64Slice()
+		if err != nil && perAccount(err) {
+			raw, _ := o.Redis.Get(ctx, key).Result() // for the report only
+			s.problem(o, Problem{Kind: CorrectionFailed, Org: a.Org, Account: a.Account, Unit: a.Unit, Period: a.Period,
+				Key: key, Value: rawValue(raw), AdjustmentID: a.ID, Error: err.Error()})
+			continue
+		}
 		if err != nil {
 			return n, fmt.Errorf("apply adjustment %d: %w", a.ID, err)
 		}
@@ -133,4 +146,14 @@ func apply(ctx context.Context, o Options, s *Summary) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// failedAdjustment tells whether Redis refused correction id earlier in this run.
+func (s *Summary) failedAdjustment(id int64) bool {
+	for _, p := range s.Problems {
+		if p.Kind == CorrectionFailed && p.AdjustmentID == id {
+			return true
+		}
+	}
+	return false
 }

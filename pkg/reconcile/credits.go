@@ -76,7 +76,8 @@ func creditReason(a CreditAdjustment) string {
 
 // applyCredits gives every recorded, unapplied correction back to its grant in Redis once
 // (lua/adjust.lua's marker), and marks it applied. A voided grant gets nothing back in
-// Redis (the void took what was left; its ledger counts the refund as voided).
+// Redis (the void took what was left; its ledger counts the refund as voided). One Redis
+// refuses (a balance that is not an integer) is a problem, left pending for the next run.
 func applyCredits(ctx context.Context, o Options, s *Summary) error {
 	rows, err := o.Pool.Query(ctx, `select a.id, a.kind, a.grant_id, g.org, g.account, g.unit, a.units, g.voided_at is not null
 		from credit_adjustments a join credit_grants g on g.id = a.grant_id
@@ -101,8 +102,16 @@ func applyCredits(ctx context.Context, o Options, s *Summary) error {
 		if p.voided {
 			delta = 0
 		}
-		got, err := lua.Adjust.Run(ctx, o.Redis, []string{o.Keys.CreditMarker(p.Org, p.ID), o.Keys.Grants(p.Org, p.Account, p.Unit)},
+		key := o.Keys.Grants(p.Org, p.Account, p.Unit)
+		got, err := lua.Adjust.Run(ctx, o.Redis, []string{o.Keys.CreditMarker(p.Org, p.ID), key},
 			delta, o.MarkerTTL.Milliseconds(), p.GrantID).Int64Slice()
+		if err != nil && perAccount(err) {
+			// Left pending: the next run tries again.
+			raw, _ := o.Redis.HGet(ctx, key, p.GrantID).Result() // for the report only
+			s.problem(o, Problem{Kind: CreditFailed, Org: p.Org, Account: p.Account, Unit: p.Unit, Key: key,
+				Value: rawValue(raw), GrantID: p.GrantID, Error: fmt.Sprintf("credit adjustment %d: %v", p.ID, err)})
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("apply credit adjustment %d: %w", p.ID, err)
 		}
@@ -146,6 +155,12 @@ func restoreCredits(ctx context.Context, o Options, s *Summary) error {
 		keys := []string{o.Keys.Grants(g.org, g.account, g.unit), o.Keys.GrantTerms(g.org, g.account, g.unit),
 			o.Keys.GrantVoided(g.org, g.account, g.unit, g.id)}
 		got, err := lua.CreditRestore.Run(ctx, o.Redis, keys, g.id, g.remaining, terms).Int64Slice()
+		if err != nil && perAccount(err) {
+			raw, _ := o.Redis.HGet(ctx, keys[0], g.id).Result() // for the report only
+			s.problem(o, Problem{Kind: CreditFailed, Org: g.org, Account: g.account, Unit: g.unit, Key: keys[0],
+				Value: rawValue(raw), GrantID: g.id, Error: fmt.Sprintf("restore: %v", err)})
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("restore grant %s: %w", g.id, err)
 		}

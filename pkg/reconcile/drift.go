@@ -20,15 +20,27 @@ import (
 // the open periods with its billable total (asCorrected: see billableCounters). planned adds
 // not-yet-applied deltas to the counters read (a dry run); failOpenBefore, when set, leaves
 // out fail-open events ingested after it. It returns a restore for each counter below its
-// total, and every counter that differs.
-func driftCorrections(ctx context.Context, o Options, from time.Time, planned map[string]int64, asCorrected bool, failOpenBefore *time.Time) ([]Adjustment, []Difference, error) {
-	counters, err := billableCounters(ctx, o, from, asCorrected, failOpenBefore)
+// total, every counter that differs, and the problems of counters it could not compare (a
+// value that is not an integer within ±admission.MaxCounter, a total past it): those are
+// skipped, the others compared.
+func driftCorrections(ctx context.Context, o Options, from time.Time, planned map[string]int64, asCorrected bool, failOpenBefore *time.Time) ([]Adjustment, []Difference, []Problem, error) {
+	all, err := billableCounters(ctx, o, from, asCorrected, failOpenBefore)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	var problems []Problem
+	counters := all[:0:0]
+	for _, c := range all {
+		if c.bad != nil {
+			problems = append(problems, *c.bad)
+			continue
+		}
+		counters = append(counters, c)
 	}
 
 	// One GET per counter, pipelined (keys of several slots: no MGET on a cluster).
 	const batch = 500
+	read := counters[:0:0]
 	for start := 0; start < len(counters); start += batch {
 		end := min(start+batch, len(counters))
 		pipe := o.Redis.Pipeline()
@@ -36,15 +48,20 @@ func driftCorrections(ctx context.Context, o Options, from time.Time, planned ma
 		for i := range cmds {
 			cmds[i] = pipe.Get(ctx, counters[start+i].key)
 		}
-		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, nil, fmt.Errorf("read counters: %w", err)
-		}
+		_, _ = pipe.Exec(ctx) // each command's error is looked at below
 		for i, cmd := range cmds {
-			v, err := cmd.Int64()
-			if err != nil && !errors.Is(err, redis.Nil) {
-				return nil, nil, fmt.Errorf("read counter %s: %w", counters[start+i].key, err)
+			c := counters[start+i]
+			v, p, err := counterValue(cmd)
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("read counter %s: %w", c.key, err)
 			}
-			counters[start+i].Redis = v + planned[counters[start+i].key]
+			if p != nil {
+				p.Org, p.Account, p.Unit, p.Period, p.Key = c.Org, c.Account, c.Unit, c.Period, c.key
+				problems = append(problems, *p)
+				continue
+			}
+			c.Redis = v + planned[c.key]
+			read = append(read, c)
 		}
 	}
 
@@ -52,7 +69,7 @@ func driftCorrections(ctx context.Context, o Options, from time.Time, planned ma
 		restores []Adjustment
 		diffs    []Difference
 	)
-	for _, c := range counters {
+	for _, c := range read {
 		if c.Redis == c.Billable {
 			continue
 		}
@@ -63,7 +80,27 @@ func driftCorrections(ctx context.Context, o Options, from time.Time, planned ma
 				Reason: fmt.Sprintf("counter %d below billable total %d", c.Redis, c.Billable)})
 		}
 	}
-	return restores, diffs, nil
+	return restores, diffs, problems, nil
+}
+
+// counterValue reads a counter's GET: 0 when it is missing, a BadCounter problem (without
+// its place, which the caller fills in) when Redis holds something other than an integer
+// within ±admission.MaxCounter there, and an error only when Redis could not be read.
+func counterValue(cmd *redis.StringCmd) (int64, *Problem, error) {
+	raw, err := cmd.Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return 0, nil, nil
+	case err != nil && perAccount(err):
+		return 0, &Problem{Kind: BadCounter, Error: err.Error()}, nil
+	case err != nil:
+		return 0, nil, err
+	}
+	v, err := parseCounter(raw)
+	if err != nil {
+		return 0, &Problem{Kind: BadCounter, Value: rawValue(raw), Error: err.Error()}, nil
+	}
+	return v, nil, nil
 }
 
 // The billable totals of the quota counters: as billed (verify) and as the corrections
@@ -85,6 +122,7 @@ var (
 type counter struct {
 	Difference
 	key string
+	bad *Problem // the billable total is past admission.MaxCounter: reported, not compared
 }
 
 // billableCounters lists every quota counter of the open periods (months and days) that the
@@ -117,7 +155,7 @@ func billableCounters(ctx context.Context, o Options, from time.Time, asCorrecte
 			org, account string
 			window       policy.QuotaPeriod
 			period       time.Time
-			totals       []int64
+			totals       []string // numeric sums, as text: one may be past bigint
 		)
 		if err := rows.Scan(&org, &account, &window, &period, &totals); err != nil {
 			rows.Close()
@@ -130,10 +168,16 @@ func billableCounters(ctx context.Context, o Options, from time.Time, asCorrecte
 		lv := pol.Path[len(pol.Path)-1]
 		for _, u := range quotas(lv, window) {
 			p := window.Label(period)
-			counters = append(counters, counter{
-				Difference: Difference{Org: org, Account: account, Level: lv.Kind, Unit: u, QuotaPeriod: window, Period: p, Billable: totals[unitIndex(u)]},
+			c := counter{
+				Difference: Difference{Org: org, Account: account, Level: lv.Kind, Unit: u, QuotaPeriod: window, Period: p},
 				key:        o.Keys.Quota(org, account, u, p),
-			})
+			}
+			raw := totals[unitIndex(u)]
+			if c.Billable, err = parseTotal(raw); err != nil {
+				c.bad = &Problem{Kind: BadTotal, Org: org, Account: account, Unit: u, Period: p, Key: c.key,
+					Value: rawValue(raw), Error: err.Error()}
+			}
+			counters = append(counters, c)
 		}
 	}
 	rows.Close()
@@ -145,8 +189,9 @@ func billableCounters(ctx context.Context, o Options, from time.Time, asCorrecte
 }
 
 // strayCounters lists the quota counters of the open periods that are not in checked and
-// hold a value other than 0: each is a difference from a billable total of 0.
-func strayCounters(ctx context.Context, o Options, from time.Time, checked map[string]bool) ([]Difference, error) {
+// hold a value other than 0: each is a difference from a billable total of 0, or a problem
+// when it holds no integer within ±admission.MaxCounter.
+func strayCounters(ctx context.Context, o Options, from time.Time, checked map[string]bool) ([]Difference, []Problem, error) {
 	var labels []string
 	for m := from; !m.After(o.now); m = m.AddDate(0, 1, 0) {
 		labels = append(labels, period.MonthLabel(m))
@@ -154,7 +199,10 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 	for d := sinceDay(o.now); !d.After(o.now); d = d.AddDate(0, 0, 1) {
 		labels = append(labels, period.DayLabel(d))
 	}
-	var out []Difference
+	var (
+		out      []Difference
+		problems []Problem
+	)
 	scan := func(ctx context.Context, c redis.UniversalClient) error {
 		for _, label := range labels {
 			iter := c.Scan(ctx, 0, o.Keys.QuotaPattern(label), 1000).Iterator()
@@ -167,16 +215,21 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 				if !ok {
 					continue // not a quota counter of this prefix
 				}
-				v, err := c.Get(ctx, key).Int64()
-				if errors.Is(err, redis.Nil) || (err == nil && v == 0) {
-					continue
-				}
+				v, p, err := counterValue(c.Get(ctx, key))
 				if err != nil {
 					return fmt.Errorf("read counter %s: %w", key, err)
+				}
+				if p == nil && v == 0 {
+					continue
 				}
 				d := Difference{Account: account, Unit: unit, QuotaPeriod: policy.KindOf(keyLabel), Period: keyLabel, Redis: v}
 				if pol, err := o.Policies.Resolve(account); err == nil {
 					d.Org, d.Level = pol.Org, pol.Path[len(pol.Path)-1].Kind
+				}
+				if p != nil {
+					p.Org, p.Account, p.Unit, p.Period, p.Key = d.Org, account, unit, keyLabel, key
+					problems = append(problems, *p)
+					continue
 				}
 				out = append(out, d)
 			}
@@ -193,7 +246,8 @@ func strayCounters(ctx context.Context, o Options, from time.Time, checked map[s
 			defer mu.Unlock()
 			return scan(ctx, c)
 		})
-		return out, err
+		return out, problems, err
 	}
-	return out, scan(ctx, o.Redis)
+	err := scan(ctx, o.Redis)
+	return out, problems, err
 }

@@ -14,7 +14,8 @@ import (
 // issuePlanGrants gives every account that names a plan with a recurring grant
 // (plan_grants) its grant of the run's month, once: the grant's idempotency key names the
 // plan, unit and month, so a second run, or a run that died after some, grants nothing
-// twice. Each grant is usable from the month's start to its end.
+// twice. Each grant is usable from the month's start to its end. A grant refused for one
+// account (an invalid amount, a balance Redis refuses) is a problem; the others are issued.
 func issuePlanGrants(ctx context.Context, o Options, s *Summary) error {
 	rows, err := o.Pool.Query(ctx, `select a.id, g.plan, g.unit, g.amount, g.priority
 		from plan_grants g join accounts a on a.plan = g.plan order by a.id, g.unit`)
@@ -48,6 +49,15 @@ func issuePlanGrants(ctx context.Context, o Options, s *Summary) error {
 			Priority: d.priority, Source: credit.Plan,
 			IdempotencyKey: "plan:" + d.plan + ":" + string(d.unit) + ":" + label,
 		})
+		if err != nil && perAccount(err) {
+			org := ""
+			if pol, rerr := o.Policies.Resolve(d.account); rerr == nil {
+				org = pol.Org
+			}
+			s.problem(o, Problem{Kind: PlanGrantFailed, Org: org, Account: d.account, Unit: d.unit, Period: label,
+				Error: fmt.Sprintf("grant of plan %s: %v", d.plan, err)})
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("grant %s's %s of plan %s for %s: %w", d.account, d.unit, d.plan, label, err)
 		}

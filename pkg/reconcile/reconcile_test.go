@@ -202,8 +202,9 @@ func run(t *testing.T, o reconcile.Options) reconcile.Summary {
 
 func verify(t *testing.T, b *testBundle) []reconcile.Difference {
 	t.Helper()
-	d, err := reconcile.Verify(testenv.Context(t, time.Minute), b.opts())
+	d, problems, err := reconcile.Verify(testenv.Context(t, time.Minute), b.opts())
 	require.NoError(t, err)
+	require.Empty(t, problems)
 	return d
 }
 

@@ -79,6 +79,12 @@ type Summary struct {
 	// correction left unapplied, one whose recorded Redis values do not differ by its
 	// amount, a counter still below its billable total.
 	InvariantFailures []string `json:"invariant_failures"`
+	// Problems lists the accounts' data the run could not use or correct (empty when
+	// none): a counter that is not an integer within ±admission.MaxCounter, a billable
+	// total past it, a correction, credit or plan grant Redis or PostgreSQL refused. Each
+	// was logged and skipped; every other account was reconciled. The run then returns
+	// ErrProblems.
+	Problems []Problem `json:"problems"`
 }
 
 func (o *Options) defaults() error {
@@ -137,11 +143,13 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	runID := uuid.New()
 	from := since(o.now)
 	s := Summary{RunID: runID.String(), DryRun: o.DryRun, Since: period.MonthLabel(from), ByKind: map[Kind]int{},
-		InvariantFailures: []string{}}
+		InvariantFailures: []string{}, Problems: []Problem{}}
 
 	if o.DryRun {
-		err := plan(ctx, o, from, &s) // fills s: called before s is read for the return
-		return s, err
+		if err := plan(ctx, o, from, &s); err != nil {
+			return s, err
+		}
+		return s, s.problemsErr()
 	}
 
 	unlock, err := lockRun(ctx, o.Pool)
@@ -185,9 +193,12 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if err := o.Pool.QueryRow(ctx, `select clock_timestamp()`).Scan(&cutoff); err != nil {
 		return s, fmt.Errorf("read database clock: %w", err)
 	}
-	drift, _, err := driftCorrections(ctx, o, from, nil, true, nil)
+	drift, _, problems, err := driftCorrections(ctx, o, from, nil, true, nil)
 	if err != nil {
 		return s, err
+	}
+	for _, p := range problems {
+		s.problem(o, p)
 	}
 	s.DriftFound = len(drift)
 	if err := insert(ctx, o, runID, drift); err != nil {
@@ -209,11 +220,21 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	o.Log.Info("reconcile run finished", "run_id", s.RunID, "adjustments_applied", s.AdjustmentsApplied,
 		"recovered", s.Recovered, "drift_found", s.DriftFound, "events_skipped", s.EventsSkipped,
-		"invariant_failures", len(s.InvariantFailures))
+		"invariant_failures", len(s.InvariantFailures), "problems", len(s.Problems))
+	var errs []error
 	if len(s.InvariantFailures) > 0 {
-		return s, fmt.Errorf("%w: %s", ErrInvariant, strings.Join(s.InvariantFailures, "; "))
+		errs = append(errs, fmt.Errorf("%w: %s", ErrInvariant, strings.Join(s.InvariantFailures, "; ")))
 	}
-	return s, nil
+	errs = append(errs, s.problemsErr())
+	return s, errors.Join(errs...)
+}
+
+// problemsErr is ErrProblems with their count when the summary lists problems, else nil.
+func (s *Summary) problemsErr() error {
+	if len(s.Problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d accounts' data: %w", len(s.Problems), ErrProblems)
 }
 
 // plan fills s with what a run would do, changing nothing: the corrections left pending,
@@ -249,9 +270,12 @@ func plan(ctx context.Context, o Options, from time.Time, s *Summary) error {
 			planned[o.Keys.Quota(a.Org, a.Account, a.Unit, a.Period)] += a.Amount
 		}
 	}
-	drift, _, err := driftCorrections(ctx, o, from, planned, true, nil)
+	drift, _, problems, err := driftCorrections(ctx, o, from, planned, true, nil)
 	if err != nil {
 		return err
+	}
+	for _, p := range problems {
+		s.problem(o, p)
 	}
 	s.DriftFound = len(drift)
 	s.Plan = append(listed, drift...)

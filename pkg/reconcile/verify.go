@@ -53,7 +53,8 @@ func checkInvariants(ctx context.Context, o Options, runID uuid.UUID, from, cuto
 		return nil, fmt.Errorf("check applied adjustments: %w", err)
 	}
 	failures = append(failures, bad...)
-	_, diffs, err := driftCorrections(ctx, o, from, nil, true, &cutoff)
+	// A counter it cannot compare is a problem the run's drift pass reported already.
+	_, diffs, _, err := driftCorrections(ctx, o, from, nil, true, &cutoff)
 	if err != nil {
 		return nil, err
 	}
@@ -70,28 +71,36 @@ func checkInvariants(ctx context.Context, o Options, runID uuid.UUID, from, cuto
 // units, minus those of 5xx outcomes, with actual units in place of estimates; and reports
 // every other non-zero quota counter of the open periods found in Redis (billable 0). On a
 // drained pipeline after a reconcile run the list is empty.
-func Verify(ctx context.Context, o Options) ([]Difference, error) {
+//
+// A counter it cannot compare (a value that is not an integer within ±admission.MaxCounter,
+// a billable total past it) is returned as a problem, logged, and every other counter is
+// still compared; the error is then nil: the caller decides (cmd/reconcile exits 1).
+func Verify(ctx context.Context, o Options) ([]Difference, []Problem, error) {
 	if err := o.defaults(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	from := since(o.now)
-	_, diffs, err := driftCorrections(ctx, o, from, nil, false, nil)
+	_, diffs, problems, err := driftCorrections(ctx, o, from, nil, false, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Counters of accounts without any usage in the log (events lost on the way, or
 	// counters no event explains) are found by scanning Redis.
 	checked := map[string]bool{}
 	totals, err := billableCounters(ctx, o, from, false, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, c := range totals {
 		checked[c.key] = true
 	}
-	stray, err := strayCounters(ctx, o, from, checked)
+	stray, strayProblems, err := strayCounters(ctx, o, from, checked)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return append(diffs, stray...), nil
+	problems = append(problems, strayProblems...)
+	for _, p := range problems {
+		o.Log.Warn("verify skipped an account's bad data", p.attrs()...)
+	}
+	return append(diffs, stray...), problems, nil
 }
