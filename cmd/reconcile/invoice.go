@@ -13,6 +13,8 @@ import (
 
 // closePeriod freezes a period and issues its invoices, printing the result; without
 // -period, the last month whose end plus the grace has passed (what a monthly CronJob closes).
+// When some orgs' invoices could not be issued it prints the result (their errors in
+// "Failed"), the others being issued, and fails; the same command again retries them.
 func closePeriod(ctx context.Context, e env) error {
 	month := invoice.LastClosable(time.Now(), e.cfg.Grace)
 	if e.cfg.Period != "" {
@@ -22,15 +24,17 @@ func closePeriod(ctx context.Context, e env) error {
 		}
 		month = p
 	}
-	res, err := invoice.Close(ctx, e.pool, month, invoice.Options{Force: e.cfg.Force, Grace: e.cfg.Grace, By: "reconcile close"})
-	if err != nil {
+	res, err := invoice.Close(ctx, e.pool, month, invoice.Options{Force: e.cfg.Force, Grace: e.cfg.Grace,
+		By: "reconcile close", Log: e.log})
+	if err != nil && !errors.Is(err, invoice.ErrInvoicesFailed) {
 		return err
 	}
 	if err := json.NewEncoder(e.out).Encode(res); err != nil {
 		return fmt.Errorf("print the close: %w", err)
 	}
-	e.log.Info("period closed", "period", period.MonthLabel(month), "created", res.Created)
-	return nil
+	e.log.Info("period closed", "period", period.MonthLabel(month), "created", res.Created, "issued", res.Issued,
+		"failed", len(res.Failed))
+	return err
 }
 
 // printInvoice prints the issued invoice of -org for -period.

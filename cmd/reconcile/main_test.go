@@ -314,3 +314,140 @@ select id, 999, 'adjustment', 'acme', 'requests', 1, 1, 1, 1 from invoices`)
 	require.Equal(t, 1, code, out)
 	require.Contains(t, out, "YYYY-MM")
 }
+
+// One org's bad data does not stop the books for the others (issue 28, finding 3): broke's
+// tokens counter holds "1.38e+19" and huge's usage of a closed month sums past bigint.
+// verify lists broke's counter (key and raw value) beside acme's difference and exits 1;
+// a run corrects acme, reports broke and exits 1; a close issues acme's invoice, reports
+// huge's and exits 1; once huge's usage is fixed the same close issues huge's invoice.
+func TestBadDataDoesNotStopTheBooks(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, 2*time.Minute)
+	pool, rdb, counter, env := setupAcme(t)
+	uncapped := int64(-1)
+	_, err := policy.NewStore(pool).CreateAccount(ctx, policy.Account{ID: "broke", Kind: policy.Org, Plan: "pro",
+		Limits: map[policy.Unit]policy.Limit{policy.Tokens: {Quota: &uncapped, QuotaPeriod: policy.Month}}})
+	require.NoError(t, err)
+	_, err = policy.NewStore(pool).CreateAccount(ctx, policy.Account{ID: "huge", Kind: policy.Org, Plan: "pro"})
+	require.NoError(t, err)
+	now := time.Now().UTC()
+	label := period.MonthLabel(now)
+	brokeKey := admission.Keys{Prefix: envValue(env, "ADMIT_KEY_PREFIX"), Shards: 16}.Quota("broke", "broke", policy.Tokens, label)
+	require.NoError(t, rdb.Set(ctx, brokeKey, "1.38e+19", 0).Err())
+	_, err = pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+  account_kind, path, source, tokens, kafka_partition, kafka_offset)
+values ('broke-1', $1, $2, $1, 'broke', 'broke', 'org', '{broke}', 'test', 100, 0, 100)`, period.MonthStart(now), now)
+	require.NoError(t, err)
+
+	past := period.MonthStart(now).AddDate(0, -2, 0)
+	_, err = pool.Exec(ctx, `select usage_events_partition($1)`, past)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+  account_kind, path, source, requests, tokens, kafka_partition, kafka_offset)
+select 'past-' || g, $1, $2, $1, case when g = 0 then 'acme' else 'huge' end, case when g = 0 then 'acme' else 'huge' end,
+       'org', case when g = 0 then '{acme}'::text[] else '{huge}'::text[] end, 'test', 1, 1000000000000000, 2, g
+from generate_series(0, 9300) g`, past, past.Add(time.Hour))
+	require.NoError(t, err)
+
+	start := func(args ...string) (int, string) {
+		t.Helper()
+		p := testenv.StartMain(t, env, args...)
+		code, err := p.Wait(time.Minute)
+		require.NoError(t, err)
+		return code, p.Output()
+	}
+
+	code, out := start("verify", "-json")
+	require.Equal(t, 1, code, out)
+	var v struct {
+		Differences []reconcile.Difference `json:"differences"`
+		Problems    []reconcile.Problem    `json:"problems"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(jsonLine(t, out, `{"differences"`)), &v))
+	require.Len(t, v.Problems, 1, out)
+	require.Equal(t, reconcile.BadCounter, v.Problems[0].Kind)
+	require.Equal(t, "broke", v.Problems[0].Org)
+	require.Equal(t, brokeKey, v.Problems[0].Key)
+	require.Equal(t, "1.38e+19", v.Problems[0].Value)
+	logLine := ""
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "verify skipped an account's bad data") {
+			logLine = line
+		}
+	}
+	require.Contains(t, logLine, brokeKey, "the warning names the key: %s", out)
+	require.Contains(t, logLine, "1.38e+19", "and the raw value")
+	require.Contains(t, logLine, "broke", "and the org")
+	var acme []string
+	for _, d := range v.Differences {
+		acme = append(acme, d.String())
+	}
+	require.Contains(t, acme, fmt.Sprintf("acme acme requests %s: redis 5, billable 3", label), "acme is still checked")
+
+	code, out = start("verify")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, `problem: bad_counter broke broke tokens `+label+` key `+brokeKey+` value "1.38e+19"`)
+
+	code, out = start("-json")
+	require.Equal(t, 1, code, out)
+	var s reconcile.Summary
+	require.NoError(t, json.Unmarshal([]byte(jsonLine(t, out, `{"run_id"`)), &s))
+	require.Equal(t, 2, s.ByKind[reconcile.Refund5xx], "acme's refunds are applied")
+	require.Equal(t, "3", rdb.Get(ctx, counter).Val())
+	require.Len(t, s.Problems, 1, out)
+	require.Equal(t, brokeKey, s.Problems[0].Key)
+	require.Equal(t, "1.38e+19", rdb.Get(ctx, brokeKey).Val())
+
+	code, out = start("close", "-period", past.Format("2006-01"))
+	require.Equal(t, 1, code, out)
+	var res struct {
+		Created  bool
+		Issued   int
+		Invoices []struct{ Org string }
+		Failed   []struct{ Org, Error string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(jsonLine(t, out, `{"Period"`)), &res))
+	require.True(t, res.Created)
+	require.Equal(t, 1, res.Issued)
+	require.Len(t, res.Invoices, 1)
+	require.Equal(t, "acme", res.Invoices[0].Org)
+	require.Len(t, res.Failed, 1)
+	require.Equal(t, "huge", res.Failed[0].Org)
+	require.Contains(t, res.Failed[0].Error, "bigint")
+
+	_, err = pool.Exec(ctx, `insert into usage_voids (event_id, attempt, reason, void_time, source, kafka_partition, kafka_offset)
+select 'past-' || g, 'past-' || g, 'unavailable', now(), 'test', 3, g from generate_series(2, 9300) g`)
+	require.NoError(t, err)
+	code, out = start("close", "-period", past.Format("2006-01"))
+	require.Equal(t, 0, code, out)
+	require.NoError(t, json.Unmarshal([]byte(jsonLine(t, out, `{"Period"`)), &res))
+	require.False(t, res.Created)
+	require.Equal(t, 1, res.Issued, "huge's invoice, once its usage is fixed")
+	require.Len(t, res.Invoices, 2)
+	require.Empty(t, res.Failed)
+	code, out = start("close", "-period", past.Format("2006-01"))
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, `"Issued":0`)
+}
+
+// envValue is the value of name in a process environment.
+func envValue(env []string, name string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// jsonLine is the line of out that starts with prefix.
+func jsonLine(t *testing.T, out, prefix string) string {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, prefix) {
+			return line
+		}
+	}
+	t.Fatalf("no line starting with %s in:\n%s", prefix, out)
+	return ""
+}

@@ -156,14 +156,30 @@ func VersionAt(versions []Plan, month time.Time) (Plan, bool) {
 	return out, ok
 }
 
-// loadPrices reads the price versions of plan (all plans when empty), by plan and version.
+// loadPrices reads the price versions of plan (all plans when empty), by plan and version;
+// an error when one does not validate.
 func loadPrices(ctx context.Context, q querier, plan string) ([]Plan, error) {
+	out, invalid, err := readPrices(ctx, q, plan)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range out {
+		if err := invalid[priceKey{p.ID, p.Version}]; err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// readPrices reads the price versions of plan (all plans when empty), by plan and version,
+// and the versions that do not validate (stored behind AddPriceVersion's back) with why.
+func readPrices(ctx context.Context, q querier, plan string) ([]Plan, map[priceKey]error, error) {
 	rows, err := q.Query(ctx, `
 		select plan, version, effective_period, currency, base_fee_minor, created_at
 		from plan_prices where $1 = '' or plan = $1
 		order by plan, version`, plan)
 	if err != nil {
-		return nil, fmt.Errorf("read plan prices: %w", err)
+		return nil, nil, fmt.Errorf("read plan prices: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Plan, error) {
 		var p Plan
@@ -171,8 +187,9 @@ func loadPrices(ctx context.Context, q querier, plan string) ([]Plan, error) {
 		return p, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read plan prices: %w", err)
+		return nil, nil, fmt.Errorf("read plan prices: %w", err)
 	}
+	invalid := map[priceKey]error{}
 	index := make(map[priceKey]int, len(out))
 	for i, p := range out {
 		index[priceKey{p.ID, p.Version}] = i
@@ -189,7 +206,7 @@ func loadPrices(ctx context.Context, q querier, plan string) ([]Plan, error) {
 		group by u.plan, u.version, u.unit
 		order by u.plan, u.version, u.unit`, plan)
 	if err != nil {
-		return nil, fmt.Errorf("read plan units: %w", err)
+		return nil, nil, fmt.Errorf("read plan units: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -197,20 +214,20 @@ func loadPrices(ctx context.Context, q querier, plan string) ([]Plan, error) {
 		var up UnitPrice
 		var from, upTo, price, per []int64
 		if err := rows.Scan(&k.plan, &k.version, &up.Unit, &up.Included, &from, &upTo, &price, &per); err != nil {
-			return nil, fmt.Errorf("read plan units: %w", err)
+			return nil, nil, fmt.Errorf("read plan units: %w", err)
 		}
 		for i := range from {
 			up.Tiers = append(up.Tiers, Tier{From: from[i], UpTo: upTo[i], PriceMinor: price[i], PerUnits: per[i]})
 		}
-		if err := up.Validate(); err != nil {
-			return nil, fmt.Errorf("plan %s version %d: %w", k.plan, k.version, err)
+		if err := up.Validate(); err != nil && invalid[k] == nil {
+			invalid[k] = fmt.Errorf("plan %s version %d: %w", k.plan, k.version, err)
 		}
 		if i, ok := index[k]; ok {
 			out[i].Units = append(out[i].Units, up)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read plan units: %w", err)
+		return nil, nil, fmt.Errorf("read plan units: %w", err)
 	}
-	return out, nil
+	return out, invalid, nil
 }
