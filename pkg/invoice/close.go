@@ -252,7 +252,7 @@ func earlierFailures(ctx context.Context, tx pgx.Tx, month time.Time) (map[strin
 func parseSum(raw string) (int64, error) {
 	v, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("total %s is past the largest quantity %d (bigint): %w", raw, int64(1<<63-1), ErrOverflow)
+		return 0, fmt.Errorf("total %s is past the largest quantity %d (bigint)", raw, int64(1<<63-1))
 	}
 	return v, nil
 }
