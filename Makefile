@@ -56,6 +56,11 @@ chaos: up up-sentinel up-kafka-cluster ## the fault and bad-input suite in its f
 	$(GO) test -c -race -o bin/chaos.test ./chaos
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 METERGATE_CHAOS=full && cd chaos && ../bin/chaos.test -test.count=1 -test.timeout=60m
 
+.PHONY: security
+security: up ## the black-box security suite in its full form: probes of each finding and a fuzz of /v1/check, ending with "security: N passed, M failed" (docs/security.md; make test runs the short form)
+	$(GO) test -c -race -o bin/security.test ./security
+	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 METERGATE_SECURITY=full && cd security && ../bin/security.test -test.count=1 -test.timeout=30m
+
 bench: up up-sentinel build ## measure against baselines of the same run: prints a table, writes bench/results.json (BENCH_FLAGS=-duration=5s …; docs/bench.md)
 	$(GO) build -o bin/ ./bench/loadgen
 	cd bench/redisrate && $(GO) build -o ../../bin/redisrate .

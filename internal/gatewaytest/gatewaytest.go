@@ -25,13 +25,12 @@ import (
 // Reply is what the Upstream answers every request it gets.
 const Reply = "hello from the app\n"
 
-// Upstream is the app behind a gateway: it records the event id (api.EventIDHeader) of
-// every request that reaches it.
+// Upstream is the app behind a gateway: it records the headers of every request that
+// reaches it (the event id api.EventIDHeader and the account api.AccountHeader among them).
 type Upstream struct {
-	Addr   string // host:port
-	mu     sync.Mutex
-	events []string
-	header http.Header // of the last request
+	Addr    string // host:port
+	mu      sync.Mutex
+	headers []http.Header
 }
 
 // StartUpstream starts an Upstream, stopped when the test ends.
@@ -40,8 +39,7 @@ func StartUpstream(tb testing.TB) *Upstream {
 	u := &Upstream{}
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
-		u.events = append(u.events, r.Header.Get(api.EventIDHeader))
-		u.header = r.Header.Clone()
+		u.headers = append(u.headers, r.Header.Clone())
 		u.mu.Unlock()
 		_, _ = io.WriteString(w, Reply)
 	}))
@@ -55,7 +53,22 @@ func StartUpstream(tb testing.TB) *Upstream {
 func (u *Upstream) Seen() ([]string, http.Header) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return append([]string(nil), u.events...), u.header
+	events := make([]string, len(u.headers))
+	for i, h := range u.headers {
+		events[i] = h.Get(api.EventIDHeader)
+	}
+	var last http.Header
+	if len(u.headers) > 0 {
+		last = u.headers[len(u.headers)-1]
+	}
+	return events, last
+}
+
+// Requests returns the headers of every request that reached the app so far, in order.
+func (u *Upstream) Requests() []http.Header {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]http.Header(nil), u.headers...)
 }
 
 // Binary finds a gateway's program on PATH (or in /usr/sbin, nginx's home): missing, the
