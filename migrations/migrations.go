@@ -36,6 +36,17 @@ func NewProvider(db *sql.DB) (*goose.Provider, error) {
 	return p, nil
 }
 
+// UpURL applies every pending migration through a connection of its own to url (the
+// schema owner's: config.Postgres.MigrationURL) and returns the versions it applied.
+func UpURL(ctx context.Context, url string) ([]int64, error) {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("open migration pool: %w", err)
+	}
+	defer pool.Close()
+	return Up(ctx, pool)
+}
+
 // Up applies every pending migration through pool and returns the versions it applied.
 func Up(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	db := stdlib.OpenDBFromPool(pool)

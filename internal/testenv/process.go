@@ -125,7 +125,7 @@ func StartMain(tb testing.TB, env []string, args ...string) *Process {
 func Start(tb testing.TB, path string, env []string, args ...string) *Process {
 	tb.Helper()
 	cmd := exec.Command(path, args...)
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(append(os.Environ(), env...), migrateEnv(env)...)
 	p := &Process{cmd: cmd, out: &SyncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
@@ -236,6 +236,25 @@ func WithSearchPath(tb testing.TB, dbURL, schema string) string {
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// migrateEnv returns the DATABASE_MIGRATE_URL a child given env needs when env sets
+// DATABASE_URL and not DATABASE_MIGRATE_URL (see childMigrateURL): the test's own would
+// migrate another schema than the child's.
+func migrateEnv(env []string) []string {
+	dbURL, set := "", false
+	for _, kv := range env {
+		switch {
+		case strings.HasPrefix(kv, "DATABASE_MIGRATE_URL="):
+			return nil
+		case strings.HasPrefix(kv, "DATABASE_URL="):
+			dbURL, set = strings.TrimPrefix(kv, "DATABASE_URL="), true
+		}
+	}
+	if !set {
+		return nil
+	}
+	return []string{"DATABASE_MIGRATE_URL=" + childMigrateURL(dbURL)}
 }
 
 // FailpointEnv names the failpoint of a command's test build (its failpoint_test.go, run

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/invoice"
 	"github.com/metergate/metergate/pkg/period"
 )
@@ -121,7 +122,7 @@ func TestInvoiceAppliesCredits(t *testing.T) {
 
 	// The tie-out checks the credits line: one written behind the close's back is a
 	// difference (usage against credits applied + included + overage).
-	_, err = b.pool.Exec(b.ctx, `insert into invoice_lines (invoice_id, line_no, kind, account_path, unit, quantity, amount_minor)
+	err = testenv.ExecUnsealed(b.ctx, b.pool, "invoice_lines", `insert into invoice_lines (invoice_id, line_no, kind, account_path, unit, quantity, amount_minor)
 		values ($1, 100, 'credits_applied', 'acme', 'requests', 1, 0)`, acme.ID)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), b.count(t, `select count(*) from finance_invoice_tieout where invoice_id = $1 and "check" = 'included + overage quantity = usage'`, acme.ID))
