@@ -60,6 +60,10 @@ type options struct {
 	check api.CheckHeaders
 	// shadow puts every request in shadow mode (api.Config.Shadow, ADMIT_SHADOW).
 	shadow bool
+	// reveal shows end clients at gateways every account id (api.Config.RevealAccounts).
+	reveal bool
+	// maxEstimates bounds the estimates running at once (api.Config.MaxEstimates).
+	maxEstimates int
 }
 
 func setup(t *testing.T, o options) *testBundle {
@@ -91,7 +95,7 @@ func setup(t *testing.T, o options) *testBundle {
 	cfg := api.Config{
 		Log: log, Policies: cache, Admin: b.store, Decider: adm,
 		ServiceToken: serviceToken, AdminToken: adminToken, Source: "test-node", Registerer: b.reg,
-		Check: o.check, Shadow: o.shadow,
+		Check: o.check, Shadow: o.shadow, RevealAccounts: o.reveal, MaxEstimates: o.maxEstimates,
 	}
 	if o.recorder {
 		b.topic = testenv.Topic(t, 1)

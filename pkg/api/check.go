@@ -3,6 +3,7 @@ package api
 import (
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -75,6 +76,9 @@ func (s *Server) checkRequest(h http.Header) (admitInput, *Error) {
 	in.Units = map[policy.Unit]int64{policy.Requests: 1}
 	if raw := h.Get(names.Tokens); raw != "" {
 		n, err := strconv.ParseInt(raw, 10, 64)
+		if errors.Is(err, strconv.ErrRange) || err == nil && n > policy.MaxAmount {
+			return in, unitsTooLarge(names.Tokens)
+		}
 		if err != nil || n < 0 {
 			return in, badRequest("invalid_units", "%s must be a whole number of tokens, 0 or more, got %.40q", names.Tokens, raw)
 		}

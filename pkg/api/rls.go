@@ -182,8 +182,10 @@ type rlsCall struct {
 	status    int
 	hits      int64
 	hitsGiven bool
-	// units are the stream-done call's hits of descriptors that name their unit (RLS.Unit).
-	units map[policy.Unit]int64
+	// units are the stream-done call's hits of descriptors that name their unit (RLS.Unit);
+	// unitNamed: a descriptor named one.
+	units     map[policy.Unit]int64
+	unitNamed bool
 }
 
 // ShouldRateLimit takes the gate's decision for the call's descriptors, all together, as a
@@ -277,6 +279,7 @@ func (r *rls) read(req *rlsv3.RateLimitRequest) (rlsCall, *Error) {
 		if e != nil {
 			return c, e
 		}
+		c.unitNamed = c.unitNamed || unit != ""
 		if h := d.GetHitsAddend(); h != nil {
 			if h.GetValue() > MaxHitsAddend {
 				return c, badRequest("invalid_hits_addend", "descriptor %d: hits_addend %d is over %d", i, h.GetValue(), MaxHitsAddend)
@@ -327,7 +330,7 @@ func (r *rls) read(req *rlsv3.RateLimitRequest) (rlsCall, *Error) {
 	if c.eventID != "" {
 		return c, r.readOutcome(&c, statusRaw)
 	}
-	if c.units != nil {
+	if c.unitNamed {
 		return c, badRequest("invalid_descriptors", "entry %q belongs to the stream-done call, with %q", r.m.Unit, r.m.Event)
 	}
 	if statusRaw != "" {
