@@ -28,7 +28,7 @@ func TestBench(t *testing.T) {
 	cfg := Config{
 		BinDir: bin, LogDir: t.TempDir(), Out: filepath.Join(t.TempDir(), "results.json"),
 		Space: "metergate_bench_test", KeyPrefix: "benchtest:mg",
-		RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Brokers: testenv.KafkaBrokers(t),
+		RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.MigrateDatabaseURL(t), Brokers: testenv.KafkaBrokers(t),
 		Duration: time.Second, Warmup: 200 * time.Millisecond, Clients: 16, Rounds: 3,
 		Accounts: 2000, E2ERate: 300, EvalshaRequests: 3000, MemoryN: 2000, IdempotencyTTL: 24 * time.Hour, CreditsDecisions: 2000,
 		Only: []string{"throughput", "idle", "e2e", "pipeline", "memory", "redismem", "waiters", "credits", "alerts"}, // "go": the packages' own benchmarks

@@ -27,7 +27,7 @@ func roundsInMiniature(t *testing.T, step string, ratios, added []string) {
 	cfg := Config{
 		BinDir: bin, LogDir: t.TempDir(), Out: filepath.Join(t.TempDir(), "results.json"),
 		Space: "metergate_bench_" + step + "_test", KeyPrefix: "bench" + step + "test:mg",
-		RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.DatabaseURL(t), Brokers: testenv.KafkaBrokers(t),
+		RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.MigrateDatabaseURL(t), Brokers: testenv.KafkaBrokers(t),
 		Duration: 500 * time.Millisecond, Warmup: 100 * time.Millisecond, Clients: 8, Rounds: 3,
 		IdempotencyTTL: 24 * time.Hour, Only: []string{step},
 	}

@@ -140,6 +140,9 @@ func parse(args []string) (Config, error) {
 		cfg.Only = strings.Split(*only, ",")
 	}
 	cfg.RedisURL, cfg.DatabaseURL = os.Getenv("REDIS_URL"), os.Getenv("DATABASE_URL")
+	if owner := os.Getenv("DATABASE_MIGRATE_URL"); owner != "" {
+		cfg.DatabaseURL = owner // the bench makes a space of its own and migrates it
+	}
 	if b := os.Getenv("KAFKA_BROKERS"); b != "" {
 		cfg.Brokers = strings.Split(b, ",")
 	}

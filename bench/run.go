@@ -137,7 +137,9 @@ func startStack(ctx context.Context, cfg Config, out io.Writer) (*stack, error) 
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
 	s.env = []string{
-		"DATABASE_URL=" + s.dbURL, "REDIS_URL=" + cfg.RedisURL, "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
+		// DATABASE_MIGRATE_URL= : the services migrate the bench's space, not the one the
+		// environment's owner URL names.
+		"DATABASE_URL=" + s.dbURL, "DATABASE_MIGRATE_URL=", "REDIS_URL=" + cfg.RedisURL, "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
 		"KAFKA_BROKERS=" + strings.Join(cfg.Brokers, ","), "KAFKA_TOPIC=" + s.topic, "KAFKA_TOPIC_PARTITIONS=12",
 		fmt.Sprintf("ADMIT_SHARDS=%d", shards), "LOG_FORMAT=json", "LOG_LEVEL=warn", "MIGRATE=false",
 		"ADMIT_IDEMPOTENCY_TTL=" + cfg.IdempotencyTTL.String(),

@@ -81,7 +81,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	defer pool.Close()
 
 	if cfg.Migrate {
-		applied, err := migrations.Up(ctx, pool)
+		applied, err := migrations.UpURL(ctx, cfg.Postgres.MigrationURL())
 		if err != nil {
 			return err
 		}

@@ -34,9 +34,11 @@ func main() {
 		}
 		def = d
 	}
+	// The database as its owner (DATABASE_MIGRATE_URL when the stack has two roles): the
+	// demo makes a space of its own and migrates it.
 	cfg := demo.Config{
 		RedisURL:    env("REDIS_URL", "redis://127.0.0.1:6379/0"),
-		DatabaseURL: env("DATABASE_URL", "postgres://metergate:metergate@127.0.0.1:5432/metergate?sslmode=disable"),
+		DatabaseURL: env("DATABASE_MIGRATE_URL", env("DATABASE_URL", "postgres://metergate:metergate@127.0.0.1:5432/metergate?sslmode=disable")),
 		Brokers:     strings.Split(env("KAFKA_BROKERS", "127.0.0.1:9092"), ","),
 		Seed:        uint64(time.Now().UnixNano()),
 	}

@@ -53,7 +53,7 @@ func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
 	}
 	defer pool.Close()
 	if cfg.Migrate {
-		applied, err := migrations.Up(ctx, pool)
+		applied, err := migrations.UpURL(ctx, cfg.Postgres.MigrationURL())
 		if err != nil {
 			return err
 		}

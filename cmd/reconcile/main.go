@@ -107,7 +107,7 @@ func connect(ctx context.Context, cfg config.Reconcile, log *slog.Logger) (*pgxp
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	if cfg.Migrate {
-		applied, err := migrations.Up(ctx, pool)
+		applied, err := migrations.UpURL(ctx, cfg.Postgres.MigrationURL())
 		if err != nil {
 			pool.Close()
 			return nil, err

@@ -35,8 +35,9 @@ type Config struct {
 	// BinDir holds the admit, meter and reconcile binaries (make build: bin/).
 	BinDir string
 	// RedisURL, DatabaseURL and Brokers locate the stack (.run/env: REDIS_URL,
-	// DATABASE_URL, KAFKA_BROKERS). DatabaseURL names the server and the credentials: the
-	// demo works in a database of its own on it (see Database).
+	// DATABASE_URL, KAFKA_BROKERS). DatabaseURL names the server and the credentials of a
+	// role that may create schemas (DATABASE_MIGRATE_URL when the stack has two roles): the
+	// demo works in a database of its own on it (see Database), its services as that role.
 	RedisURL    string
 	DatabaseURL string
 	Brokers     []string
@@ -172,7 +173,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	}()
 
 	env := []string{
-		"DATABASE_URL=" + dbURL, "REDIS_URL=" + cfg.RedisURL, "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
+		// DATABASE_MIGRATE_URL= : the services migrate the demo's space, not the one the
+		// environment's owner URL names.
+		"DATABASE_URL=" + dbURL, "DATABASE_MIGRATE_URL=", "REDIS_URL=" + cfg.RedisURL, "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
 		"KAFKA_BROKERS=" + strings.Join(cfg.Brokers, ","), "KAFKA_TOPIC=" + cfg.Topic, "KAFKA_TOPIC_PARTITIONS=4",
 		"ADMIT_KEY_PREFIX=" + cfg.KeyPrefix, "ADMIT_SHARDS=16", "LOG_FORMAT=text", "LOG_LEVEL=info", "MIGRATE=false",
 		// The demo's webhook receiver listens on 127.0.0.1.

@@ -31,7 +31,7 @@ func TestDemo(t *testing.T) {
 	cfg := Config{
 		BinDir:      bin,
 		RedisURL:    testenv.RedisURL(t),
-		DatabaseURL: testenv.DatabaseURL(t),
+		DatabaseURL: testenv.MigrateDatabaseURL(t),
 		Brokers:     testenv.KafkaBrokers(t),
 		Duration:    5 * time.Second,
 		Database:    "test_" + name,

@@ -222,14 +222,26 @@ func (c Redis) OpenPool(size int) (redis.UniversalClient, error) {
 
 // Postgres locates the billing database.
 type Postgres struct {
-	URL      string
-	MaxConns int
+	URL string
+	// MigrateURL is the schema owner's URL, for migrations; empty means URL. The services
+	// connect through URL as a role that owns nothing (docs/deploy.md#database-roles).
+	MigrateURL string
+	MaxConns   int
 }
 
-// Register adds DATABASE_URL and DATABASE_MAX_CONNS.
+// Register adds DATABASE_URL, DATABASE_MIGRATE_URL and DATABASE_MAX_CONNS.
 func (c *Postgres) Register(l *Loader) {
 	l.String(&c.URL, "DATABASE_URL", "postgres://metergate:metergate@127.0.0.1:5432/metergate?sslmode=disable", "PostgreSQL connection URL")
+	l.String(&c.MigrateURL, "DATABASE_MIGRATE_URL", "", "PostgreSQL URL of the schema's owner, used by -migrate (empty: DATABASE_URL)")
 	l.Int(&c.MaxConns, "DATABASE_MAX_CONNS", 10, "largest number of pooled PostgreSQL connections")
+}
+
+// MigrationURL is the URL migrations run through: MigrateURL, or URL when it is empty.
+func (c Postgres) MigrationURL() string {
+	if c.MigrateURL != "" {
+		return c.MigrateURL
+	}
+	return c.URL
 }
 
 // Validate reports an unparsable URL or a pool size below 1.
@@ -237,6 +249,11 @@ func (c Postgres) Validate() error {
 	var errs []error
 	if _, err := pgxpool.ParseConfig(c.URL); err != nil {
 		errs = append(errs, fmt.Errorf("DATABASE_URL: %w", err))
+	}
+	if c.MigrateURL != "" {
+		if _, err := pgxpool.ParseConfig(c.MigrateURL); err != nil {
+			errs = append(errs, fmt.Errorf("DATABASE_MIGRATE_URL: %w", err))
+		}
 	}
 	if c.MaxConns < 1 {
 		errs = append(errs, fmt.Errorf("DATABASE_MAX_CONNS=%d: want at least 1", c.MaxConns))
