@@ -36,12 +36,17 @@ import (
 // admit unready, which the degraded checks exist to avoid.
 const readyzTimeout = 2 * time.Second
 
+// migrateURL is the schema owner's URL: the migrate init containers' alone
+// (docs/deploy.md#database-roles).
+const migrateURL = "DATABASE_MIGRATE_URL"
+
 // secretEnv is the variable each key of the Secret metergate is for.
 var secretEnv = map[string]string{
-	"database-url":        "DATABASE_URL",
-	"redis-url":           "REDIS_URL",
-	"admit-service-token": "ADMIT_SERVICE_TOKEN",
-	"admit-admin-token":   "ADMIT_ADMIN_TOKEN",
+	"database-url":         "DATABASE_URL",
+	"database-migrate-url": "DATABASE_MIGRATE_URL",
+	"redis-url":            "REDIS_URL",
+	"admit-service-token":  "ADMIT_SERVICE_TOKEN",
+	"admit-admin-token":    "ADMIT_ADMIN_TOKEN",
 }
 
 type labelSelector struct {
@@ -576,6 +581,12 @@ func (c *cluster) checkContainer(w workload, ctr container, init bool, p *proble
 		}
 		e, ok := set[name]
 		switch {
+		case name == migrateURL && b.sub == "migrate" && !ok:
+			p.add("%s: does not set %s: migrations would run as the services' role, which owns nothing", where, name)
+		case name == migrateURL && b.sub != "migrate":
+			if ok {
+				p.add("%s: sets %s: only the migrate init containers hold the schema owner's credentials", where, name)
+			}
 		case !ok && b.sub == "migrate" && name != "DATABASE_URL":
 			// `reconcile migrate` uses PostgreSQL only.
 		case !ok:
@@ -1064,6 +1075,8 @@ func TestManifestChecksCatchMistakes(t *testing.T) {
 		{"admit-only variable on meter", "meter.yaml", "- {name: SHUTDOWN_TIMEOUT, value: 15s}", "- {name: SHUTDOWN_TIMEOUT, value: 15s}\n            - {name: ADMIT_SHARDS, valueFrom: {configMapKeyRef: {name: metergate, key: ADMIT_SHARDS}}}", "which meter does not read"},
 		{"secret key typo", "admit.yaml", "key: admit-admin-token}", "key: admin-token}", `key "admin-token" is not in Secret`},
 		{"secret keys swapped", "admit.yaml", "{name: ADMIT_ADMIN_TOKEN, valueFrom: {secretKeyRef: {name: metergate, key: admit-admin-token}}}", "{name: ADMIT_ADMIN_TOKEN, valueFrom: {secretKeyRef: {name: metergate, key: admit-service-token}}}", "which holds ADMIT_SERVICE_TOKEN"},
+		{"owner's URL on a service", "meter.yaml", "- {name: SHUTDOWN_TIMEOUT, value: 15s}", "- {name: SHUTDOWN_TIMEOUT, value: 15s}\n            - {name: DATABASE_MIGRATE_URL, valueFrom: {secretKeyRef: {name: metergate, key: database-migrate-url}}}", "only the migrate init containers hold"},
+		{"migrations as the services' role", "admit.yaml", "            - {name: DATABASE_MIGRATE_URL, valueFrom: {secretKeyRef: {name: metergate, key: database-migrate-url}}}\n", "", "migrations would run as the services' role"},
 		{"configmap key typo", "meter.yaml", "key: KAFKA_TOPIC}", "key: KAFKA_TOPICS}", `key "KAFKA_TOPICS" is not in ConfigMap`},
 		{"wrong configmap", "meter.yaml", "{name: metergate, key: KAFKA_TOPIC}", "{name: metergate-config, key: KAFKA_TOPIC}", "which the manifests do not define"},
 		{"literal shard count", "reconcile-cronjob.yaml", "{name: ADMIT_SHARDS, valueFrom: {configMapKeyRef: {name: metergate, key: ADMIT_SHARDS}}}", `{name: ADMIT_SHARDS, value: "32"}`, "ADMIT_SHARDS is a literal"},

@@ -57,7 +57,8 @@ read -r -a KAFKA_CLUSTER_CONTROLLER_PORTS <<<"${KAFKA_CLUSTER_CONTROLLER_PORTS:-
 [ ${#KAFKA_CLUSTER_CONTROLLER_PORTS[@]} -eq 3 ] || { echo "[stack] error: KAFKA_CLUSTER_CONTROLLER_PORTS must name 3 ports" >&2; exit 2; }
 SENTINEL_MASTER=metergate
 PG_STATE_BASE=${METERGATE_PG_STATE_DIR:-/var/lib/metergate}
-PG_USER=metergate
+PG_USER=metergate         # owns the database and its tables, applies the migrations
+PG_APP_USER=metergate_app # the services' login: owns nothing (docs/deploy.md#database-roles)
 PG_DB=metergate
 WAIT_S=${STACK_WAIT_S:-120}
 
@@ -377,6 +378,11 @@ up_postgres() {
   if [ "$("${psql[@]}" -c "select 1 from pg_database where datname='$PG_DB'")" != 1 ]; then
     "${psql[@]}" -c "create database $PG_DB owner $PG_USER"
   fi
+  # The services' login. The migrations grant the group of this name what the services need
+  # (migrations/00019_sealed_books.sql); the owner may not create roles, so it is made here.
+  if [ "$("${psql[@]}" -c "select 1 from pg_roles where rolname='$PG_APP_USER'")" != 1 ]; then
+    "${psql[@]}" -c "create role $PG_APP_USER login password '$PG_APP_USER'"
+  fi
   log "PostgreSQL $("${psql[@]}" -c 'show server_version') up on :$PG_PORT, database $PG_DB"
 }
 
@@ -547,7 +553,9 @@ write_env() {
   {
     echo "# written by deploy/local/stack.sh; source it: . .run/env"
     echo "export REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
-    echo "export DATABASE_URL=postgres://$PG_USER:$PG_USER@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
+    # The services connect as the app role; migrations (make migrate, -migrate) as the owner.
+    echo "export DATABASE_URL=postgres://$PG_APP_USER:$PG_APP_USER@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
+    echo "export DATABASE_MIGRATE_URL=postgres://$PG_USER:$PG_USER@127.0.0.1:$PG_PORT/$PG_DB?sslmode=disable"
     echo "export KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
     # The broker's jars, for tests that run a private broker they can stop and start.
     [ ! -f "$(kafka_libs)/.complete" ] || echo "export KAFKA_LIBS=$(kafka_libs)"
