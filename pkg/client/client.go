@@ -296,7 +296,9 @@ type Identify func(*http.Request) (Request, error)
 
 // Middleware admits every request before next serves it: a 429 or 402 is forwarded with
 // admit's body, RateLimit fields and Retry-After; an allowed request runs, and its status is
-// reported to admit as the outcome (in the background, so it adds no latency). When admit
+// reported to admit as the outcome (in the background, so it adds no latency). A replay of
+// an idempotency key that identify took from the client (admitted and served before) is
+// 409 idempotency_key_replayed, never served again: it would be served unbilled. When admit
 // cannot be reached the request gets 503, unless failOpen.
 func (c *Client) Middleware(identify Identify, failOpen bool) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
@@ -329,6 +331,12 @@ func (c *Client) Middleware(identify Identify, failOpen bool) func(http.Handler)
 			case err != nil:
 				w.Header().Set("Retry-After", "1")
 				http.Error(w, "admission unavailable", http.StatusServiceUnavailable)
+				return
+			case d.Replayed:
+				w.Header().Set("Idempotent-Replayed", "true")
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusConflict)
+				_, _ = w.Write([]byte(`{"error":{"code":"idempotency_key_replayed","message":"a request with this idempotency key was admitted and served already"}}` + "\n"))
 				return
 			}
 			copyHeaders(w.Header(), d.Header)

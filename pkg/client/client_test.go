@@ -39,9 +39,11 @@ type step struct {
 	code         string            // error code, for other statuses
 	raw          string            // when set, the body verbatim (e.g. a proxy's HTML page)
 	header       map[string]string // extra reply fields
+	replayed     bool              // for 200: a replay of an idempotency key
 }
 
 func allow() step                  { return step{status: http.StatusOK} }
+func replayed() step               { return step{status: http.StatusOK, replayed: true} }
 func rateLimited(ms int64) step    { return step{status: http.StatusTooManyRequests, retryAfterMS: ms} }
 func quotaExceeded() step          { return step{status: http.StatusPaymentRequired} }
 func failure(s int, c string) step { return step{status: s, code: c} }
@@ -212,6 +214,7 @@ func (f *fakeAdmit) admit(w http.ResponseWriter, r *http.Request) {
 		Period       string   `json:"period,omitempty"`
 		BlockedBy    *blocker `json:"blocked_by,omitempty"`
 		RetryAfterMS *int64   `json:"retry_after_ms,omitempty"`
+		Replayed     bool     `json:"replayed,omitempty"`
 	}
 	account := call.Request.Account
 	if account == "" {
@@ -226,7 +229,8 @@ func (f *fakeAdmit) admit(w http.ResponseWriter, r *http.Request) {
 	case s.status == http.StatusOK:
 		w.Header().Set("RateLimit-Policy", allowPolicy)
 		w.Header().Set("RateLimit", allowState)
-		call.Reply = writeJSON(w, s.status, decision{Decision: "allow", EventID: call.EventID, Account: account, Org: "org-1", Period: "2026-11"})
+		call.Reply = writeJSON(w, s.status, decision{Decision: "allow", EventID: call.EventID, Account: account, Org: "org-1", Period: "2026-11",
+			Replayed: s.replayed})
 	case s.status == http.StatusTooManyRequests:
 		w.Header().Set("RateLimit-Policy", allowPolicy)
 		secs := max(1, (s.retryAfterMS+999)/1000)
@@ -595,6 +599,19 @@ func TestMiddlewareAllowed(t *testing.T) {
 			require.Equal(t, []outcomeCall{{EventID: calls[1].EventID, Status: tt.wantOutcome}}, b.fake.waitOutcomes(t, 1))
 		})
 	}
+}
+
+// A replay of an idempotency key (admitted and served before) is 409, never served again,
+// and reports no outcome: serving it would serve a request nobody is billed for.
+func TestMiddlewareReplayRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, replayed())
+	rec := b.serve(false, nil, newRequest("key-a"))
+	require.Equal(t, http.StatusConflict, rec.Code, rec.Body.String())
+	require.Equal(t, "true", rec.Header().Get("Idempotent-Replayed"))
+	require.JSONEq(t, `{"error":{"code":"idempotency_key_replayed","message":"a request with this idempotency key was admitted and served already"}}`, rec.Body.String())
+	require.Zero(t, b.served.Load(), "the handler does not run")
+	require.Empty(t, b.fake.Outcomes())
 }
 
 // Concurrent requests each get their own outcome: no event id is reported with another
