@@ -100,7 +100,7 @@ func estimateBound(p *P, s *stack) {
 		c, err := net.Dial("tcp", s.admitAddr)
 		require.NoError(p, err)
 		p.Cleanup(func() { _ = c.Close() })
-		_ = c.SetDeadline(time.Now().Add(time.Minute))
+		_ = c.SetDeadline(time.Now().Add(15 * time.Second))
 		conns[i], replies[i], wrote[i] = c, make(chan reply, 1), make(chan error, 1)
 		go func() {
 			_, err := io.WriteString(c, head)
