@@ -323,3 +323,31 @@ func FuzzDuplicateKeys(f *testing.F) {
 		}
 	})
 }
+
+// What the duplicate-key check adds to decoding a body: an admit body, and a 1 MiB one with
+// a model request to estimate.
+func BenchmarkDuplicateKeys(b *testing.B) {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", (MaxEstimateBodyBytes-200)/45)
+	for _, bm := range []struct{ name, body string }{
+		{"admit", `{"api_key":"mgk_x","idempotency_key":"req-1","units":{"requests":1,"tokens":2500},"tool":"llm_call"}`},
+		{"estimate-1MiB", `{"api_key":"k","estimate":{"model":"gpt-4o","request":{"messages":[{"role":"user","content":"` + text + `"}],"max_tokens":5}}}`},
+	} {
+		raw := []byte(bm.body)
+		b.Run(bm.name+"/check", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if e := checkDuplicateKeys(raw); e != nil {
+					b.Fatal(e)
+				}
+			}
+		})
+		b.Run(bm.name+"/decode", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if e := decodeRaw(raw, new(admitBody)); e != nil {
+					b.Fatal(e)
+				}
+			}
+		})
+	}
+}
