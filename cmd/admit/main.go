@@ -112,7 +112,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		Registerer: reg, Estimate: estimate.Options{DefaultOutput: int64(a.EstimateDefaultOutput)},
 		MaxWait: a.MaxWait, Shadow: a.Shadow, Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil),
 		Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
-		Check:    api.CheckHeaders(a.Check),
+		Check:    api.CheckHeaders(a.Check), RevealAccounts: a.RevealAccounts, MaxEstimates: a.MaxEstimates,
 	})
 
 	probes := &ops.Probes{}
@@ -212,7 +212,7 @@ func grpcListener(cfg config.Admit, server *api.Server, reg prometheus.Registere
 // rlsMapping is the descriptor mapping of Envoy's rate-limit service as configured.
 func rlsMapping(c config.RLS) api.RLS {
 	return api.RLS{APIKey: c.APIKey, Account: c.Account, Tool: c.Tool, IdempotencyKey: c.IdempotencyKey,
-		Event: c.Event, Status: c.Status, Hits: policy.Unit(c.Hits), Ignore: c.Ignore}
+		Event: c.Event, Status: c.Status, Unit: c.Unit, Hits: policy.Unit(c.Hits), Ignore: c.Ignore}
 }
 
 // runRelay runs the outbox relay alone, for deployments that scale it apart from the API.

@@ -83,6 +83,11 @@ type Admission struct {
 	MaxWait time.Duration
 	// Check names the headers of the forward-auth check, GET /v1/check (docs/gateways.md).
 	Check CheckHeaders
+	// RevealAccounts shows end clients behind a gateway every account id of their path
+	// (api.Config.RevealAccounts); off, they see their own only.
+	RevealAccounts bool
+	// MaxEstimates bounds the token estimates of large bodies running at once.
+	MaxEstimates int
 }
 
 // CheckHeaders are the header names of the forward-auth check (api.CheckHeaders).
@@ -124,6 +129,8 @@ func (c *Admission) Register(l *Loader) {
 	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
 	l.Duration(&c.MaxWait, "ADMIT_MAX_WAIT", 30*time.Second, "longest max_wait_ms a request may give to wait for capacity (0 disables waiting; at most 10m)")
 	l.Bool(&c.Shadow, "ADMIT_SHADOW", false, "shadow mode for every account: decide and record, count refusals, never refuse")
+	l.Bool(&c.RevealAccounts, "ADMIT_GATEWAY_REVEAL_ACCOUNTS", false, "show end clients behind a gateway (the check, the rate-limit service) the ids of every account of their path; off: their own account's id only, the others by their kind (org, team, ...)")
+	l.Int(&c.MaxEstimates, "ADMIT_MAX_ESTIMATES", 0, "most token estimates of large bodies (POST /v1/estimate, POST /v1/admit with an estimate) running at once; one more waits up to 1 s, then gets 503 busy (0: 2 × GOMAXPROCS)")
 	l.String(&c.Check.Token, "ADMIT_CHECK_TOKEN_HEADER", "X-Metergate-Token", "header of GET /v1/check carrying the service token (Authorization takes \"Bearer <token>\")")
 	l.String(&c.Check.APIKey, "ADMIT_CHECK_API_KEY_HEADER", "X-Api-Key", "header of GET /v1/check carrying the end customer's API key")
 	l.String(&c.Check.Account, "ADMIT_CHECK_ACCOUNT_HEADER", "", "header of GET /v1/check naming the account, for gateways that authenticate clients and overwrite it (empty: off)")
@@ -144,6 +151,9 @@ func (c *Admission) Validate() error {
 	}
 	if c.AdminToken != "" && c.AdminToken == c.ServiceToken {
 		errs = append(errs, errors.New("ADMIT_ADMIN_TOKEN: must differ from ADMIT_SERVICE_TOKEN"))
+	}
+	if c.MaxEstimates < 0 || c.MaxEstimates > 1024 {
+		errs = append(errs, fmt.Errorf("ADMIT_MAX_ESTIMATES=%d: want 0-1024", c.MaxEstimates))
 	}
 	if c.Node == "" {
 		errs = append(errs, errors.New("ADMIT_NODE: must not be empty"))

@@ -121,10 +121,11 @@ func TestAdmission(t *testing.T) {
 	_, err = config.Load(&c, "admit", nil, envMap(map[string]string{
 		"ADMIT_SERVICE_TOKEN": "short", "ADMIT_ADMIN_TOKEN": "short", "ADMIT_SHARDS": "0",
 		"ADMIT_IDEMPOTENCY_TTL": "59s", "ADMIT_REDIS_DOWN_QUOTA": "maybe", "ADMIT_TOOL_CREDITS": "x=-1,y",
+		"ADMIT_MAX_ESTIMATES": "-1",
 	}), io.Discard)
 	require.Error(t, err)
 	for _, want := range []string{"ADMIT_SERVICE_TOKEN", "ADMIT_ADMIN_TOKEN: must be set", "must differ", "ADMIT_SHARDS=0",
-		"ADMIT_IDEMPOTENCY_TTL=59s: want at least 1m0s", "ADMIT_REDIS_DOWN_QUOTA", `"x=-1"`, `"y"`} {
+		"ADMIT_IDEMPOTENCY_TTL=59s: want at least 1m0s", "ADMIT_REDIS_DOWN_QUOTA", `"x=-1"`, `"y"`, "ADMIT_MAX_ESTIMATES=-1"} {
 		require.Contains(t, err.Error(), want)
 	}
 }

@@ -16,7 +16,7 @@ type RLS struct {
 	// Addr is the gRPC listen address; empty serves no gRPC.
 	Addr string
 	// The descriptor entry keys of api.RLS.
-	APIKey, Account, Tool, IdempotencyKey, Event, Status string
+	APIKey, Account, Tool, IdempotencyKey, Event, Status, Unit string
 	// Hits is the unit hits_addend counts.
 	Hits string
 	// Ignore lists entry keys that carry nothing for admit ("*": every key not mapped).
@@ -39,6 +39,7 @@ func (c *RLS) register(l *Loader) {
 	l.String(&c.IdempotencyKey, "ADMIT_RLS_IDEMPOTENCY_ENTRY", "idempotency_key", "descriptor entry carrying the idempotency key")
 	l.String(&c.Event, "ADMIT_RLS_EVENT_ENTRY", "event_id", "descriptor entry of the stream-done call carrying the admitted event id (the call is then an outcome)")
 	l.String(&c.Status, "ADMIT_RLS_STATUS_ENTRY", "status", "descriptor entry of the stream-done call carrying the upstream's HTTP status (200 when absent)")
+	l.String(&c.Unit, "ADMIT_RLS_UNIT_ENTRY", "unit", "descriptor entry of the stream-done call naming the unit its descriptor's hits_addend counts (ADMIT_RLS_HITS_UNIT when absent)")
 	l.String(&c.Hits, "ADMIT_RLS_HITS_UNIT", string(policy.Tokens), "unit that hits_addend counts: tokens, credits, cost_micros or requests")
 	l.List(&c.Ignore, "ADMIT_RLS_IGNORE_ENTRIES", []string{"generic_key"}, "descriptor entries ignored (* ignores every entry not mapped); any other is INVALID_ARGUMENT")
 	g := &c.Limits
@@ -66,7 +67,7 @@ func (c RLS) Validate() error {
 	seen := map[string]string{}
 	for _, f := range []struct{ name, v string }{{"ADMIT_RLS_KEY_ENTRY", c.APIKey}, {"ADMIT_RLS_ACCOUNT_ENTRY", c.Account},
 		{"ADMIT_RLS_TOOL_ENTRY", c.Tool}, {"ADMIT_RLS_IDEMPOTENCY_ENTRY", c.IdempotencyKey},
-		{"ADMIT_RLS_EVENT_ENTRY", c.Event}, {"ADMIT_RLS_STATUS_ENTRY", c.Status}} {
+		{"ADMIT_RLS_EVENT_ENTRY", c.Event}, {"ADMIT_RLS_STATUS_ENTRY", c.Status}, {"ADMIT_RLS_UNIT_ENTRY", c.Unit}} {
 		switch {
 		case !descriptorKey.MatchString(f.v):
 			errs = append(errs, fmt.Errorf("%s=%q: want 1-64 of [A-Za-z0-9_.:-]", f.name, f.v))
