@@ -77,28 +77,28 @@ func (p *P) record(msg string) {
 
 // Errorf records the failure and reports it.
 func (p *P) Errorf(format string, args ...any) {
-	p.T.Helper()
+	p.Helper()
 	p.record(fmt.Sprintf(format, args...))
 	p.T.Errorf(format, args...)
 }
 
 // Fatalf records the failure, reports it and ends the probe.
 func (p *P) Fatalf(format string, args ...any) {
-	p.T.Helper()
+	p.Helper()
 	p.record(fmt.Sprintf(format, args...))
 	p.T.Fatalf(format, args...)
 }
 
 // Error records the failure and reports it.
 func (p *P) Error(args ...any) {
-	p.T.Helper()
+	p.Helper()
 	p.record(fmt.Sprint(args...))
 	p.T.Error(args...)
 }
 
 // Fatal records the failure, reports it and ends the probe.
 func (p *P) Fatal(args ...any) {
-	p.T.Helper()
+	p.Helper()
 	p.record(fmt.Sprint(args...))
 	p.T.Fatal(args...)
 }

@@ -105,13 +105,12 @@ const maxKeyDepth = 10000
 
 // keyFrame is an object or array checkDuplicateKeys is inside.
 type keyFrame struct {
-	object   bool
-	wantKey  bool                // object: the next string is a key
-	key      string              // object: the last key read
-	index    int                 // array: the index of the next value
-	keys     []string            // object: its keys so far, folded (few keys)
-	keySet   map[string]struct{} // object: the same, once there are many
-	keyCount int
+	object  bool
+	wantKey bool                // object: the next string is a key
+	key     string              // object: the last key read
+	index   int                 // array: the index of the next value
+	keys    []string            // object: its keys so far, folded (few keys)
+	keySet  map[string]struct{} // object: the same, once there are many
 }
 
 // checkDuplicateKeys refuses a JSON value with an object, at any depth, that has a key twice
