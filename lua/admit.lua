@@ -159,7 +159,8 @@ local floor, ceil, pairs, gmatch, gsub = math.floor, math.ceil, pairs, string.gm
 
 -- short writes an event id of the org as a record holds it: "~<uuid>" for "<uuid><id_tail>".
 local function short(id, tail)
-  if sub(id, -#tail) == tail then return '~' .. sub(id, 1, #id - #tail) end
+  local n = #id - #tail
+  if n > 0 and tail ~= '' and sub(id, n + 1) == tail then return '~' .. sub(id, 1, n) end
   return id
 end
 
@@ -615,10 +616,7 @@ for dn = 1, tonumber(decisions) do
       qexp[key] = qd[i] and d_exp or m_exp
     end
     if idem ~= '' then
-      local n = #event_id - #id_tail
-      local id = event_id
-      if n > 0 and id_tail ~= '' and sub(event_id, n + 1) == id_tail then id = '~' .. sub(event_id, 1, n) end
-      call('HSET', idem_cur, idem, id .. ' ' .. period .. ' ' .. fingerprint)
+      call('HSET', idem_cur, idem, short(event_id, id_tail) .. ' ' .. period .. ' ' .. fingerprint)
       idem_written = true
     end
     local borrowed = ''
