@@ -67,7 +67,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		writeRefusal(w, err)
 		return
 	}
-	status, reply := s.reply(w.Header(), a, in.Estimated, false)
+	status, reply := s.reply(w.Header(), a, in.Estimated)
 	writeJSON(w, status, reply)
 }
 
@@ -78,13 +78,9 @@ func (in admitInput) gate(door gate.Door, wait time.Duration) gate.Input {
 }
 
 // reply renders a decision as POST /v1/admit answers it (200, 429, 402): its status, its
-// body, and its RateLimit fields and Retry-After in h. Every door renders it: the check and
-// the rate-limit service pass it on to the end client, with own set (an end client sees its
-// own account's id only, the others by their kind; Config.RevealAccounts).
-func (s *Server) reply(h http.Header, a gate.Answer, est *estimate.Estimate, own bool) (int, admitReply) {
-	if own && !s.cfg.RevealAccounts {
-		a = a.Redacted()
-	}
+// body, and its RateLimit fields and Retry-After in h. Every door renders it; the check and
+// the rate-limit service, which pass it on to the end client, render what shown leaves.
+func (s *Server) reply(h http.Header, a gate.Answer, est *estimate.Estimate) (int, admitReply) {
 	d, pol := a.Decision, a.Policy
 	setRateLimitHeaders(h, d.Limits)
 	reply := admitReply{Decision: d.Result, Account: pol.Account(), Org: pol.Org, Estimated: est, FailOpen: a.FailOpen}
@@ -133,6 +129,15 @@ func (s *Server) reply(h http.Header, a gate.Answer, est *estimate.Estimate, own
 	}
 }
 
+// shown is what an end client behind a gateway may see of a: its own account's id, the
+// others by their kind (gate.Answer.Redacted), unless Config.RevealAccounts.
+func (s *Server) shown(a gate.Answer) gate.Answer {
+	if s.cfg.RevealAccounts {
+		return a
+	}
+	return a.Redacted()
+}
+
 // ReplayedHeader marks an answer given to a replayed idempotency key (Stripe's convention):
 // a 200 of POST /v1/admit that charged nothing, or a gateway's 409 that passes nothing.
 const ReplayedHeader = "Idempotent-Replayed"
@@ -152,7 +157,7 @@ func refusal(h http.Header, err error) (e *Error, ok bool) {
 		if ge.Code == "idempotency_key_replayed" {
 			h.Set(ReplayedHeader, "true")
 		}
-		return &Error{Status: ge.Status, Code: ge.Code, Message: ge.Message}, true
+		return ge, true
 	}
 	return &Error{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error"}, true
 }

@@ -116,7 +116,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		writeCheck(w, e.Status, map[string]*Error{"error": e})
 		return
 	}
-	status, reply := s.reply(h, a, nil, true)
+	status, reply := s.reply(h, s.shown(a), nil)
 	if status == http.StatusOK {
 		h.Set(EventIDHeader, reply.EventID)
 		h.Set(AccountHeader, reply.Account)

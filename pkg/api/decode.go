@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/metergate/metergate/pkg/estimate"
+	"github.com/metergate/metergate/pkg/gate"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -39,14 +40,9 @@ func bodyTooLarge(limit int) *Error {
 // MaxIdempotencyKey is the longest idempotency key accepted, in bytes.
 const MaxIdempotencyKey = 255
 
-// Error is a client error: an HTTP status with a stable code and a message for people.
-type Error struct {
-	Status  int    `json:"-"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-func (e *Error) Error() string { return e.Code + ": " + e.Message }
+// Error is a client error: an HTTP status with a stable code and a message for people;
+// the gate's refusals are of the same type.
+type Error = gate.Error
 
 func badRequest(code, format string, args ...any) *Error {
 	return &Error{Status: 400, Code: code, Message: fmt.Sprintf(format, args...)}

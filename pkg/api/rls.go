@@ -219,12 +219,10 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 		}
 		return refused(h, e.Status, e.Code, map[string]*Error{"error": e}, nil, n), nil
 	}
+	a = r.s.shown(a)
 	h := http.Header{}
-	code, reply := r.s.reply(h, a, nil, true)
-	picks := rateLimitPicks(a.Redacted().Decision.Limits)
-	if r.s.cfg.RevealAccounts {
-		picks = rateLimitPicks(a.Decision.Limits)
-	}
+	code, reply := r.s.reply(h, a, nil)
+	picks := rateLimitPicks(a.Decision.Limits)
 	if code != http.StatusOK {
 		return refused(h, code, string(reply.Decision), reply, picks, n), nil
 	}

@@ -114,8 +114,6 @@ type Error struct {
 	Message string `json:"message"`
 	// RetryAfter is set on a 503 that may be retried.
 	RetryAfter time.Duration `json:"-"`
-	// EventID names the first decision of a refused replay.
-	EventID string `json:"-"`
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
@@ -192,7 +190,7 @@ func (g *Gate) Admit(ctx context.Context, in Input) (Answer, error) {
 			Message: "this idempotency key was used with different units or another tool"}
 	case errors.As(err, &replay):
 		g.metrics.rejected("idempotency_key_replayed")
-		return Answer{}, &Error{Status: http.StatusConflict, Code: "idempotency_key_replayed", EventID: replay.EventID,
+		return Answer{}, &Error{Status: http.StatusConflict, Code: "idempotency_key_replayed",
 			Message: "a request with this idempotency key was admitted and served already; a gateway does not serve it twice"}
 	case errors.Is(err, admission.ErrIdempotencyKeyExhausted):
 		g.metrics.rejected("idempotency_key_exhausted")
