@@ -5,7 +5,6 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	_ "embed"
 	"encoding/json"
 	"errors"
@@ -25,6 +24,7 @@ import (
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/gate"
 	"github.com/metergate/metergate/pkg/invoice"
+	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -323,12 +323,7 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 
 // bearer checks the Authorization header against token in constant time.
 func bearer(r *http.Request, token string) bool {
-	h := r.Header.Get("Authorization")
-	const p = "Bearer "
-	if len(h) <= len(p) || !strings.EqualFold(h[:len(p)], p) || token == "" {
-		return false
-	}
-	return subtle.ConstantTimeCompare([]byte(h[len(p):]), []byte(token)) == 1
+	return ops.Bearer(r.Header.Get("Authorization"), token)
 }
 
 func (s *Server) service(h http.HandlerFunc) http.HandlerFunc {

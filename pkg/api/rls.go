@@ -28,6 +28,7 @@ import (
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/gate"
+	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -239,11 +240,14 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 // Authorization header.
 func (r *rls) auth(ctx context.Context) error {
 	md, _ := metadata.FromIncomingContext(ctx)
-	h := &http.Request{Header: http.Header{"Authorization": md.Get("authorization")}}
-	if bearer(h, r.s.cfg.ServiceToken) {
+	var h string
+	if v := md.Get("authorization"); len(v) > 0 {
+		h = v[0]
+	}
+	if ops.Bearer(h, r.s.cfg.ServiceToken) {
 		return nil
 	}
-	if bearer(h, r.s.cfg.AdminToken) {
+	if ops.Bearer(h, r.s.cfg.AdminToken) {
 		return status.Error(codes.PermissionDenied, "forbidden: the admin token does not take decisions")
 	}
 	return status.Error(codes.Unauthenticated, "unauthorized: a valid service token is required (metadata authorization: Bearer …)")

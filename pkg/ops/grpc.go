@@ -2,10 +2,8 @@ package ops
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
@@ -143,10 +141,8 @@ func StreamGuard(token string, limit int) (grpc.StreamServerInterceptor, error) 
 // bearerMD reports whether the call's metadata carries "authorization: Bearer <token>".
 func bearerMD(ctx context.Context, token string) bool {
 	md, _ := metadata.FromIncomingContext(ctx)
-	const p = "Bearer "
 	for _, h := range md.Get("authorization") {
-		if len(h) > len(p) && strings.EqualFold(h[:len(p)], p) &&
-			subtle.ConstantTimeCompare([]byte(h[len(p):]), []byte(token)) == 1 {
+		if Bearer(h, token) {
 			return true
 		}
 	}
