@@ -446,6 +446,12 @@ func (s *stack) evalsha(ctx context.Context) (evalshaResult, error) {
 	prefix := s.cfg.KeyPrefix + "-evalsha"
 	adm := admission.New(s.rdb, admission.Options{KeyPrefix: prefix, Shards: shards})
 	defer func() { _, _ = sandbox.DeleteKeys(context.WithoutCancel(ctx), s.rdb, prefix) }()
+	// One decision through the Admitter writes the program into the mirror: the calls
+	// then send its version, as a node does once it has sent the program.
+	if _, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(pol.Org), Policy: pol,
+		Units: decisionUnits, Source: "bench"}); err != nil {
+		return evalshaResult{}, err
+	}
 	keys, args, err := adm.ScriptCall(admission.Request{EventID: adm.NewEventID(pol.Org), Policy: pol,
 		Units: decisionUnits, Source: "bench"})
 	if err != nil {

@@ -5,16 +5,17 @@
 -- other; a decision sees what the ones before it consumed.
 --
 -- Cost is what this script is written for (docs/admission.md, "Performance"): globals are
--- made locals once, no table per limit, no float formatting, one HMGET of the org's state
--- hash and one MGET of the quota counters per decision at most (none when an earlier
--- decision of the call read them), writes once at the end of the call.
+-- made locals once, no table per limit, no float formatting, an account's limits read once
+-- per call from the policy mirror, one HMGET of the org's state hash and one MGET of the
+-- quota counters per decision at most (none when an earlier decision of the call read
+-- them), writes once at the end of the call.
 --
 -- KEYS[1]    the shard's outbox stream
 -- KEYS[1+d]  the state hash of decision d's org ("<tag>s:<org>"): one field per token
 --            bucket, "<account>:<unit letter>" -> the bucket's theoretical arrival time
 --            (GCRA), integer µs since the epoch; the bucket is full when it is <= now. The
 --            hash expires when its latest bucket is full again (a missing field is a full
---            bucket).
+--            bucket). The org's policy mirror is "<tag>p:<org>" beside it.
 --
 -- ARGV, the call header (names as read below):
 --   decisions                     number of decisions
@@ -26,61 +27,85 @@
 --                                 current / next month
 --   d_next, d_label, d_next_label, d_expiry, d_next_expiry: the same for days
 --   tag                           the shard's key start ("<prefix>{N}:"): void marks,
---                                 lease records, idempotency buckets
+--                                 lease records, idempotency buckets and filters
 --   lease_ttl                     ms a concurrency lease is held without an outcome
---   idem_w                        the idempotency window W, ms: a record lives in the hash
---                                 "<tag>i:<floor(now / W)>", looked up there and in the
---                                 previous one, which expires 2 W after its start
+--   idem_h, idem_ttl              the hot window H and the idempotency TTL, ms (see
+--                                 "Idempotency" below)
+--   idem_legacy                   the bucket width of the layout before hot buckets, ms:
+--                                 its records ("<tag>i:<floor(now / w)>" and the bucket
+--                                 before) are looked up too; "" not
 --   qchan                         the channel told (PUBLISH <queue key>) when a waiter
 --                                 leaves a queue: the next one may go
 --
 -- Then per decision (a cursor walks ARGV):
---   event_id, idem (field of the idempotency record, "" without a key), legacy (the key of
---   a record of the one-key-per-record layout to look up too, "" for none), legacy_fp (the
---   fingerprint of the units and tool as such records hold it), fingerprint (its short
---   hash, as bucket records hold it), id_tail (".<shard>.<org>": how event ids of the org
---   end), n_bucket, n_window, n_quota, n_conc, ev (the compact usage event up to its
---   time, see pkg/admission/event.go), prio (the request's priority, 0-100), n_tier (0,
---   or n_bucket when a level has a ceiling: a tier record follows each bucket record),
---   n_wait (1 when a wait record follows the limits), n_credit (the credit records),
---   n_alert (the alert records), shadow (1: shadow mode, see "Shadow" below), replay (1: a
---   replay is answered with the first decision and becomes one more attempt of it; 0: a
---   replay is refused, REPLAY_REFUSED, and nothing is written: a gateway would serve it
---   again, unbilled)
---   The idempotency record is "<event id> <period> <fingerprint>\n<attempts>": the event
---   ids of the requests that were answered with this decision (the first and each replay)
---   and not voided since (void.lua). A record without "\n" has one attempt, its own. An
---   event id written "~<uuid>" (the head's and the attempts') is "<uuid><id_tail>"
---   (records are scoped by account, so by org: the tail is the reader's too). A record holds at most MAX_ATTEMPTS attempts: a
---   replay past them is refused (IDEMPOTENCY_EXHAUSTED), so a record's size and the time to
---   rewrite it stay bounded however often a key is replayed.
---   per token bucket:    field; inc = amount × emission interval, µs; win = burst ×
---                        emission interval, µs (Go derives both from the policy). The
---                        bucket is the level's spare: its limit less what it reserves
---                        for its children's guarantees.
---   then per token bucket when n_tier > 0 (buckets come unit by unit, each unit's from
---   the account up to the org, a "chain"):
---                        up: 0 the chain's last, 1 the next bucket is the level above,
---                        2 and this level's guaranteed traffic is reserved there;
---                        cfield, cinc, cwin: the ceiling's bucket ("" for none); borrow:
---                        "<account>:<unit>=<amount>", what the event records when the
---                        level borrows
---   per sliding window:  key, amount, width (ms), limit
---   per quota:           prefix (the counter's key but for its period label), amount,
---                        quota (-1 counts without capping), kind: period ('m' or 'd')
---   per concurrency:     key (lease sorted set), cap
---   per credit:          gkey (the hash of an account's grants of a unit: grant id →
---                        remaining units), tkey (their terms: grant id → "<priority>|
---                        <effective ms>|<expires ms, 0 never>"), amount, label
---                        ("<account>:<unit>", how the event names the draws)
---   per alert rule:      ref (i > 0: the decision's quota record i, i < 0: its credit
---                        record -i), next (units: the thresholds are looked at when the
---                        counter is at least next, or the balance below it), list (the
---                        thresholds, "<units>:<spec>,…" ascending; spec names one: "p80",
---                        "b5000", "bp20"), label ("<account>:<unit>")
+--   event_id; pfield, the account's program in the org's mirror (its version, then the
+--   account); inline, the program itself when Go is not sure the mirror holds it (the
+--   mirror then keeps it), else ""; idem (field of the idempotency record, "" without a
+--   key); fingerprint (a short hash of the units and tool); u_r, u_t, u_c, u_m (the amounts
+--   of requests, tokens, credits, cost_micros); ev (the compact usage event up to the
+--   policy's fields, see pkg/admission/event.go); flags, four characters "0" or "1":
+--   shadow (shadow mode, see "Shadow" below), replay (1: a replay is answered with the
+--   first decision and becomes one more attempt of it; 0: a replay is refused,
+--   REPLAY_REFUSED, and nothing is written: a gateway would serve it again, unbilled),
+--   wait (a wait record follows), logged (the billing log has no admission of the key);
+--   nexts (per alert rule of the program, "," separated: the thresholds are looked at
+--   when the counter is at least next, or the balance below it; -1 not at all); bloom (the
+--   key's positions in the idempotency filters, " " separated; "" without a billing log)
 --   wait record:         wait (ms the request may still wait), ticket (its id), member
 --                        and tq (its place in a queue and that queue's key, "" when not
 --                        queued)
+--
+-- Programs (pkg/admission/limits.go): what an account's decisions check, derived by Go
+-- from the policy, a MessagePack array read in blocks ("-- layout:" below) once per call:
+-- prio (the account's priority, 0-100), id_tail (".<shard>.<org>": how event ids of the
+-- org end), ev_static (the compact event's policy fields), the record counts, tiered (1: a
+-- tier record follows each bucket record), then the records. A unit is 1-4 (requests,
+-- tokens, credits, cost_micros): a limit whose unit the request does not carry is left
+-- out, as Go's plan leaves it out when it reads the reply. The mirror field's version is a
+-- hash of the program: every node with the same policy reads and writes the same field,
+-- one with another policy its own; a field the mirror does not hold (a new policy, a wiped
+-- or failed-over Redis) is never guessed at: the decision is answered MIRROR_MISS, having
+-- done nothing, and Go sends it again with the program inline. The mirror expires
+-- MIRROR_TTL after a program was last sent inline (Go sends each again hourly).
+--   per token bucket:    field; emission (µs per unit: inc = amount × emission, rounded
+--                        up); win = burst × emission interval, µs; unit. The bucket is
+--                        the level's spare: its limit less what it reserves for its
+--                        children's guarantees.
+--   then per token bucket when tiered (buckets come unit by unit, each unit's from the
+--   account up to the org, a "chain"):
+--                        up: 0 the chain's last, 1 the next bucket is the level above,
+--                        2 and this level's guaranteed traffic is reserved there;
+--                        cfield, cemission, cwin: the ceiling's bucket ("" for none);
+--                        label: "<account>:<unit>", what the event records (with
+--                        "=<amount>") when the level borrows
+--   per sliding window:  key, width (ms), limit, unit
+--   per quota:           prefix (the counter's key but for its period label), quota (-1
+--                        counts without capping), kind: period ('m' or 'd'), unit
+--   per concurrency:     key (lease sorted set), cap
+--   per credit:          gkey (the hash of an account's grants of a unit: grant id →
+--                        remaining units), tkey (their terms: grant id → "<priority>|
+--                        <effective ms>|<expires ms, 0 never>"), label
+--                        ("<account>:<unit>", how the event names the draws), unit
+--   per alert rule:      ref (i > 0: the program's quota record i, i < 0: its credit
+--                        record -i), list (the thresholds, "<units>:<spec>,…" ascending;
+--                        spec names one: "p80", "b5000", "bp20"), label ("<account>:<unit>")
+--
+-- Idempotency (docs/admission.md "Idempotency"): the record of a key is
+--   "<event id> <period> <fingerprint>\n<attempts>": the event ids of the requests that
+--   were answered with this decision (the first and each replay) and not voided since
+--   (void.lua). A record without "\n" has one attempt, its own. An event id written
+--   "~<uuid>" (the head's and the attempts') is "<uuid><id_tail>" (records are scoped by
+--   account, so by org: the tail is the reader's too). A record holds at most
+--   MAX_ATTEMPTS attempts: a replay past them is refused (IDEMPOTENCY_EXHAUSTED), so a
+--   record's size and the time to rewrite it stay bounded however often a key is
+--   replayed. Records live in hot buckets "<tag>h:<floor(now / H)>", looked up in the
+--   current one and the one before. With a billing log (bloom given), H is short and the
+--   buckets looked up go back to the one holding the shard's mark ("<tag>h:mark", ms:
+--   every event admitted before it is in the log; the whole TTL without a mark), and each
+--   key admitted sets its bits in the filter "<tag>f:<floor(now / (TTL / 2))>": a key no
+--   hot bucket holds whose bits are all set in one of the last three filters is answered
+--   CHECK_LOG, having done nothing, unless logged (Go looked it up and the log has no
+--   admission of it). Without a log, H is the TTL.
 --
 -- Guarantees (docs/admission.md "Guarantees and borrowing"): a chain is walked from the
 -- account up. Traffic a child sends within its guarantee arrives reserved and passes the
@@ -132,20 +157,23 @@
 --   IDEMPOTENCY_REUSED: the idempotency key was used before with other units
 --   REPLAY_REFUSED:     a replay where replay is 0; a = the first decision's event id
 --   IDEMPOTENCY_EXHAUSTED: a replay of a record that holds MAX_ATTEMPTS attempts
+--   MIRROR_MISS:        the mirror does not hold the program (see "Programs"): nothing done
+--   CHECK_LOG:          the key may be in the billing log (see "Idempotency"): nothing done
 -- state, integers: per bucket µs until it is full, per window {remaining, ms until clear},
 -- per quota {used}, per credit {balance, -1 when not read}; after the charge when allowed,
 -- as found when denied. Go derives the
 -- RateLimit fields from them and the policy it holds.
 --
--- The contract with Go (pkg/admission/admitter.go): each block of arguments is read once,
--- by one `local <names> = unpack(A, ...)` marked "-- layout: <block>", and the reply codes
+-- The contract with Go (pkg/admission/encode.go, limits.go, reply.go): each block of
+-- arguments or of a program is read once, by one `local <names> = unpack(A, ...)` (P for a
+-- program) marked "-- layout: <block>", and the reply codes
 -- are the capitalised locals marked "-- layout: reply". Go declares the same names in the
 -- same order, and TestScriptLayout (pkg/admission) parses this file to compare.
 
 -- layout: reply
 local CLOCK_OFF, DECIDED = 0, 1
 local ALLOWED, RATE_LIMITED, OVER_QUOTA, IDEMPOTENCY_REUSED, INSUFFICIENT_BALANCE = 1, 2, 3, 4, 5
-local REPLAY_REFUSED, IDEMPOTENCY_EXHAUSTED = 6, 7
+local REPLAY_REFUSED, IDEMPOTENCY_EXHAUSTED, MIRROR_MISS, CHECK_LOG = 6, 7, 8, 9
 
 -- MAX_ATTEMPTS bounds the attempts an idempotency record holds (see above).
 local MAX_ATTEMPTS = 16
@@ -153,9 +181,15 @@ local MAX_ATTEMPTS = 16
 -- largest integer a Lua number holds exactly. A request that would take a counter past it
 -- is refused (OVER_QUOTA), in shadow mode too, so that counters stay exact integers.
 local MAX_COUNTER = 9007199254740991
+-- MAX_MICROS bounds a bucket's inc (amount × emission interval, µs): about 31 years, so
+-- that a TAT stays an exact integer.
+local MAX_MICROS = 1000000000000000
+-- MIRROR_TTL is how long an org's policy mirror lives after a program was last sent
+-- inline, ms (Go sends it again hourly: see "Programs" above).
+local MIRROR_TTL = 86400000
 
 local A, K, call, tonumber, unpack, fmt, match, sub = ARGV, KEYS, redis.call, tonumber, unpack, string.format, string.match, string.sub
-local floor, ceil, pairs, gmatch, gsub = math.floor, math.ceil, pairs, string.gmatch, string.gsub
+local floor, ceil, pairs, gmatch, gsub, decode = math.floor, math.ceil, pairs, string.gmatch, string.gsub, cmsgpack.unpack
 
 -- short writes an event id of the org as a record holds it: "~<uuid>" for "<uuid><id_tail>".
 local function short(id, tail)
@@ -171,8 +205,8 @@ local now = now_us / 1000 -- ms
 
 -- layout: call
 local decisions, lo, hi, m_next, m_label, m_next_label, m_expiry, m_next_expiry, d_next, d_label,
-  d_next_label, d_expiry, d_next_expiry, tag, lease_ttl, idem_w, qchan = unpack(A, 1, 17)
-local a = 18 -- cursor into ARGV: the first decision's
+  d_next_label, d_expiry, d_next_expiry, tag, lease_ttl, idem_h, idem_ttl, idem_legacy, qchan = unpack(A, 1, 19)
+local a = 20 -- cursor into ARGV: the first decision's
 if now < tonumber(lo) or now >= tonumber(hi) then
   return {CLOCK_OFF, tonumber(sec), tonumber(usec)}
 end
@@ -180,9 +214,10 @@ local period, m_exp = m_label, m_expiry
 if now >= tonumber(m_next) then period, m_exp = m_next_label, m_next_expiry end
 local day, d_exp = d_label, d_expiry
 if now >= tonumber(d_next) then day, d_exp = d_next_label, d_next_expiry end
-lease_ttl = tonumber(lease_ttl)
-local idem_b, idem_cur, idem_prev -- the idempotency buckets, named at the first key
+lease_ttl, idem_h, idem_ttl = tonumber(lease_ttl), tonumber(idem_h), tonumber(idem_ttl)
+local idem_b, idem_lo, idem_cur -- the hot buckets to look in (lo to b), named at the first key
 local idem_written = false
+local filt_g, filt_written -- the filter generation, named at the first key with positions
 local stamp = sec .. '|' .. usec .. '|' .. period -- ends every usage event
 
 -- State read once per call and written back once at the end.
@@ -301,90 +336,16 @@ local function fire(ev, i, spec, at, value, window, admitted)
 end
 
 local out = {DECIDED, tonumber(sec), tonumber(usec)}
+local progs, mirrors = {}, {} -- per call: program field -> parsed program; state hash -> mirror
+local ba, ta = {}, {}          -- the program's bucket j -> its place among the decision's, or false
 
-for dn = 1, tonumber(decisions) do
+for dn = 1, tonumber(decisions) do repeat
   -- layout: decision
-  local event_id, idem, legacy, legacy_fp, fingerprint, id_tail, n_bucket, n_window, n_quota, n_conc,
-    ev, prio, n_tier, n_wait, n_credit, n_alert, shadow, replay = unpack(A, a, a + 17)
-  a = a + 18
-  n_bucket, n_window, n_quota, n_conc = tonumber(n_bucket), tonumber(n_window), tonumber(n_quota), tonumber(n_conc)
-  n_tier, n_credit, n_alert = tonumber(n_tier), tonumber(n_credit), tonumber(n_alert)
+  local event_id, pfield, inline, idem, fingerprint, u_r, u_t, u_c, u_m, ev, flags, nexts,
+    bloom = unpack(A, a, a + 12)
+  a = a + 13
   local hash = K[1 + dn]
-
-  -- Read the limits; fetch the state not read yet by this call.
-  local s = st[hash]
-  local miss, mn = nil, 0
-  if not s then s = {q = false}; st[hash] = s; miss, mn = {'q'}, 1 end
-  for i = 1, n_bucket do
-    -- layout: bucket
-    local field, inc, win = unpack(A, a, a + 2)
-    a = a + 3
-    bf[i], bi[i], bw[i] = field, tonumber(inc), tonumber(win)
-    if s[field] == nil then
-      if not miss then miss = {} end
-      mn = mn + 1; miss[mn] = field; s[field] = false
-    end
-  end
-  if n_tier > 0 and not tu then tu, tcf, tci, tcw, tb, ct, bb = {}, {}, {}, {}, {}, {}, {} end
-  for i = 1, n_tier do
-    -- layout: tier
-    local up, cfield, cinc, cwin, borrow = unpack(A, a, a + 4)
-    a = a + 5
-    tu[i], tcf[i], tci[i], tcw[i], tb[i], bb[i] = tonumber(up), cfield, tonumber(cinc), tonumber(cwin), borrow, false
-    if cfield ~= '' and s[cfield] == nil then
-      if not miss then miss = {} end
-      mn = mn + 1; miss[mn] = cfield; s[cfield] = false
-    end
-  end
-  if mn > 0 then
-    local v = call('HMGET', hash, unpack(miss, 1, mn))
-    for i = 1, mn do s[miss[i]] = tonumber(v[i]) or false end
-  end
-  if n_window > 0 and not wk then wk, wa, wp, wc, ws = {}, {}, {}, {}, {} end
-  for i = 1, n_window do
-    -- layout: window
-    local key, amount, width, limit = unpack(A, a, a + 3)
-    a = a + 4
-    wk[i], wa[i], wp[i], wc[i], ws[i] = key, tonumber(amount), tonumber(width), tonumber(limit), false
-  end
-  miss, mn = nil, 0
-  for i = 1, n_quota do
-    -- layout: quota
-    local prefix, amount, quota, kind = unpack(A, a, a + 3)
-    a = a + 4
-    local daily = kind == 'd'
-    local key = prefix .. (daily and day or period)
-    qk[i], qa[i], qc[i], qd[i] = key, tonumber(amount), tonumber(quota), daily
-    if used[key] == nil then
-      if not miss then miss = {} end
-      mn = mn + 1; miss[mn] = key; used[key] = 0
-    end
-  end
-  if mn > 0 then
-    local v = call('MGET', unpack(miss, 1, mn))
-    for i = 1, mn do used[miss[i]] = tonumber(v[i]) or 0 end
-  end
-  if n_conc > 0 and not ck then ck, cc = {}, {} end
-  for i = 1, n_conc do
-    -- layout: conc
-    local key, cap = unpack(A, a, a + 1)
-    a = a + 2
-    ck[i], cc[i] = key, tonumber(cap)
-  end
-  if n_credit > 0 and not gk then gk, gt, ga, gl, gb, gd = {}, {}, {}, {}, {}, {} end
-  for i = 1, n_credit do
-    -- layout: credit
-    local gkey, tkey, amount, label = unpack(A, a, a + 3)
-    a = a + 4
-    gk[i], gt[i], ga[i], gl[i], gb[i], gd[i] = gkey, tkey, tonumber(amount), label, -1, false
-  end
-  if n_alert > 0 and not xr then xr, xn, xs, xl = {}, {}, {}, {} end
-  for i = 1, n_alert do
-    -- layout: alert
-    local ref, next, list, label = unpack(A, a, a + 3)
-    a = a + 4
-    xr[i], xn[i], xs[i], xl[i] = tonumber(ref), tonumber(next), list, label
-  end
+  local shadow, replay, n_wait, logged = sub(flags, 1, 1), sub(flags, 2, 2), sub(flags, 3, 3), sub(flags, 4, 4)
   local wait, ticket, member, tq = 0, '', '', ''
   if n_wait == '1' then
     -- layout: wait
@@ -393,44 +354,224 @@ for dn = 1, tonumber(decisions) do
     wait, ticket, member, tq = tonumber(w), t, m, q
   end
 
+  -- The account's program: parsed once per call, from the mirror or sent inline (which
+  -- the mirror then keeps). A version the mirror does not hold is not guessed at.
+  local P = progs[pfield]
+  if not P then
+    local mk = mirrors[hash]
+    if not mk then mk = tag .. 'p:' .. sub(hash, #tag + 3); mirrors[hash] = mk end
+    local src = inline
+    if src == '' then
+      src = call('HGET', mk, pfield)
+    else
+      call('HSET', mk, pfield, src)
+      call('PEXPIRE', mk, MIRROR_TTL)
+    end
+    if src then P = decode(src); progs[pfield] = P end
+  end
+  if not P then
+    out[dn + 3] = {MIRROR_MISS, '', '', 0, '', ''}
+    break
+  end
+
+  -- Read the limits the units touch; fetch the state not read yet by this call.
+  -- layout: program
+  local prio, id_tail, ev_static, pn_bucket, tiered, pn_window, pn_quota, pn_conc, pn_credit,
+    pn_alert = unpack(P, 1, 10)
+  local p = 11 -- cursor into P
+  local amt = {tonumber(u_r), tonumber(u_t), tonumber(u_c), tonumber(u_m)}
+  ev = ev .. ev_static
+  local s = st[hash]
+  local miss, mn = nil, 0
+  if not s then s = {q = false}; st[hash] = s; miss, mn = {'q'}, 1 end
+  local n_bucket = 0
+  for j = 1, pn_bucket do
+    -- layout: bucket
+    local field, emission, win, unit = unpack(P, p, p + 3)
+    p = p + 4
+    local amount = amt[unit]
+    if amount ~= 0 then
+      n_bucket = n_bucket + 1
+      local inc = ceil(amount * emission)
+      if inc > MAX_MICROS then inc = MAX_MICROS end
+      bf[n_bucket], bi[n_bucket], bw[n_bucket], ba[j], ta[j] = field, inc, win, n_bucket, amount
+      if s[field] == nil then
+        if not miss then miss = {} end
+        mn = mn + 1; miss[mn] = field; s[field] = false
+      end
+    else
+      ba[j] = false
+    end
+  end
+  local n_tier = 0
+  if tiered == 1 then
+    n_tier = n_bucket
+    if n_tier > 0 and not tu then tu, tcf, tci, tcw, tb, ct, bb = {}, {}, {}, {}, {}, {}, {} end
+    for j = 1, pn_bucket do
+      -- layout: tier
+      local up, cfield, cemission, cwin, label = unpack(P, p, p + 4)
+      p = p + 5
+      local i = ba[j]
+      if i then
+        local cinc = 0
+        if cfield ~= '' then
+          cinc = ceil(ta[j] * cemission)
+          if cinc > MAX_MICROS then cinc = MAX_MICROS end
+          label = label .. '=' .. fmt('%d', ta[j])
+          if s[cfield] == nil then
+            if not miss then miss = {} end
+            mn = mn + 1; miss[mn] = cfield; s[cfield] = false
+          end
+        end
+        tu[i], tcf[i], tci[i], tcw[i], tb[i], bb[i] = up, cfield, cinc, cwin, label, false
+      end
+    end
+  end
+  if mn > 0 then
+    local v = call('HMGET', hash, unpack(miss, 1, mn))
+    for i = 1, mn do s[miss[i]] = tonumber(v[i]) or false end
+  end
+  if pn_window > 0 and not wk then wk, wa, wp, wc, ws = {}, {}, {}, {}, {} end
+  local n_window = 0
+  for _ = 1, pn_window do
+    -- layout: window
+    local key, width, limit, unit = unpack(P, p, p + 3)
+    p = p + 4
+    local amount = amt[unit]
+    if amount ~= 0 then
+      n_window = n_window + 1
+      wk[n_window], wa[n_window], wp[n_window], wc[n_window], ws[n_window] = key, amount, width, limit, false
+    end
+  end
+  miss, mn = nil, 0
+  local n_quota, qi = 0, {} -- qi: the program's quota j -> its place among the decision's
+  for j = 1, pn_quota do
+    -- layout: quota
+    local prefix, quota, kind, unit = unpack(P, p, p + 3)
+    p = p + 4
+    local amount = amt[unit]
+    if amount ~= 0 then
+      n_quota = n_quota + 1
+      qi[j] = n_quota
+      local daily = kind == 'd'
+      local key = prefix .. (daily and day or period)
+      qk[n_quota], qa[n_quota], qc[n_quota], qd[n_quota] = key, amount, quota, daily
+      if used[key] == nil then
+        if not miss then miss = {} end
+        mn = mn + 1; miss[mn] = key; used[key] = 0
+      end
+    end
+  end
+  if mn > 0 then
+    local v = call('MGET', unpack(miss, 1, mn))
+    for i = 1, mn do used[miss[i]] = tonumber(v[i]) or 0 end
+  end
+  local n_conc = pn_conc
+  if n_conc > 0 and not ck then ck, cc = {}, {} end
+  for i = 1, n_conc do
+    -- layout: conc
+    local key, cap = unpack(P, p, p + 1)
+    p = p + 2
+    ck[i], cc[i] = key, cap
+  end
+  if pn_credit > 0 and not gk then gk, gt, ga, gl, gb, gd = {}, {}, {}, {}, {}, {} end
+  local n_credit, ci = 0, {} -- ci: the program's credit j -> its place among the decision's
+  for j = 1, pn_credit do
+    -- layout: credit
+    local gkey, tkey, label, unit = unpack(P, p, p + 3)
+    p = p + 4
+    local amount = amt[unit]
+    if amount > 0 then
+      n_credit = n_credit + 1
+      ci[j] = n_credit
+      gk[n_credit], gt[n_credit], ga[n_credit], gl[n_credit], gb[n_credit], gd[n_credit] = gkey, tkey, amount, label, -1, false
+    end
+  end
+  local n_alert = 0
+  if pn_alert > 0 then
+    if not xr then xr, xn, xs, xl = {}, {}, {}, {} end
+    local nx, k = {}, 0
+    for x in gmatch(nexts, '[^,]+') do k = k + 1; nx[k] = tonumber(x) end
+    for j = 1, pn_alert do
+      -- layout: alert
+      local ref, list, label = unpack(P, p, p + 2)
+      p = p + 3
+      local r
+      if ref > 0 then r = qi[ref] else r = ci[-ref]; r = r and -r end
+      if r and nx[j] and nx[j] >= 0 then
+        n_alert = n_alert + 1
+        xr[n_alert], xn[n_alert], xs[n_alert], xl[n_alert] = r, nx[j], list, label
+      end
+    end
+  end
+
   -- Idempotency: a key seen before returns the first decision and charges nothing, and
   -- this request becomes one more attempt of it. A decision voided since (every attempt
-  -- unanswered: void.lua) is forgotten: the request is decided afresh.
+  -- unanswered: void.lua) is forgotten: the request is decided afresh. A key no hot
+  -- bucket holds that a filter may hold is looked up in the billing log by Go first
+  -- (CHECK_LOG; "Idempotency" above).
   local code, ra, rb, replayed = 0, '', '', 0 -- 0: undecided while the checks run
   if idem ~= '' then
     if not idem_b then
-      idem_w = tonumber(idem_w)
-      idem_b = floor(now / idem_w)
-      idem_cur, idem_prev = tag .. 'i:' .. idem_b, tag .. 'i:' .. (idem_b - 1)
+      idem_b = floor(now / idem_h)
+      idem_cur, idem_lo = tag .. 'h:' .. idem_b, idem_b - 1
+      if bloom ~= '' then
+        -- Records stay from the bucket holding the shard's mark on (all of the TTL when
+        -- there is none): their events may not be in the billing log yet.
+        local mark, oldest = tonumber(call('GET', tag .. 'h:mark')), floor((now - idem_ttl) / idem_h)
+        local lo = mark and floor(mark / idem_h) or oldest
+        if lo < oldest then lo = oldest end
+        if lo < idem_lo then idem_lo = lo end
+      end
     end
-    local where = idem_cur
-    local rec = call('HGET', idem_cur, idem)
-    if not rec then where = idem_prev; rec = call('HGET', idem_prev, idem) end
-    if not rec and legacy ~= '' then where = false; rec = call('GET', legacy) end
+    local where, rec = nil, nil
+    for b = idem_b, idem_lo, -1 do
+      where = b == idem_b and idem_cur or tag .. 'h:' .. b
+      rec = call('HGET', where, idem)
+      if rec then break end
+    end
+    if not rec and idem_legacy ~= '' then
+      local lb = floor(now / tonumber(idem_legacy))
+      for b = lb, lb - 1, -1 do
+        where = tag .. 'i:' .. b
+        rec = call('HGET', where, idem)
+        if rec then break end
+      end
+    end
     if rec then
       local head, attempts = match(rec, '^([^\n]*)\n?(.*)$')
-      local id, p, fp = match(head, '^(%S+) (%S+) (.*)$')
+      local id, per, fp = match(head, '^(%S+) (%S+) (.*)$')
       if sub(id, 1, 1) == '~' then id = sub(id, 2) .. id_tail end
       if call('EXISTS', tag .. 'v:' .. id) == 1 then
         rec = false
-      elseif fp == (where and fingerprint or legacy_fp) then
-        -- Bucket records write the org's event ids short; the legacy layout keeps them
-        -- whole, as the versions that wrote it read them.
-        local tail = where and id_tail or '\0'
-        if attempts == '' then attempts = short(id, tail) end
+      elseif fp == fingerprint then
+        if attempts == '' then attempts = short(id, id_tail) end
         local _, held = gsub(attempts, '%S+', '')
         if replay ~= '1' then
           code, ra = REPLAY_REFUSED, id
         elseif held >= MAX_ATTEMPTS then
           code = IDEMPOTENCY_EXHAUSTED
         else
-          code, ra, rb, replayed = ALLOWED, id, p, 1
-          rec = head .. '\n' .. attempts .. ' ' .. short(event_id, tail)
-          if where then call('HSET', where, idem, rec) else call('SET', legacy, rec, 'KEEPTTL') end
+          code, ra, rb, replayed = ALLOWED, id, per, 1
+          call('HSET', where, idem, head .. '\n' .. attempts .. ' ' .. short(event_id, id_tail))
         end
       else
         code = IDEMPOTENCY_REUSED
       end
+    end
+    if not rec and bloom ~= '' and logged ~= '1' then
+      local g = floor(now / (idem_ttl / 2))
+      local get = {}
+      for x in gmatch(bloom, '%d+') do get[#get + 1] = 'GET'; get[#get + 1] = 'u1'; get[#get + 1] = x end
+      for k = g, g - 2, -1 do
+        local bits, all = call('BITFIELD_RO', tag .. 'f:' .. k, unpack(get)), true
+        for i = 1, #bits do if bits[i] == 0 then all = false; break end end
+        if all then
+          out[dn + 3] = {CHECK_LOG, '', '', 0, '', ''}
+          break
+        end
+      end
+      if out[dn + 3] then break end
     end
   end
 
@@ -618,6 +759,13 @@ for dn = 1, tonumber(decisions) do
     if idem ~= '' then
       call('HSET', idem_cur, idem, short(event_id, id_tail) .. ' ' .. period .. ' ' .. fingerprint)
       idem_written = true
+      if bloom ~= '' then
+        if not filt_g then filt_g = floor(now / (idem_ttl / 2)) end
+        local set = {}
+        for x in gmatch(bloom, '%d+') do set[#set + 1] = 'SET'; set[#set + 1] = 'u1'; set[#set + 1] = x; set[#set + 1] = 1 end
+        call('BITFIELD', tag .. 'f:' .. filt_g, unpack(set))
+        filt_written = true
+      end
     end
     local borrowed = ''
     for i = 1, rate and n_tier or 0 do
@@ -748,7 +896,7 @@ for dn = 1, tonumber(decisions) do
     end
   end
   out[dn + 3] = d
-end
+until true end
 
 -- Write back: one HSET per state hash. It expires after the longest idle time of the
 -- buckets written (a bucket written now is full by then: a missing field is a full
@@ -765,8 +913,13 @@ end
 for key, e in pairs(qexp) do
   call('SET', key, used[key], 'PXAT', e)
 end
+-- A hot bucket lives until its end plus the TTL at most (the relay's janitor deletes it
+-- once the mark has passed it); a filter while a lookup may consult it.
 if idem_written then
-  call('PEXPIREAT', idem_cur, fmt('%d', (idem_b + 2) * idem_w))
+  call('PEXPIREAT', idem_cur, fmt('%d', (idem_b + 1) * idem_h + idem_ttl))
+end
+if filt_written then
+  call('PEXPIREAT', tag .. 'f:' .. filt_g, fmt('%d', (filt_g + 1) * (idem_ttl / 2) + idem_ttl))
 end
 for gkey, w in pairs(gw) do
   for id, t in pairs(w) do

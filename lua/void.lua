@@ -16,25 +16,48 @@
 -- ARGV[5]  after_id: event JSON from the id's end to the time; ARGV[6] after_time: from
 --          the time to the voided event's id; ARGV[7] rest: the rest
 -- ARGV[8]  idem: the field of the request's idempotency record ("": the request had no
---          key); ARGV[9] idem_w: the idempotency window, ms (admit.lua: the record is in
---          "<tag>i:<floor(now / W)>" or the bucket before); ARGV[10] legacy: the key of a
---          record of the one-key-per-record layout, looked up last ("": none)
--- ARGV[11] id_tail: how the org's event ids end (".<shard>.<org>"): a record's event id
+--          key); ARGV[9] idem_h: the hot window H, ms; ARGV[10] idem_ttl: the idempotency
+--          TTL, ms; ARGV[11] marked: "1" when a billing log answers for old keys (the
+--          record is in a hot bucket "<tag>h:<floor(now / H)>" from the shard's mark's
+--          on, else in the current one or the one before: admit.lua); ARGV[12]
+--          idem_legacy: the bucket width of the layout before hot buckets ("<tag>i:<b>"),
+--          ms, "" when not looked up
+-- ARGV[13] id_tail: how the org's event ids end (".<shard>.<org>"): a record's event id
 --          "~<uuid>" is "<uuid><id_tail>" (admit.lua)
 --
 -- Returns 1 when a decision was voided (its event appended), 0 when another attempt of it
 -- may have been answered. Running it twice for one attempt voids nothing more: the event
 -- appended again has the same id, which the meter deduplicates.
 local outbox = KEYS[1]
-local attempt, tag, org, mark_ttl, after_id, after_time, rest, idem, idem_w, legacy, id_tail = unpack(ARGV, 1, 11)
+local attempt, tag, org, mark_ttl, after_id, after_time, rest, idem, idem_h, idem_ttl, marked, idem_legacy,
+  id_tail = unpack(ARGV, 1, 13)
 local time = redis.call('TIME')
 local voided = attempt
 if idem ~= '' then
-  local b = math.floor((tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000) / tonumber(idem_w))
-  local where, record = tag .. 'i:' .. b, nil
-  record = redis.call('HGET', where, idem)
-  if not record then where = tag .. 'i:' .. (b - 1); record = redis.call('HGET', where, idem) end
-  if not record and legacy ~= '' then where = false; record = redis.call('GET', legacy) end
+  local now = tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
+  idem_h, idem_ttl = tonumber(idem_h), tonumber(idem_ttl)
+  local b = math.floor(now / idem_h)
+  local lo = b - 1
+  if marked == '1' then
+    local mark, oldest = tonumber(redis.call('GET', tag .. 'h:mark')), math.floor((now - idem_ttl) / idem_h)
+    local m = mark and math.floor(mark / idem_h) or oldest
+    if m < oldest then m = oldest end
+    if m < lo then lo = m end
+  end
+  local where, record
+  for k = b, lo, -1 do
+    where = tag .. 'h:' .. k
+    record = redis.call('HGET', where, idem)
+    if record then break end
+  end
+  if not record and idem_legacy ~= '' then
+    local lb = math.floor(now / tonumber(idem_legacy))
+    for k = lb, lb - 1, -1 do
+      where = tag .. 'i:' .. k
+      record = redis.call('HGET', where, idem)
+      if record then break end
+    end
+  end
   if record then
     local head, attempts = string.match(record, '^([^\n]*)\n?(.*)$')
     local id = string.match(head, '^(%S+)')
@@ -48,12 +71,12 @@ if idem ~= '' then
     end
     if found and #others > 0 then
       record = head .. '\n' .. table.concat(others, ' ')
-      if where then redis.call('HSET', where, idem, record) else redis.call('SET', legacy, record, 'KEEPTTL') end
+      redis.call('HSET', where, idem, record)
       return 0
     end
     if found then
       voided = id
-      if where then redis.call('HDEL', where, idem) else redis.call('DEL', legacy) end
+      redis.call('HDEL', where, idem)
     end
   end
   -- A decision of this request taken after this call (it was still queued) is voided too:

@@ -34,6 +34,12 @@ const (
 	// DefaultQuotaRetention is how long a quota counter outlives its period, so that
 	// reconcile can still correct it before the period is closed.
 	DefaultQuotaRetention = 35 * 24 * time.Hour
+	// DefaultIdempotencyHot is the hot window: how long Redis holds an idempotency record
+	// exactly when a billing log answers for older keys.
+	DefaultIdempotencyHot = 10 * time.Minute
+	// DefaultIdempotencyFilterBits sizes an idempotency filter (1 MiB): about 870,000 keys
+	// per shard and half TTL at 1 % false positives (docs/deploy.md sizes it for a load).
+	DefaultIdempotencyFilterBits = 1 << 23
 	// DefaultPipeline is the most script calls in flight per shard. Two form larger
 	// batches under load than four: measured with make bench (docs/bench.md), 8 decisions
 	// per call against 5, about a fifth less Redis CPU per decision and a fifth more
@@ -47,12 +53,24 @@ type Options struct {
 	KeyPrefix string
 	// Shards is the number of hash-tag shards (16); fixed for the life of a deployment.
 	Shards int
-	// IdempotencyTTL is the idempotency window W (24h): records are kept in time-bucket
-	// hashes W wide, looked up in the current and the previous one, so a retry within W is
-	// charged once and one between W and 2W may or may not be (docs/admission.md).
+	// IdempotencyTTL is how long a retry is charged once (24h) (docs/admission.md,
+	// "Idempotency"). Without an IdempotencyLog, records are kept in Redis in time-bucket
+	// hashes TTL wide, looked up in the current and the previous one, so a retry within
+	// the TTL is charged once and one between TTL and 2 TTL may or may not be.
 	IdempotencyTTL time.Duration
-	// IdempotencyLegacy also looks up, after the buckets, the record of a key kept in the
-	// one-key-per-record layout of earlier versions: on for the 24 h after an upgrade.
+	// IdempotencyLog answers for keys older than the hot window: with it, Redis keeps
+	// records exactly for IdempotencyHot (and until the shard's mark says their events are
+	// in the log) and each key's bits in a Bloom filter for the TTL (idemlog.go).
+	IdempotencyLog IdempotencyLog
+	// IdempotencyHot is the hot window H (DefaultIdempotencyHot), with an IdempotencyLog.
+	IdempotencyHot time.Duration
+	// IdempotencyFilterBits is the size of one idempotency filter, in bits
+	// (DefaultIdempotencyFilterBits): a shard has one per half TTL, and a filter holds
+	// about IdempotencyFilterBits / 9.6 keys at 1 % false positives (each one a lookup in
+	// the log).
+	IdempotencyFilterBits uint64
+	// IdempotencyLegacy also looks up the records of the layout before hot buckets (time
+	// buckets TTL wide): on for 2 TTL after an upgrade.
 	IdempotencyLegacy bool
 	// LeaseTTL is how long a concurrency slot is held when no outcome releases it (1m).
 	LeaseTTL time.Duration
@@ -87,9 +105,12 @@ const skew = 5 * time.Minute
 
 // Admitter takes decisions in Redis with the admission script.
 type Admitter struct {
-	// idemW, markTTL and leaseTTL are the options' durations as the scripts take them
-	// (ms): the idempotency window, how long a void mark lives, the lease TTL.
-	idemW, markTTL, leaseTTL string
+	// idemHot, idemTTL, idemLegacy, markTTL and leaseTTL are the options' durations as the
+	// scripts take them (ms): the hot window, the idempotency TTL, the width of the
+	// previous layout's buckets ("" when not looked up), how long a void mark lives, the
+	// lease TTL.
+	idemHot, idemTTL, idemLegacy, markTTL, leaseTTL string
+	filterBits                                     uint64
 	rdb                      redis.UniversalClient
 	opts                     Options
 	keys                     Keys
@@ -106,8 +127,11 @@ type queue struct {
 }
 
 type call struct {
-	req  Request
-	wait *waiting    // nil when the request may not wait
+	req      Request
+	wait     *waiting // nil when the request may not wait
+	logged   bool     // the billing log has no admission of its idempotency key
+	inline   bool     // send the program inline: the mirror did not hold it
+	noInline bool     // never send it (ScriptCall)
 	done chan result // buffered: delivery never blocks
 	sent atomic.Bool
 }
@@ -150,12 +174,24 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 		rdb: rdb, opts: o, keys: Keys{Prefix: o.KeyPrefix, Shards: o.Shards}.withTags(),
 		queues: make([]queue, o.Shards),
 	}
-	a.idemW = strconv.FormatInt(max(1, o.IdempotencyTTL.Milliseconds()), 10)
-	mark := 2 * o.IdempotencyTTL // a record may be found for up to 2W
-	if o.IdempotencyLegacy {
-		mark = max(mark, legacyIdempotencyTTL)
+	ttl := max(1, o.IdempotencyTTL.Milliseconds())
+	a.idemTTL, a.idemHot = strconv.FormatInt(ttl, 10), strconv.FormatInt(ttl, 10)
+	if o.IdempotencyLog != nil {
+		if o.IdempotencyHot <= 0 {
+			o.IdempotencyHot = DefaultIdempotencyHot
+		}
+		if o.IdempotencyFilterBits == 0 {
+			o.IdempotencyFilterBits = DefaultIdempotencyFilterBits
+		}
+		a.idemHot = strconv.FormatInt(max(1, min(o.IdempotencyHot.Milliseconds(), ttl)), 10)
+		a.filterBits = o.IdempotencyFilterBits
+		a.opts = o
 	}
-	a.markTTL = strconv.FormatInt(mark.Milliseconds(), 10)
+	if o.IdempotencyLegacy {
+		a.idemLegacy = a.idemTTL
+	}
+	// A record may be found for up to 2 TTL (the hot buckets' backstop, the previous layout).
+	a.markTTL = strconv.FormatInt(2*ttl, 10)
 	a.leaseTTL = strconv.FormatInt(o.LeaseTTL.Milliseconds(), 10)
 	a.metrics = newScriptMetrics(o.Registerer, a)
 	return a
@@ -181,18 +217,63 @@ func (a *Admitter) Decide(ctx context.Context, r Request) (Decision, error) {
 	if r.MaxWait > 0 && !r.Shadow { // a shadow request is never refused: nothing to wait for
 		return a.decideWaiting(ctx, r)
 	}
-	c := a.submit(r, nil)
-	select {
-	case res := <-c.done:
-		return res.d, res.err
-	case <-ctx.Done():
-		return Decision{}, fmt.Errorf("decide: %w", ctx.Err())
+	logged := false
+	for {
+		c := a.submit(r, nil, logged)
+		var res result
+		select {
+		case res = <-c.done:
+		case <-ctx.Done():
+			return Decision{}, fmt.Errorf("decide: %w", ctx.Err())
+		}
+		if !errors.Is(res.err, errCheckLog) || logged {
+			return res.d, res.err
+		}
+		d, decided, err := a.fromLog(ctx, r)
+		if decided {
+			return d, err
+		}
+		logged = true
 	}
 }
 
-// submit queues r's decision for its shard's next script call.
-func (a *Admitter) submit(r Request, w *waiting) *call {
-	c := &call{req: r, wait: w, done: make(chan result, 1)}
+// fromLog answers from the billing log a request whose key no hot bucket holds and an
+// idempotency filter may: with the first admission, replayed (or refused as a replay, or
+// as a reuse with other units), when the log has it. decided is false when it has not:
+// the request is decided afresh.
+func (a *Admitter) fromLog(ctx context.Context, r Request) (d Decision, decided bool, err error) {
+	now := a.opts.Clock.Now()
+	first, ok, err := a.opts.IdempotencyLog.First(ctx, r.Policy.Account(), r.IdempotencyKey, now.Add(-a.opts.IdempotencyTTL))
+	a.metrics.logLookup(ok, err)
+	switch {
+	case err != nil:
+		return Decision{}, true, fmt.Errorf("%w: %w", ErrIdempotencyUnverifiable, err)
+	case !ok:
+		return Decision{}, false, nil
+	case fingerprint(nonZero(first.Units), first.Tool) != fingerprint(nonZero(r.Units), r.Tool):
+		return Decision{}, true, ErrIdempotencyKeyReused
+	case r.RefuseReplay:
+		return Decision{}, true, &ReplayError{EventID: first.EventID}
+	}
+	return Decision{Result: Allow, EventID: first.EventID, Period: first.Period, Replayed: true, Time: now}, true, nil
+}
+
+// nonZero is units without the units of amount 0: the billing log does not tell them from
+// units not sent.
+func nonZero(units map[policy.Unit]int64) map[policy.Unit]int64 {
+	out := make(map[policy.Unit]int64, len(units))
+	for u, n := range units {
+		if n != 0 {
+			out[u] = n
+		}
+	}
+	return out
+}
+
+// submit queues r's decision for its shard's next script call; logged: the billing log
+// was looked up for its key and has no admission of it.
+func (a *Admitter) submit(r Request, w *waiting, logged bool) *call {
+	c := &call{req: r, wait: w, logged: logged, done: make(chan result, 1)}
 	shard := a.keys.Shard(r.Policy.Org)
 	q := &a.queues[shard]
 	q.mu.Lock()
@@ -209,14 +290,15 @@ func (a *Admitter) submit(r Request, w *waiting) *call {
 }
 
 // ScriptCall returns the keys and arguments of the script call (lua.Admit) that would
-// decide r alone, now. It decides nothing: it is for tools that drive the script without
-// the Admitter, such as make bench's redis-benchmark baseline (EVALSHA with admit's own
-// keys and arguments).
+// decide r alone, now, once the mirror holds r's program (a decision of the policy by
+// this Admitter writes it). It decides nothing: it is for tools that drive the script
+// without the Admitter, such as make bench's redis-benchmark baseline (EVALSHA with
+// admit's own keys and arguments).
 func (a *Admitter) ScriptCall(r Request) (keys []string, args []any, err error) {
 	if err := r.validate(); err != nil {
 		return nil, nil, err
 	}
-	enc := a.encode(a.keys.Shard(r.Policy.Org), []*call{{req: r}}, a.opts.Clock.Now())
+	enc := a.encode(a.keys.Shard(r.Policy.Org), []*call{{req: r, noInline: true}}, a.opts.Clock.Now())
 	return enc.keys, enc.args, nil
 }
 

@@ -42,7 +42,9 @@ func deliver(c *call, d Decision, err error) {
 	c.done <- result{d, err}
 }
 
-// run takes a batch of one shard's decisions in one script call.
+// run takes a batch of one shard's decisions in one script call. A decision whose program
+// the mirror does not hold (a new policy, a wiped or failed-over Redis) is sent again at
+// once with its program inline.
 func (a *Admitter) run(shard int, batch []*call) {
 	ctx, cancel := context.WithTimeout(context.Background(), a.opts.CallTimeout)
 	defer cancel()
@@ -72,15 +74,25 @@ func (a *Admitter) run(shard int, batch []*call) {
 		if err == nil && len(raw) != replyHeaderLen+len(batch) {
 			err = fmt.Errorf("admission script: %d replies for %d decisions", len(raw)-replyHeaderLen, len(batch))
 		}
+		var missed []*call
 		for i, c := range batch {
 			if err != nil {
 				deliver(c, Decision{}, err)
 				continue
 			}
 			d, derr := enc.plans[i].decision(raw[replyHeaderLen+i], redisNow)
+			if errors.Is(derr, errMirrorMiss) && !c.inline && !c.noInline {
+				c.inline = true
+				missed = append(missed, c)
+				continue
+			}
 			deliver(c, d, derr)
 		}
-		return
+		if len(missed) == 0 {
+			return
+		}
+		a.metrics.mirrorMisses.Add(float64(len(missed)))
+		batch = missed
 	}
 }
 

@@ -3,7 +3,6 @@ package admission
 import (
 	"crypto/sha256"
 	"encoding/base64"
-	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,6 +31,7 @@ type plan struct {
 	concs   []policy.Level
 	credits []creditCheck
 	alerts  []alertRecord
+	nexts   []byte // the decision's nexts argument
 }
 
 // alertRecord is one alert rule's thresholds a decision may fire: the script's alert record.
@@ -54,11 +54,12 @@ type check struct {
 func ms(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
 
 // The admission script's arguments (lua/admit.lua): a call header, then per decision a
-// header and one record per token bucket, sliding window, quota and concurrency limit.
+// header (and a wait record when the request may wait). What a decision checks is the
+// account's program (limits.go), which the script reads from the org's mirror in Redis.
 // Each block's constants are its fields' positions; the names beside them are the
 // script's locals for the fields, and TestScriptLayout requires the script to read the
-// same names in the same order ("-- layout: call", "decision", "bucket", "window",
-// "quota", "conc").
+// same names in the same order ("-- layout: call", "decision", "wait"; the program's
+// blocks are in limits.go).
 const (
 	argDecisions = iota
 	argLo
@@ -75,47 +76,28 @@ const (
 	argDayNextExpiry
 	argTag
 	argLeaseTTL
-	argIdemW
+	argIdemHot    // the hot window H, ms
+	argIdemTTL    // the idempotency TTL, ms
+	argIdemLegacy // the bucket width of the layout before hot buckets, ms ("": not looked up)
 	argQueueChannel
 	callLen
 )
 
 const (
 	decEventID = iota
+	decProgram // the program's field in the mirror: its version, then the account
+	decInline  // the program itself when the mirror may not hold it, else ""
 	decIdem
-	decLegacy
-	decLegacyFP
 	decFingerprint
-	decIDTail
-	decBuckets
-	decWindows
-	decQuotas
-	decConcs
-	decEvent
-	decPriority
-	decTiers
-	decWait
+	decRequests // the units, one field each (policy.Units order)
+	decTokens
 	decCredits
-	decAlerts
-	decShadow // "1": shadow mode (Request.Shadow)
-	decReplay // "1": a replay is answered; "0": refused (Request.RefuseReplay)
+	decCostMicros
+	decEvent // the compact usage event up to the policy's fields (the program has those)
+	decFlags // shadow, replay, wait, logged: "0" or "1" each
+	decNexts // per alert rule of the program: where the script looks at its thresholds, -1 not at all
+	decBloom // the positions of the key in the idempotency filters, "" without a billing log
 	decisionLen
-)
-
-const (
-	bucketField = iota
-	bucketInc   // amount × emission interval, µs
-	bucketWin   // burst × emission interval, µs
-	bucketLen
-)
-
-const (
-	tierUp           = iota // 0 the chain's last, 1 the level above follows, 2 and reserves for this one
-	tierCeilingField        // "" when the level has no ceiling
-	tierCeilingInc
-	tierCeilingWin
-	tierBorrow // "<account>:<unit>=<amount>"
-	tierLen
 )
 
 const (
@@ -126,44 +108,6 @@ const (
 	waitLen
 )
 
-const (
-	creditGrants = iota // Keys.Grants
-	creditTerms         // Keys.GrantTerms
-	creditAmount
-	creditLabel // "<account>:<unit>"
-	creditLen
-)
-
-const (
-	alertRef   = iota // i > 0: the decision's quota record i; i < 0: its credit record -i
-	alertNext         // units: a quota counter reaching it, a balance falling below it
-	alertList         // the thresholds: "<units>:<spec>,…" ascending (spec: policy.Alert.Spec)
-	alertLabel        // "<account>:<unit>"
-	alertLen
-)
-
-const (
-	windowKey = iota
-	windowAmount
-	windowWidth // ms
-	windowLimit
-	windowLen
-)
-
-const (
-	quotaPrefix = iota
-	quotaAmount
-	quotaCap
-	quotaKind
-	quotaLen
-)
-
-const (
-	concKey = iota
-	concCap
-	concLen
-)
-
 // argNames are the script's names of each block's fields, by position.
 var argNames = map[string][]string{
 	"call": (&[callLen]string{
@@ -172,21 +116,15 @@ var argNames = map[string][]string{
 		argMonthExpiry: "m_expiry", argMonthNextExpiry: "m_next_expiry",
 		argDayNext: "d_next", argDayLabel: "d_label", argDayNextLabel: "d_next_label",
 		argDayExpiry: "d_expiry", argDayNextExpiry: "d_next_expiry", argTag: "tag",
-		argLeaseTTL: "lease_ttl", argIdemW: "idem_w", argQueueChannel: "qchan",
+		argLeaseTTL: "lease_ttl", argIdemHot: "idem_h", argIdemTTL: "idem_ttl", argIdemLegacy: "idem_legacy",
+		argQueueChannel: "qchan",
 	})[:],
 	"decision": (&[decisionLen]string{
-		decEventID: "event_id", decIdem: "idem", decLegacy: "legacy", decLegacyFP: "legacy_fp",
-		decFingerprint: "fingerprint", decIDTail: "id_tail", decBuckets: "n_bucket", decWindows: "n_window", decQuotas: "n_quota", decConcs: "n_conc", decEvent: "ev",
-		decPriority: "prio", decTiers: "n_tier", decWait: "n_wait", decCredits: "n_credit", decAlerts: "n_alert", decShadow: "shadow", decReplay: "replay",
+		decEventID: "event_id", decProgram: "pfield", decInline: "inline", decIdem: "idem", decFingerprint: "fingerprint",
+		decRequests: "u_r", decTokens: "u_t", decCredits: "u_c", decCostMicros: "u_m", decEvent: "ev",
+		decFlags: "flags", decNexts: "nexts", decBloom: "bloom",
 	})[:],
-	"credit": (&[creditLen]string{creditGrants: "gkey", creditTerms: "tkey", creditAmount: "amount", creditLabel: "label"})[:],
-	"alert":  (&[alertLen]string{alertRef: "ref", alertNext: "next", alertList: "list", alertLabel: "label"})[:],
-	"bucket": (&[bucketLen]string{bucketField: "field", bucketInc: "inc", bucketWin: "win"})[:],
-	"tier":   (&[tierLen]string{tierUp: "up", tierCeilingField: "cfield", tierCeilingInc: "cinc", tierCeilingWin: "cwin", tierBorrow: "borrow"})[:],
-	"wait":   (&[waitLen]string{waitMS: "w", waitTicket: "t", waitMember: "m", waitQueue: "q"})[:],
-	"window": (&[windowLen]string{windowKey: "key", windowAmount: "amount", windowWidth: "width", windowLimit: "limit"})[:],
-	"quota":  (&[quotaLen]string{quotaPrefix: "prefix", quotaAmount: "amount", quotaCap: "quota", quotaKind: "kind"})[:],
-	"conc":   (&[concLen]string{concKey: "key", concCap: "cap"})[:],
+	"wait": (&[waitLen]string{waitMS: "w", waitTicket: "t", waitMember: "m", waitQueue: "q"})[:],
 }
 
 func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
@@ -196,12 +134,7 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	dCur := period.DayStart(ref)
 	dNext, dEnd := dCur.AddDate(0, 0, 1), dCur.AddDate(0, 0, 2)
 	keep := a.opts.QuotaRetention
-	levels := 0
-	for _, c := range batch {
-		levels += len(c.req.Policy.Path)
-	}
-	// Room for two units' buckets and quotas per level, so appends rarely grow.
-	args := make([]any, 0, callLen+decisionLen*len(batch)+14*levels)
+	args := make([]any, 0, callLen+(decisionLen+waitLen)*len(batch))
 	var h [callLen]any
 	h[argDecisions] = strconv.Itoa(len(batch))
 	// The day's bounds lie within the month's: TIME within them is within both.
@@ -212,7 +145,8 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	h[argDayNext] = ms(dNext)
 	h[argDayLabel], h[argDayNextLabel] = period.DayLabel(dCur), period.DayLabel(dNext)
 	h[argDayExpiry], h[argDayNextExpiry] = ms(dNext.Add(keep)), ms(dEnd.Add(keep))
-	h[argTag], h[argLeaseTTL], h[argIdemW] = a.keys.tag(shard), a.leaseTTL, a.idemW
+	h[argTag], h[argLeaseTTL] = a.keys.tag(shard), a.leaseTTL
+	h[argIdemHot], h[argIdemTTL], h[argIdemLegacy] = a.idemHot, a.idemTTL, a.idemLegacy
 	h[argQueueChannel] = a.keys.QueueChannel()
 	e := encoded{
 		keys:  make([]string, 1, 1+len(batch)),
@@ -228,29 +162,23 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 		}
 	}
 	for i, c := range batch {
-		e.plans[i] = a.encodeOne(&e, shard, c.req, c.wait, per)
+		e.plans[i] = a.encodeOne(&e, shard, c, per, now)
 	}
 	return e
 }
-
-// maxMicros bounds a bucket's inc and win (about 31 years), so that a TAT stays an exact
-// integer in Lua's doubles.
-const maxMicros = 1e15
 
 // periods are the labels of the month and the day of an encoding, each "" when the script
 // may charge another one (Redis TIME may be up to skew away).
 type periods struct{ month, day string }
 
-func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting, per periods) *plan {
-	pol := r.Policy
-	lim := a.limitsOf(shard, pol)
+// plan returns what r's decision checks under lim: the limits its units touch, in the
+// order the script reports them.
+func (lim *limits) plan(r Request, per periods) *plan {
 	p := &plan{req: r, rates: make([]check, 0, len(lim.checks))}
-	windows, tiered := 0, false
 	for i := range lim.buckets {
 		c := &lim.buckets[i]
 		if amount := r.Units[c.unit]; amount != 0 {
 			p.rates = append(p.rates, check{limitArgs: c, amount: amount})
-			tiered = tiered || lim.tiered[c.unit]
 		}
 	}
 	p.buckets = len(p.rates)
@@ -270,7 +198,6 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting, per p
 		}
 		if c.windowKey != "" {
 			p.rates = append(p.rates, check{limitArgs: c, amount: amount})
-			windows++
 		}
 		if c.quotaKey != "" {
 			p.quotas = append(p.quotas, check{limitArgs: c, amount: amount})
@@ -283,91 +210,64 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting, per p
 			p.credits = append(p.credits, creditCheck{creditArgs: c, amount: amount})
 		}
 	}
-	for _, al := range lim.alerts {
-		if rec, ok := al.record(p, per); ok {
+	if len(lim.alerts) > 0 {
+		p.nexts = make([]byte, 0, 8*len(lim.alerts))
+		for i, al := range lim.alerts {
+			if i > 0 {
+				p.nexts = append(p.nexts, ',')
+			}
+			rec, ok := al.record(p, per)
+			if !ok {
+				p.nexts = append(p.nexts, "-1"...)
+				continue
+			}
 			p.alerts = append(p.alerts, rec)
+			p.nexts = strconv.AppendInt(p.nexts, rec.next, 10)
 		}
 	}
+	return p
+}
 
+// dynamicEvent is the empty policy part of a compact event: the program holds it.
+var dynamicEvent eventStatic
+
+func (a *Admitter) encodeOne(e *encoded, shard int, c *call, per periods, now time.Time) *plan {
+	r := c.req
+	lim := a.limitsOf(shard, r.Policy)
+	p := lim.plan(r, per)
 	e.keys = append(e.keys, lim.state)
 	var d [decisionLen]any
-	d[decEventID], d[decIdem], d[decLegacy], d[decLegacyFP], d[decFingerprint] = r.EventID, "", "", "", ""
+	d[decEventID], d[decProgram], d[decInline] = r.EventID, lim.field, ""
+	if c.inline || lim.sendInline(now) {
+		d[decInline] = lim.program
+	}
+	d[decIdem], d[decFingerprint], d[decBloom] = "", "", ""
 	if r.IdempotencyKey != "" {
-		fp := fingerprint(r.Units, r.Tool)
-		d[decIdem], d[decFingerprint] = idempotencyField(pol.Account(), r.IdempotencyKey), shortFingerprint(fp)
-		if a.opts.IdempotencyLegacy {
-			d[decLegacy], d[decLegacyFP] = a.keys.idempotency(shard, pol.Account(), r.IdempotencyKey), fp
+		sum := idempotencyHash(r.Policy.Account(), r.IdempotencyKey)
+		d[decIdem], d[decFingerprint] = string(sum[:16]), shortFingerprint(fingerprint(r.Units, r.Tool))
+		if a.opts.IdempotencyLog != nil {
+			d[decBloom] = a.bloom(sum)
 		}
 	}
-	d[decIDTail] = lim.idTail
-	d[decBuckets], d[decWindows] = strconv.Itoa(p.buckets), strconv.Itoa(windows)
-	d[decQuotas], d[decConcs] = strconv.Itoa(len(p.quotas)), strconv.Itoa(len(p.concs))
-	d[decEvent] = compactEvent(r, &lim.event)
-	d[decPriority], d[decTiers], d[decWait] = strconv.Itoa(pol.Priority), "0", "0"
-	if tiered {
-		d[decTiers] = strconv.Itoa(p.buckets)
-	}
-	if w != nil {
-		d[decWait] = "1"
-	}
-	d[decCredits], d[decAlerts] = strconv.Itoa(len(p.credits)), strconv.Itoa(len(p.alerts))
-	d[decShadow], d[decReplay] = "0", "1"
+	d[decRequests], d[decTokens] = amount(r.Units[policy.Requests]), amount(r.Units[policy.Tokens])
+	d[decCredits], d[decCostMicros] = amount(r.Units[policy.Credits]), amount(r.Units[policy.CostMicros])
+	d[decEvent] = compactEvent(r, &dynamicEvent)
+	flags := [4]byte{'0', '1', '0', '0'}
 	if r.Shadow {
-		d[decShadow] = "1"
+		flags[0] = '1'
 	}
 	if r.RefuseReplay {
-		d[decReplay] = "0"
+		flags[1] = '0'
 	}
+	if c.wait != nil {
+		flags[2] = '1'
+	}
+	if c.logged {
+		flags[3] = '1'
+	}
+	d[decFlags], d[decNexts] = string(flags[:]), string(p.nexts)
 	e.args = append(e.args, d[:]...)
-	for _, c := range p.rates[:p.buckets] {
-		var rec [bucketLen]any
-		rec[bucketField], rec[bucketWin] = c.field, c.win
-		rec[bucketInc] = micros(c.amount, c.emission)
-		e.args = append(e.args, rec[:]...)
-	}
-	if tiered {
-		for _, c := range p.rates[:p.buckets] {
-			var rec [tierLen]any
-			rec[tierUp], rec[tierCeilingField], rec[tierCeilingInc], rec[tierCeilingWin], rec[tierBorrow] = c.up, "", "0", "0", ""
-			if c.ceilingField != "" {
-				amount := strconv.FormatInt(c.amount, 10)
-				rec[tierCeilingField], rec[tierCeilingWin] = c.ceilingField, c.ceilingWin
-				rec[tierCeilingInc] = micros(c.amount, c.ceilingEmission)
-				rec[tierBorrow] = c.level.Account + ":" + string(c.unit) + "=" + amount
-			}
-			e.args = append(e.args, rec[:]...)
-		}
-	}
-	for _, c := range p.rates[p.buckets:] {
-		var rec [windowLen]any
-		rec[windowKey], rec[windowWidth], rec[windowLimit] = c.windowKey, c.width, c.limitN
-		rec[windowAmount] = strconv.FormatInt(c.amount, 10)
-		e.args = append(e.args, rec[:]...)
-	}
-	for _, c := range p.quotas {
-		var rec [quotaLen]any
-		rec[quotaPrefix], rec[quotaAmount] = c.quotaKey, strconv.FormatInt(c.amount, 10)
-		rec[quotaCap], rec[quotaKind] = c.quota, c.quotaKind
-		e.args = append(e.args, rec[:]...)
-	}
-	for i, lv := range p.concs {
-		var rec [concLen]any
-		rec[concKey], rec[concCap] = lim.concKeys[i], strconv.Itoa(lv.Concurrency)
-		e.args = append(e.args, rec[:]...)
-	}
-	for _, c := range p.credits {
-		var rec [creditLen]any
-		rec[creditGrants], rec[creditTerms], rec[creditLabel] = c.grants, c.term, c.label
-		rec[creditAmount] = strconv.FormatInt(c.amount, 10)
-		e.args = append(e.args, rec[:]...)
-	}
-	for _, al := range p.alerts {
-		var rec [alertLen]any
-		rec[alertRef], rec[alertNext] = strconv.Itoa(al.ref), strconv.FormatInt(al.next, 10)
-		rec[alertList], rec[alertLabel] = al.list, al.label
-		e.args = append(e.args, rec[:]...)
-	}
-	if w != nil {
+	if w := c.wait; w != nil {
 		var rec [waitLen]any
 		rec[waitMS], rec[waitTicket], rec[waitMember], rec[waitQueue] = strconv.FormatInt(w.left(), 10), w.ticket, w.member, w.queue
 		e.args = append(e.args, rec[:]...)
@@ -375,10 +275,38 @@ func (a *Admitter) encodeOne(e *encoded, shard int, r Request, w *waiting, per p
 	return p
 }
 
-// micros is amount × emission µs, rounded up and bounded, as the script takes a bucket's
-// inc.
-func micros(amount int64, emission float64) string {
-	return strconv.FormatInt(int64(min(math.Ceil(float64(amount)*emission), maxMicros)), 10)
+// amount is a unit's amount as the script takes it.
+func amount(n int64) string {
+	if n >= 0 && n < int64(len(smallAmounts)) {
+		return smallAmounts[n]
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// smallAmounts are the amounts most requests carry, formatted once.
+var smallAmounts = func() (s [1024]string) {
+	for i := range s {
+		s[i] = strconv.Itoa(i)
+	}
+	return s
+}()
+
+// bloomPositions is how many bits of a filter stand for one key (k): with about 9.6 bits
+// per key, 7 give the fewest false positives, about 1 %.
+const bloomPositions = 7
+
+// bloom returns the positions of a key's bits in the idempotency filters, from the hash of
+// its account and key: "<p1> <p2> …".
+func (a *Admitter) bloom(sum [sha256.Size]byte) string {
+	b := make([]byte, 0, bloomPositions*10)
+	for i := range bloomPositions {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		v := uint64(sum[4*i])<<24 | uint64(sum[4*i+1])<<16 | uint64(sum[4*i+2])<<8 | uint64(sum[4*i+3])
+		b = strconv.AppendUint(b, v%a.filterBits, 10)
+	}
+	return string(b)
 }
 
 // fingerprint identifies a request's units and tool, to tell a retry from a reuse of its

@@ -76,10 +76,10 @@ func TestIdempotencyAcrossBuckets(t *testing.T) {
 	})
 }
 
-// During an upgrade, a record of the one-key-per-record layout ("<tag>i:<account>:<key>",
-// "<event id> <period> <fingerprint>\n<attempts>") is honoured when the legacy lookup is
-// on: the retry is replayed, charges nothing and becomes an attempt of that decision; a
-// void of the replay releases only that attempt. With the lookup off, it is not seen.
+// During an upgrade, a record of the layout before hot buckets (a bucket "<tag>i:<b>" as
+// wide as the TTL) is honoured when the legacy lookup is on: the retry is replayed,
+// charges nothing and becomes an attempt of that decision; a void of the replay releases
+// only that attempt. With the lookup off, it is not seen.
 func TestIdempotencyLegacyRecord(t *testing.T) {
 	t.Parallel()
 	for _, legacy := range []bool{true, false} {
@@ -91,14 +91,17 @@ func TestIdempotencyLegacyRecord(t *testing.T) {
 				}})
 				units := map[policy.Unit]int64{policy.Requests: 1}
 				ctx := testenv.Context(t, 10*time.Second)
+				now, err := b.rdb.Time(ctx).Result()
+				require.NoError(t, err)
 				old := b.adm.NewEventID(b.org)
-				key := b.keys.LegacyOutbox(b.keys.Shard(b.org))
-				key = key[:len(key)-len("outbox")] + "i:" + b.org + ":k-old"
-				record := old + " 2026-10 requests=1;\n" + old
-				require.NoError(t, b.rdb.Set(ctx, key, record, time.Hour).Err())
-
 				req := b.request(pol, "k-old")
 				req.Units = units
+				field, head := admission.IdempotencyRecord(req, old, "2026-10")
+				key := b.keys.LegacyIdempotencyBucket(b.keys.Shard(b.org), now, admission.DefaultIdempotencyTTL)
+				record := head + "\n" + old
+				require.NoError(t, b.rdb.HSet(ctx, key, field, record).Err())
+				require.NoError(t, b.rdb.Expire(ctx, key, time.Hour).Err())
+
 				d, err := b.adm.Decide(ctx, req)
 				require.NoError(t, err)
 				usage, err := b.adm.Usage(ctx, pol)
@@ -113,14 +116,14 @@ func TestIdempotencyLegacyRecord(t *testing.T) {
 				require.Equal(t, old, d.EventID)
 				require.Equal(t, "2026-10", d.Period)
 				require.Equal(t, int64(0), usage[policy.Requests].Used, "a replay charges nothing")
-				got, err := b.rdb.Get(ctx, key).Result()
+				got, err := b.rdb.HGet(ctx, key, field).Result()
 				require.NoError(t, err)
-				require.Equal(t, record+" "+req.EventID, got, "the replay is an attempt of the old decision")
+				require.Equal(t, record+" ~"+req.EventID[:36], got, "the replay is an attempt of the old decision (its id short)")
 
 				require.False(t, b.void(t, req, "unavailable"), "the first attempt may have been told 200")
-				got, err = b.rdb.Get(ctx, key).Result()
+				got, err = b.rdb.HGet(ctx, key, field).Result()
 				require.NoError(t, err)
-				require.Equal(t, old+" 2026-10 requests=1;\n"+old, got)
+				require.Equal(t, record, got)
 
 				_, err = b.decide(t, pol, map[policy.Unit]int64{policy.Requests: 2}, "k-old")
 				require.ErrorIs(t, err, admission.ErrIdempotencyKeyReused)

@@ -154,9 +154,15 @@ func (k Keys) leaseRecord(shard int, eventID string) string {
 // letter>", holding its theoretical arrival time (lua/admit.lua).
 func (k Keys) state(shard int, org string) string { return k.tag(shard) + "s:" + org }
 
-// IdempotencyBucket is the hash of the shard's idempotency records written in the window
-// of width w that holds t: "<prefix>{N}:i:<floor(t / w)>" (lua/admit.lua).
+// IdempotencyBucket is the hash of the shard's idempotency records written in the hot
+// bucket of width w (the hot window) that holds t (IdempotencyHotBucket).
 func (k Keys) IdempotencyBucket(shard int, t time.Time, w time.Duration) string {
+	return k.IdempotencyHotBucket(shard, t.UnixMilli()/w.Milliseconds())
+}
+
+// LegacyIdempotencyBucket is the bucket of the layout before hot buckets that holds t:
+// "<prefix>{N}:i:<floor(t / w)>", w the idempotency TTL (Options.IdempotencyLegacy).
+func (k Keys) LegacyIdempotencyBucket(shard int, t time.Time, w time.Duration) string {
 	return k.tag(shard) + "i:" + strconv.FormatInt(t.UnixMilli()/w.Milliseconds(), 10)
 }
 
@@ -164,23 +170,20 @@ func (k Keys) IdempotencyBucket(shard int, t time.Time, w time.Duration) string 
 // SHA-256 of the account charged and the key, so the key is scoped by the account and a
 // collision is negligible (2^-64 even at billions of records).
 func idempotencyField(account, key string) string {
+	sum := idempotencyHash(account, key)
+	return string(sum[:16])
+}
+
+// idempotencyHash is SHA-256 of account, a zero byte and key: the record's field is its
+// first 16 bytes, the key's filter positions come from it too.
+func idempotencyHash(account, key string) [sha256.Size]byte {
 	h := sha256.New()
 	_, _ = h.Write([]byte(account))
 	_, _ = h.Write([]byte{0})
 	_, _ = h.Write([]byte(key))
-	return string(h.Sum(nil)[:16])
-}
-
-// legacyIdempotencyTTL is how long the one-key-per-record layout kept a record: its
-// records are all gone this long after an upgrade.
-const legacyIdempotencyTTL = 24 * time.Hour
-
-// idempotency is the record's key in the one-key-per-record layout of earlier versions,
-// looked up during an upgrade (Options.IdempotencyLegacy). The idempotency key is scoped
-// by the account charged. It may hold any printable ASCII, braces included: the shard's
-// tag comes first, so it alone picks the Cluster slot.
-func (k Keys) idempotency(shard int, account, key string) string {
-	return k.tag(shard) + "i:" + account + ":" + key
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 // NewEventID returns a new event id for a request of org: a UUIDv7 (time-ordered), the

@@ -20,7 +20,14 @@ func TestScriptLayout(t *testing.T) {
 	src, err := os.ReadFile("../../lua/admit.lua")
 	require.NoError(t, err)
 	blocks, codes := parseScriptLayout(t, string(src))
-	require.Equal(t, argNames, blocks, "argument layout: lua/admit.lua (actual) against admitter.go (expected)")
+	want := map[string][]string{}
+	for name, fields := range argNames {
+		want[name] = fields
+	}
+	for name, fields := range progNames {
+		want[name] = fields
+	}
+	require.Equal(t, want, blocks, "argument and program layout: lua/admit.lua (actual) against encode.go and limits.go (expected)")
 	require.Equal(t, replyCodes, codes, "reply codes: lua/admit.lua (actual) against admitter.go (expected)")
 	for name, want := range map[string]int64{"MAX_ATTEMPTS": MaxAttempts, "MAX_COUNTER": MaxCounter} {
 		m := regexp.MustCompile(`(?m)^local ` + name + ` = (\d+)$`).FindStringSubmatch(string(src))
@@ -31,10 +38,11 @@ func TestScriptLayout(t *testing.T) {
 
 var (
 	layoutMarker = regexp.MustCompile(`(?m)^\s*-- layout: (\w+)\n`)
-	// local <names> = unpack(A, <first>, <last>) (A is ARGV), then the cursor's move past
-	// the block: "a = a + n" (a decision's blocks) or "local a = n" (the call header).
-	layoutUnpack = regexp.MustCompile(`^\s*local ([\w,\s]+?) = unpack\(A, (a|1), (?:a \+ )?(\d+)\)\n` +
-		`\s*(?:a = a \+ (\d+)|local a = (\d+))\b`)
+	// local <names> = unpack(A, <first>, <last>) (A is ARGV; P a program), then the
+	// cursor's move past the block: "a = a + n" (a decision's blocks; "p = p + n" in a
+	// program) or "local a = n" (the call header; "local p = n" after a program's head).
+	layoutUnpack = regexp.MustCompile(`^\s*local ([\w,\s]+?) = unpack\([AP], (a|p|1), (?:[ap] \+ )?(\d+)\)\n` +
+		`\s*(?:[ap] = [ap] \+ (\d+)|local [ap] = (\d+))\b`)
 	layoutCodes = regexp.MustCompile(`^local ([A-Z_]+(?:, [A-Z_]+)*) = (\d+(?:, \d+)*)$`)
 )
 

@@ -1,13 +1,17 @@
 package admission
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"math"
 	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/metergate/metergate/pkg/policy"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // limits is what the script call of a decision needs from its policy, apart from the
@@ -28,6 +32,11 @@ type limits struct {
 	credits  []creditArgs // by level, org first, then in the level's order of units
 	alerts   []*alertArgs // the levels' alert rules
 	event    eventStatic
+	// program is what the script checks for the account (compile), field its name in the
+	// org's mirror: a version (a hash of the program) and the account. inlined is when
+	// this node last sent the program inline (unix ns).
+	program, field string
+	inlined        atomic.Int64
 }
 
 // alertArgs is one alert rule of a level with what it watches (a quota of limits.checks, or
@@ -155,20 +164,19 @@ type limitArgs struct {
 	// children's guarantees (Level.Reserved), spareRate per second up to spareBurst.
 	field           string
 	emission        float64
-	win             string
+	win             int64
 	spareRate       float64
 	spareBurst      int64
-	up              string // the tier record's up (lua/admit.lua)
+	up              int    // the tier record's up (lua/admit.lua)
 	index           int    // the place in limits.checks
 	ceilingField    string // the ceiling's bucket, "" when the limit has none
 	ceilingEmission float64
-	ceilingWin      string
-	// windowKey is a sliding window's sorted set, width its width (ms) and limitN its
-	// limit. Empty: no sliding window.
-	windowKey, width, limitN string
-	// quotaKey starts the counters' keys (the period's label ends them); quota and
-	// quotaKind are the script's arguments. Empty: no quota.
-	quotaKey, quota, quotaKind string
+	ceilingWin      int64
+	// windowKey is a sliding window's sorted set. Empty: no sliding window.
+	windowKey string
+	// quotaKey starts the counters' keys (the period's label ends them); quotaKind is the
+	// script's: "m" monthly, "d" daily. Empty: no quota.
+	quotaKey, quotaKind string
 }
 
 // unitLetter shortens a unit in a bucket's field name.
@@ -193,14 +201,13 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 			switch {
 			case lim.HasRate() && lim.Algorithm == policy.SlidingWindow:
 				c.windowKey = a.keys.window(shard, lv.Account, u)
-				c.width, c.limitN = strconv.FormatInt(lim.WindowS*1000, 10), strconv.FormatInt(lim.Limit, 10)
 			case lim.HasRate():
 				a.bucketArgs(&c, lv)
 			}
 			c.index = len(l.checks)
 			if lim.Quota != nil {
 				c.quotaKey = a.keys.quota(shard, lv.Account, u, "")
-				c.quota, c.quotaKind = strconv.FormatInt(*lim.Quota, 10), "m"
+				c.quotaKind = "m"
 				if lim.QuotaPeriod == policy.Day {
 					c.quotaKind = "d"
 				}
@@ -218,6 +225,7 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 	}
 	l.buckets, l.tiered = bucketChains(pol, l.checks)
 	l.alertsOf(pol)
+	l.compile(pol)
 	if pol.Memo != nil {
 		pol.Memo.Store(l)
 	}
@@ -240,15 +248,15 @@ func (a *Admitter) bucketArgs(c *limitArgs, lv policy.Level) {
 	if c.spareRate <= 0 || c.spareBurst <= 0 {
 		// Guarantees take all of it: nothing else passes, ever (the script's "never").
 		c.spareRate, c.spareBurst = 0, 0
-		c.emission, c.win = maxMicros, "0"
+		c.emission, c.win = maxMicros, 0
 	} else {
 		c.emission = 1e6 / c.spareRate
-		c.win = strconv.FormatInt(int64(min(math.Floor(float64(c.spareBurst)*c.emission), maxMicros)), 10)
+		c.win = int64(min(math.Floor(float64(c.spareBurst)*c.emission), maxMicros))
 	}
 	if lim.Guaranteed() {
 		c.ceilingField = c.field + "^"
 		c.ceilingEmission = 1e6 / lim.CeilingRate()
-		c.ceilingWin = strconv.FormatInt(int64(min(math.Floor(float64(lim.Ceiling)*c.ceilingEmission), maxMicros)), 10)
+		c.ceilingWin = int64(min(math.Floor(float64(lim.Ceiling)*c.ceilingEmission), maxMicros))
 	}
 }
 
@@ -273,11 +281,11 @@ func bucketChains(pol policy.Resolved, checks []limitArgs) ([]limitArgs, map[pol
 		chain := out[start:]
 		for i := range chain {
 			c := &chain[i]
-			c.up = "0"
+			c.up = 0
 			if i+1 < len(chain) {
-				c.up = "1"
+				c.up = 1
 				if c.limit.Guaranteed() && depth[chain[i+1].level.Account] == depth[c.level.Account]-1 {
-					c.up = "2"
+					c.up = 2
 				}
 			}
 			if c.ceilingField != "" {
@@ -297,4 +305,206 @@ type creditArgs struct {
 	unit         policy.Unit
 	grants, term string
 	label        string // "<account>:<unit>"
+}
+
+// maxMicros bounds a bucket's inc and win (about 31 years), so that a TAT stays an exact
+// integer in Lua's doubles; the script bounds inc (amount × emission) by the same.
+const maxMicros = 1e15
+
+// The account's program (lua/admit.lua, "Programs"): a MessagePack array the script reads
+// once per call from the org's mirror in Redis (cmsgpack, about three times faster than
+// cjson for the same program: no number is parsed from text), in blocks. Each block's constants are its
+// fields' positions; the names beside them are the script's locals, and TestScriptLayout
+// requires the script to read the same names in the same order ("-- layout: program",
+// "bucket", "tier", "window", "quota", "conc", "credit", "alert"). A unit is its place in
+// policy.Units, from 1: the script takes the decision's amount of it.
+const (
+	progPriority = iota
+	progIDTail   // ".<shard>.<org>": how the org's event ids end
+	progEvent    // the compact event's policy fields ("<org>|<plan>|<path>|")
+	progBuckets
+	progTiered // 1: a tier record follows each bucket record (a chain has a ceiling)
+	progWindows
+	progQuotas
+	progConcs
+	progCredits
+	progAlerts
+	progLen
+)
+
+const (
+	bucketField    = iota
+	bucketEmission // µs per unit: inc = amount × emission, rounded up
+	bucketWin      // burst × emission interval, µs
+	bucketUnit
+	bucketLen
+)
+
+const (
+	tierUp           = iota // 0 the chain's last, 1 the level above follows, 2 and reserves for this one
+	tierCeilingField        // "" when the level has no ceiling
+	tierCeilingEmission
+	tierCeilingWin
+	tierLabel // "<account>:<unit>", what the event names a borrowing by ("" without a ceiling)
+	tierLen
+)
+
+const (
+	windowKey   = iota
+	windowWidth // ms
+	windowLimit
+	windowUnit
+	windowLen
+)
+
+const (
+	quotaPrefix = iota
+	quotaCap    // -1: counted, not capped
+	quotaKind   // "m" or "d"
+	quotaUnit
+	quotaLen
+)
+
+const (
+	concKey = iota
+	concCap
+	concLen
+)
+
+const (
+	creditGrants = iota // Keys.Grants
+	creditTerms         // Keys.GrantTerms
+	creditLabel         // "<account>:<unit>"
+	creditUnit
+	creditLen
+)
+
+const (
+	alertRef   = iota // i > 0: the program's quota record i; i < 0: its credit record -i
+	alertList         // the thresholds: "<units>:<spec>,…" ascending (spec: policy.Alert.Spec)
+	alertLabel        // "<account>:<unit>"
+	alertLen
+)
+
+// progNames are the script's names of each program block's fields, by position.
+var progNames = map[string][]string{
+	"program": (&[progLen]string{progPriority: "prio", progIDTail: "id_tail", progEvent: "ev_static",
+		progBuckets: "pn_bucket", progTiered: "tiered", progWindows: "pn_window", progQuotas: "pn_quota",
+		progConcs: "pn_conc", progCredits: "pn_credit", progAlerts: "pn_alert"})[:],
+	"bucket": (&[bucketLen]string{bucketField: "field", bucketEmission: "emission", bucketWin: "win", bucketUnit: "unit"})[:],
+	"tier": (&[tierLen]string{tierUp: "up", tierCeilingField: "cfield", tierCeilingEmission: "cemission",
+		tierCeilingWin: "cwin", tierLabel: "label"})[:],
+	"window": (&[windowLen]string{windowKey: "key", windowWidth: "width", windowLimit: "limit", windowUnit: "unit"})[:],
+	"quota":  (&[quotaLen]string{quotaPrefix: "prefix", quotaCap: "quota", quotaKind: "kind", quotaUnit: "unit"})[:],
+	"conc":   (&[concLen]string{concKey: "key", concCap: "cap"})[:],
+	"credit": (&[creditLen]string{creditGrants: "gkey", creditTerms: "tkey", creditLabel: "label", creditUnit: "unit"})[:],
+	"alert":  (&[alertLen]string{alertRef: "ref", alertList: "list", alertLabel: "label"})[:],
+}
+
+// unitIndex is a unit's place in policy.Units, from 1, as the program names it.
+func unitIndex(u policy.Unit) int {
+	for i, v := range policy.Units {
+		if v == u {
+			return i + 1
+		}
+	}
+	return 0 // not reached: units are validated
+}
+
+// compile derives the account's program from l and names it: its version is the first 66
+// bits of its SHA-256 (11 characters), so every node holding the same policy writes and
+// reads the same field, and a node holding another finds none and sends its own.
+func (l *limits) compile(pol policy.Resolved) {
+	var quotas, tiered, windows int
+	for _, c := range l.checks {
+		if c.quotaKey != "" {
+			quotas++
+		}
+		if c.windowKey != "" {
+			windows++
+		}
+	}
+	if len(l.tiered) > 0 {
+		tiered = 1
+	}
+	var h [progLen]any
+	h[progPriority], h[progIDTail], h[progEvent] = pol.Priority, l.idTail, l.event.compact
+	h[progBuckets], h[progTiered], h[progWindows] = len(l.buckets), tiered, windows
+	h[progQuotas], h[progConcs], h[progCredits], h[progAlerts] = quotas, len(l.concs), len(l.credits), len(l.alerts)
+	p := h[:]
+	for _, c := range l.buckets {
+		var rec [bucketLen]any
+		rec[bucketField], rec[bucketEmission], rec[bucketWin], rec[bucketUnit] = c.field, c.emission, c.win, unitIndex(c.unit)
+		p = append(p, rec[:]...)
+	}
+	for i := 0; tiered == 1 && i < len(l.buckets); i++ {
+		c := l.buckets[i]
+		var rec [tierLen]any
+		rec[tierUp], rec[tierCeilingField], rec[tierCeilingEmission], rec[tierCeilingWin], rec[tierLabel] = c.up, "", 0, 0, ""
+		if c.ceilingField != "" {
+			rec[tierCeilingField], rec[tierCeilingEmission], rec[tierCeilingWin] = c.ceilingField, c.ceilingEmission, c.ceilingWin
+			rec[tierLabel] = c.level.Account + ":" + string(c.unit)
+		}
+		p = append(p, rec[:]...)
+	}
+	quotaRef := map[*limitArgs]int{}
+	for i := range l.checks {
+		if c := &l.checks[i]; c.windowKey != "" {
+			var rec [windowLen]any
+			rec[windowKey], rec[windowWidth], rec[windowLimit], rec[windowUnit] = c.windowKey, c.limit.WindowS*1000, c.limit.Limit, unitIndex(c.unit)
+			p = append(p, rec[:]...)
+		}
+	}
+	for i := range l.checks {
+		if c := &l.checks[i]; c.quotaKey != "" {
+			var rec [quotaLen]any
+			rec[quotaPrefix], rec[quotaCap], rec[quotaKind], rec[quotaUnit] = c.quotaKey, *c.limit.Quota, c.quotaKind, unitIndex(c.unit)
+			p = append(p, rec[:]...)
+			quotaRef[c] = len(quotaRef) + 1
+		}
+	}
+	for i, lv := range l.concs {
+		var rec [concLen]any
+		rec[concKey], rec[concCap] = l.concKeys[i], lv.Concurrency
+		p = append(p, rec[:]...)
+	}
+	creditRef := map[*creditArgs]int{}
+	for i := range l.credits {
+		c := &l.credits[i]
+		var rec [creditLen]any
+		rec[creditGrants], rec[creditTerms], rec[creditLabel], rec[creditUnit] = c.grants, c.term, c.label, unitIndex(c.unit)
+		p = append(p, rec[:]...)
+		creditRef[c] = i + 1
+	}
+	for _, al := range l.alerts {
+		var rec [alertLen]any
+		if al.check != nil {
+			rec[alertRef] = quotaRef[al.check]
+		} else {
+			rec[alertRef] = -creditRef[al.credit]
+		}
+		rec[alertList], rec[alertLabel] = al.list, al.label
+		p = append(p, rec[:]...)
+	}
+	b, err := msgpack.Marshal(p)
+	if err != nil {
+		panic("admission: a program does not encode: " + err.Error()) // numbers and strings only
+	}
+	sum := sha256.Sum256(b)
+	l.program = string(b)
+	l.field = base64.RawURLEncoding.EncodeToString(sum[:])[:11] + pol.Account()
+}
+
+// mirrorRefresh is how often a node sends a program inline although the mirror holds it,
+// so that the mirror of an org in use never expires (the script's MIRROR_TTL is a day).
+const mirrorRefresh = time.Hour
+
+// sendInline reports whether a decision encoded now sends the program inline: the first
+// of this node's, and one an hour after.
+func (l *limits) sendInline(now time.Time) bool {
+	last := l.inlined.Load()
+	if last != 0 && now.UnixNano()-last < int64(mirrorRefresh) {
+		return false
+	}
+	return l.inlined.CompareAndSwap(last, now.UnixNano())
 }

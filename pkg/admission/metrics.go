@@ -16,6 +16,10 @@ type scriptMetrics struct {
 	// notReplicated counts script calls whose writes fewer replicas than WaitReplicas
 	// acknowledged in time.
 	notReplicated prometheus.Counter
+	// mirrorMisses counts decisions sent again with their program inline.
+	mirrorMisses prometheus.Counter
+	// logLookups counts idempotency keys looked up in the billing log, by result.
+	logLookups *prometheus.CounterVec
 }
 
 func newScriptMetrics(reg prometheus.Registerer, a *Admitter) *scriptMetrics {
@@ -42,14 +46,33 @@ func newScriptMetrics(reg prometheus.Registerer, a *Admitter) *scriptMetrics {
 			Name: "metergate_admit_not_replicated_total",
 			Help: "Script calls whose writes fewer than ADMIT_REDIS_WAIT_REPLICAS replicas acknowledged in time: their decisions were answered 503 and voided.",
 		}),
+		mirrorMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "metergate_admit_mirror_misses_total",
+			Help: "Decisions whose program the Redis policy mirror did not hold (a policy new to it, a wiped or failed-over Redis): sent again at once with the program.",
+		}),
+		logLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "metergate_admit_idempotency_log_lookups_total",
+			Help: "Idempotency keys past the hot window that a filter may hold, looked up in the billing log: result found (answered from the log), absent (a filter's false positive: decided afresh) or error (answered 503).",
+		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.latency, m.batch, m.waiting, m.leaves, m.notReplicated, &outboxCollector{a: a})
+		reg.MustRegister(m.latency, m.batch, m.waiting, m.leaves, m.notReplicated, m.mirrorMisses, m.logLookups, &outboxCollector{a: a})
 	}
 	return m
 }
 
 func (m *scriptMetrics) leaveFailed() { m.leaves.Inc() }
+
+func (m *scriptMetrics) logLookup(found bool, err error) {
+	result := "absent"
+	switch {
+	case err != nil:
+		result = "error"
+	case found:
+		result = "found"
+	}
+	m.logLookups.WithLabelValues(result).Inc()
+}
 
 func (m *scriptMetrics) observe(batch int, took time.Duration) {
 	m.latency.Observe(took.Seconds())

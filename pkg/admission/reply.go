@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -23,6 +24,8 @@ const (
 	codeInsufficient      = 5 // INSUFFICIENT_BALANCE: a = the credit record, b = its balance
 	codeReplayRefused     = 6 // REPLAY_REFUSED: a = the first decision's event id
 	codeExhausted         = 7 // IDEMPOTENCY_EXHAUSTED
+	codeMirrorMiss        = 8 // MIRROR_MISS: the mirror does not hold the decision's program; nothing was done
+	codeCheckLog          = 9 // CHECK_LOG: the key may be in the billing log; nothing was done
 
 	replyHeaderLen    = 3 // status, sec, usec
 	decisionHeaderLen = 6 // code, a, b, replayed, queued, shadowed; the limits' state follows
@@ -34,6 +37,7 @@ var replyCodes = map[string]int64{
 	"ALLOWED": codeAllowed, "RATE_LIMITED": codeRateLimited, "OVER_QUOTA": codeOverQuota,
 	"IDEMPOTENCY_REUSED": codeIdempotencyReused, "INSUFFICIENT_BALANCE": codeInsufficient,
 	"REPLAY_REFUSED": codeReplayRefused, "IDEMPOTENCY_EXHAUSTED": codeExhausted,
+	"MIRROR_MISS": codeMirrorMiss, "CHECK_LOG": codeCheckLog,
 }
 
 func replyHeader(raw []any) (ok bool, now time.Time, err error) {
@@ -95,6 +99,10 @@ func (p *plan) decision(raw any, now time.Time) (Decision, error) {
 		return Decision{}, &ReplayError{EventID: id}
 	case codeExhausted:
 		return Decision{}, ErrIdempotencyKeyExhausted
+	case codeMirrorMiss:
+		return Decision{}, errMirrorMiss
+	case codeCheckLog:
+		return Decision{}, errCheckLog
 	default:
 		if err := p.refusal(&out, code, d[1], d[2], now); err != nil {
 			return Decision{}, err
@@ -205,3 +213,11 @@ func bucketState(c *limitArgs, fullUS int64) LimitState {
 		Reset:     time.Duration((fullUS+999)/1000) * time.Millisecond,
 		Ceiling:   c.limit.Ceiling}
 }
+
+var (
+	// errMirrorMiss is a decision the script did not take: the mirror lacks its program.
+	errMirrorMiss = errors.New("admission script: the policy mirror does not hold the program")
+	// errCheckLog is a decision the script did not take: its idempotency key may be in the
+	// billing log (Admitter.fromLog).
+	errCheckLog = errors.New("admission script: the idempotency key may be in the billing log")
+)

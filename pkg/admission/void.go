@@ -33,16 +33,16 @@ func (a *Admitter) Void(ctx context.Context, v Void) (voided bool, err error) {
 	}
 	shard := a.keys.Shard(r.Policy.Org)
 	keys := []string{a.keys.Outbox(shard)}
-	field, legacy := "", ""
+	field, marked := "", "0"
 	if r.IdempotencyKey != "" {
 		field = idempotencyField(r.Policy.Account(), r.IdempotencyKey)
-		if a.opts.IdempotencyLegacy {
-			legacy = a.keys.idempotency(shard, r.Policy.Account(), r.IdempotencyKey)
-		}
+	}
+	if a.opts.IdempotencyLog != nil {
+		marked = "1"
 	}
 	afterID, afterTime, rest := voidedEventPieces(r, v.Reason)
 	n, err := a.runScript(ctx, lua.Void, keys, r.EventID, a.keys.tag(shard), r.Policy.Org, a.markTTL,
-		afterID, afterTime, rest, field, a.idemW, legacy, a.keys.eventIDTail(shard, r.Policy.Org)).Int64()
+		afterID, afterTime, rest, field, a.idemHot, a.idemTTL, marked, a.idemLegacy, a.keys.eventIDTail(shard, r.Policy.Org)).Int64()
 	if err != nil {
 		return false, fmt.Errorf("void %s: %w", r.EventID, err)
 	}

@@ -180,8 +180,9 @@ func (a *Admitter) decideWaiting(ctx context.Context, r Request) (Decision, erro
 		wake: make(chan struct{}, 1)}
 	out := time.NewTimer(r.MaxWait)
 	defer out.Stop()
+	logged := false
 	for {
-		c := a.submit(r, w)
+		c := a.submit(r, w, logged)
 		var res result
 		select {
 		case res = <-c.done:
@@ -193,6 +194,14 @@ func (a *Admitter) decideWaiting(ctx context.Context, r Request) (Decision, erro
 				}
 			}()
 			return Decision{}, fmt.Errorf("decide: %w", ctx.Err())
+		}
+		if errors.Is(res.err, errCheckLog) && !logged {
+			d, decided, err := a.fromLog(ctx, r)
+			if decided {
+				return d, err
+			}
+			logged = true
+			continue
 		}
 		if res.err != nil || res.d.place.queue == "" {
 			return res.d, res.err // decided: the script took it out of any queue
