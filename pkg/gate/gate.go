@@ -196,6 +196,13 @@ func (g *Gate) Admit(ctx context.Context, in Input) (Answer, error) {
 		g.metrics.rejected("idempotency_key_exhausted")
 		return Answer{}, &Error{Status: http.StatusConflict, Code: "idempotency_key_exhausted",
 			Message: fmt.Sprintf("this idempotency key's decision was answered %d times already; send a new key", admission.MaxAttempts)}
+	case errors.Is(err, admission.ErrIdempotencyUnverifiable):
+		// Nothing was charged: the key may be older than Redis' hot window, and the billing
+		// log could not say. Never fail open: that would charge a retry twice.
+		g.metrics.rejected("idempotency_unverifiable")
+		return Answer{}, &Error{Status: http.StatusServiceUnavailable, Code: "idempotency_unverifiable",
+			Message:    "this idempotency key may have been used before and the billing log cannot be read right now; retry later",
+			RetryAfter: time.Second}
 	case err != nil:
 		return g.redisDown(ctx, req, err)
 	}
