@@ -47,8 +47,20 @@ type Admission struct {
 	// IdempotencyLegacy also looks up idempotency records of the one-key-per-record
 	// layout of earlier versions (for the 24 h after an upgrade).
 	IdempotencyLegacy bool
-	LeaseTTL          time.Duration
-	PolicyReload      time.Duration
+	// IdempotencyHot is the hot window H: Redis holds each idempotency record exactly for
+	// H (and until its event is in the billing log), a Bloom filter answers for the rest
+	// of the TTL, and the billing log for the keys it may hold; 0 keeps every record in
+	// Redis for the TTL (docs/admission.md, "Idempotency").
+	IdempotencyHot time.Duration
+	// IdempotencyFilterBits is the size of one idempotency filter, in bits.
+	IdempotencyFilterBits int
+	// IdempotencyMarkEvery is how often the relay's janitor moves the shards' marks.
+	IdempotencyMarkEvery time.Duration
+	// MeterGroup is the meters' Kafka consumer group (METER_GROUP, the meter's value):
+	// its committed offsets tell the janitor what is in PostgreSQL.
+	MeterGroup   string
+	LeaseTTL     time.Duration
+	PolicyReload time.Duration
 	// RedisDownRateOnly and RedisDownQuota are "open" or "closed".
 	RedisDownRateOnly string
 	RedisDownQuota    string
@@ -98,6 +110,10 @@ type CheckHeaders struct {
 // headerName is an HTTP field name (RFC 9110 token).
 var headerName = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 
+// minFilterBits and maxFilterBits bound ADMIT_IDEMPOTENCY_FILTER_BITS: a filter of 1 KiB,
+// and the largest Redis string (512 MB), which the key's 32-bit positions also address.
+const minFilterBits, maxFilterBits = 1 << 13, 1 << 32
+
 // maxWaitLimit is the greatest ADMIT_MAX_WAIT (the OpenAPI document's bound of max_wait_ms).
 const maxWaitLimit = 10 * time.Minute
 
@@ -112,8 +128,12 @@ func (c *Admission) Register(l *Loader) {
 	l.String(&c.Node, "ADMIT_NODE", host, "this node's name: the CloudEvents source of its events")
 	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", admission.DefaultKeyPrefix, "start of every Redis key (several deployments, or tests, on one Redis)")
 	l.Int(&c.Shards, "ADMIT_SHARDS", admission.DefaultShards, "Redis hash-tag shards; fixed for the life of a deployment")
-	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", admission.DefaultIdempotencyTTL, "idempotency window W: a retry within W is charged once, between W and 2W it may be charged again (at least 1m)")
+	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", admission.DefaultIdempotencyTTL, "idempotency TTL: a retry within it is charged once (at least 1m); without the billing log (ADMIT_IDEMPOTENCY_HOT=0) one between TTL and 2 TTL may be charged again")
 	l.Bool(&c.IdempotencyLegacy, "ADMIT_IDEMPOTENCY_LEGACY", true, "also honour idempotency records written by versions before the bucket layout (turn off 24h after the upgrade)")
+	l.Duration(&c.IdempotencyHot, "ADMIT_IDEMPOTENCY_HOT", admission.DefaultIdempotencyHot, "hot window H: Redis holds idempotency records exactly for H (and until their events are in PostgreSQL), older keys are answered from the billing log; 0: every record in Redis for the TTL")
+	l.Int(&c.IdempotencyFilterBits, "ADMIT_IDEMPOTENCY_FILTER_BITS", admission.DefaultIdempotencyFilterBits, "bits of one idempotency filter (per shard and half TTL): about 9.6 per key admitted with a key in that time for 1% of lookups in the billing log")
+	l.Duration(&c.IdempotencyMarkEvery, "ADMIT_IDEMPOTENCY_MARK_EVERY", 10*time.Second, "how often the relay's janitor moves each shard's idempotency mark (what is in PostgreSQL) and deletes the hot buckets it passed")
+	l.String(&c.MeterGroup, "METER_GROUP", "metergate-meter", "Kafka consumer group of the meters")
 	l.Duration(&c.LeaseTTL, "ADMIT_LEASE_TTL", admission.DefaultLeaseTTL, "how long a concurrency slot is held when no outcome releases it")
 	l.Duration(&c.PolicyReload, "ADMIT_POLICY_RELOAD", 30*time.Second, "full policy reload period (changes arrive sooner through LISTEN/NOTIFY)")
 	l.String(&c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_RATE_ONLY", "open", "while Redis is down, accounts without quotas: open (admit, record straight to Kafka) or closed (503)")
@@ -167,8 +187,18 @@ func (c *Admission) Validate() error {
 	if c.IdempotencyTTL < admission.MinIdempotencyTTL {
 		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL=%s: want at least %s", c.IdempotencyTTL, admission.MinIdempotencyTTL))
 	}
+	if c.IdempotencyHot != 0 && (c.IdempotencyHot < time.Second || c.IdempotencyHot%time.Millisecond != 0) {
+		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_HOT=%s: want 0 (off) or at least 1s, whole milliseconds", c.IdempotencyHot))
+	}
+	if c.IdempotencyFilterBits < minFilterBits || c.IdempotencyFilterBits > maxFilterBits {
+		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_FILTER_BITS=%d: want %d-%d (a Redis string of at most 512 MB)", c.IdempotencyFilterBits, minFilterBits, maxFilterBits))
+	}
+	if c.MeterGroup == "" {
+		errs = append(errs, errors.New("METER_GROUP: must not be empty"))
+	}
 	for name, d := range map[string]time.Duration{"ADMIT_LEASE_TTL": c.LeaseTTL, "ADMIT_POLICY_RELOAD": c.PolicyReload,
-		"ADMIT_RELAY_CLAIM_AFTER": c.RelayClaimAfter, "ADMIT_OUTBOX_MAX_AGE": c.OutboxMaxAge} {
+		"ADMIT_RELAY_CLAIM_AFTER": c.RelayClaimAfter, "ADMIT_OUTBOX_MAX_AGE": c.OutboxMaxAge,
+		"ADMIT_IDEMPOTENCY_MARK_EVERY": c.IdempotencyMarkEvery} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s=%s: want more than 0", name, d))
 		}

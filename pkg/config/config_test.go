@@ -159,6 +159,26 @@ func TestIdempotencyWindow(t *testing.T) {
 	c = config.Admit{}
 	_, err = config.Load(&c, "admit", nil, envMap(with("ADMIT_IDEMPOTENCY_TTL", "59s")), io.Discard)
 	require.ErrorContains(t, err, "ADMIT_IDEMPOTENCY_TTL=59s: want at least 1m0s")
+
+	// The billing log: on by default, off with a hot window of 0.
+	c = config.Admit{}
+	_, err = config.Load(&c, "admit", nil, envMap(with()), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, [2]time.Duration{10 * time.Minute, 10 * time.Second}, [2]time.Duration{c.Admission.IdempotencyHot, c.Admission.IdempotencyMarkEvery})
+	require.Equal(t, 1<<23, c.Admission.IdempotencyFilterBits)
+	require.Equal(t, "metergate-meter", c.Admission.MeterGroup, "the meter's default group")
+	c = config.Admit{}
+	_, err = config.Load(&c, "admit", nil, envMap(with("ADMIT_IDEMPOTENCY_HOT", "0", "ADMIT_IDEMPOTENCY_FILTER_BITS", "259200000", "METER_GROUP", "billing")), io.Discard)
+	require.NoError(t, err)
+	require.Zero(t, c.Admission.IdempotencyHot)
+	require.Equal(t, [2]any{259_200_000, "billing"}, [2]any{c.Admission.IdempotencyFilterBits, c.Admission.MeterGroup})
+	for _, bad := range [][2]string{{"ADMIT_IDEMPOTENCY_HOT", "500ms"}, {"ADMIT_IDEMPOTENCY_HOT", "1500us"},
+		{"ADMIT_IDEMPOTENCY_FILTER_BITS", "8191"}, {"ADMIT_IDEMPOTENCY_FILTER_BITS", "4294967297"},
+		{"ADMIT_IDEMPOTENCY_MARK_EVERY", "0s"}, {"METER_GROUP", ""}} {
+		c = config.Admit{}
+		_, err = config.Load(&c, "admit", nil, envMap(with(bad[0], bad[1])), io.Discard)
+		require.ErrorContains(t, err, bad[0], "%s=%s", bad[0], bad[1])
+	}
 }
 
 func TestNames(t *testing.T) {
