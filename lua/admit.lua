@@ -338,6 +338,8 @@ end
 local out = {DECIDED, tonumber(sec), tonumber(usec)}
 local progs, mirrors = {}, {} -- per call: program field -> parsed program; state hash -> mirror
 local ba, ta = {}, {}          -- the program's bucket j -> its place among the decision's, or false
+local same = {}                -- the program and amounts the limits arrays hold now
+local n_bucket, n_tier, n_window, n_quota, n_conc, n_credit, n_alert -- the decision's records
 
 for dn = 1, tonumber(decisions) do repeat
   -- layout: decision
@@ -374,135 +376,149 @@ for dn = 1, tonumber(decisions) do repeat
     break
   end
 
-  -- Read the limits the units touch; fetch the state not read yet by this call.
+  -- Read the limits the units touch; fetch the state not read yet by this call. A
+  -- decision of the same program and amounts as the one before it (a burst of one
+  -- account) takes the same limits: they are read once.
   -- layout: program
   local prio, id_tail, ev_static, pn_bucket, tiered, pn_window, pn_quota, pn_conc, pn_credit,
     pn_alert = unpack(P, 1, 10)
   local p = 11 -- cursor into P
-  local amt = {tonumber(u_r), tonumber(u_t), tonumber(u_c), tonumber(u_m)}
   ev = ev .. ev_static
   local s = st[hash]
-  local miss, mn = nil, 0
-  if not s then s = {q = false}; st[hash] = s; miss, mn = {'q'}, 1 end
-  local n_bucket = 0
-  for j = 1, pn_bucket do
-    -- layout: bucket
-    local field, emission, win, unit = unpack(P, p, p + 3)
-    p = p + 4
-    local amount = amt[unit]
-    if amount ~= 0 then
-      n_bucket = n_bucket + 1
-      local inc = ceil(amount * emission)
-      if inc > MAX_MICROS then inc = MAX_MICROS end
-      bf[n_bucket], bi[n_bucket], bw[n_bucket], ba[j], ta[j] = field, inc, win, n_bucket, amount
-      if s[field] == nil then
-        if not miss then miss = {} end
-        mn = mn + 1; miss[mn] = field; s[field] = false
-      end
-    else
-      ba[j] = false
-    end
-  end
-  local n_tier = 0
-  if tiered == 1 then
-    n_tier = n_bucket
-    if n_tier > 0 and not tu then tu, tcf, tci, tcw, tb, ct, bb = {}, {}, {}, {}, {}, {}, {} end
+  if P == same.P and u_r == same.r and u_t == same.t and u_c == same.c and u_m == same.m and nexts == same.x then
+    n_bucket, n_tier, n_window, n_quota, n_conc, n_credit, n_alert = same.nb, same.nt, same.nw, same.nq, same.nc, same.ncr, same.na
+    for i = 1, n_tier do bb[i] = false end
+    for i = 1, n_window do ws[i] = false end
+    for i = 1, n_credit do gb[i], gd[i] = -1, false end
+  else
+    local amt = {tonumber(u_r), tonumber(u_t), tonumber(u_c), tonumber(u_m)}
+    local miss, mn = nil, 0
+    if not s then s = {q = false}; st[hash] = s; miss, mn = {'q'}, 1 end
+    n_bucket = 0
     for j = 1, pn_bucket do
-      -- layout: tier
-      local up, cfield, cemission, cwin, label = unpack(P, p, p + 4)
-      p = p + 5
-      local i = ba[j]
-      if i then
-        local cinc = 0
-        if cfield ~= '' then
-          cinc = ceil(ta[j] * cemission)
-          if cinc > MAX_MICROS then cinc = MAX_MICROS end
-          label = label .. '=' .. fmt('%d', ta[j])
-          if s[cfield] == nil then
-            if not miss then miss = {} end
-            mn = mn + 1; miss[mn] = cfield; s[cfield] = false
-          end
+      -- layout: bucket
+      local field, emission, win, unit = unpack(P, p, p + 3)
+      p = p + 4
+      local amount = amt[unit]
+      if amount ~= 0 then
+        n_bucket = n_bucket + 1
+        local inc = ceil(amount * emission)
+        if inc > MAX_MICROS then inc = MAX_MICROS end
+        bf[n_bucket], bi[n_bucket], bw[n_bucket], ba[j], ta[j] = field, inc, win, n_bucket, amount
+        if s[field] == nil then
+          if not miss then miss = {} end
+          mn = mn + 1; miss[mn] = field; s[field] = false
         end
-        tu[i], tcf[i], tci[i], tcw[i], tb[i], bb[i] = up, cfield, cinc, cwin, label, false
+      else
+        ba[j] = false
       end
     end
-  end
-  if mn > 0 then
-    local v = call('HMGET', hash, unpack(miss, 1, mn))
-    for i = 1, mn do s[miss[i]] = tonumber(v[i]) or false end
-  end
-  if pn_window > 0 and not wk then wk, wa, wp, wc, ws = {}, {}, {}, {}, {} end
-  local n_window = 0
-  for _ = 1, pn_window do
-    -- layout: window
-    local key, width, limit, unit = unpack(P, p, p + 3)
-    p = p + 4
-    local amount = amt[unit]
-    if amount ~= 0 then
-      n_window = n_window + 1
-      wk[n_window], wa[n_window], wp[n_window], wc[n_window], ws[n_window] = key, amount, width, limit, false
-    end
-  end
-  miss, mn = nil, 0
-  local n_quota, qi = 0, {} -- qi: the program's quota j -> its place among the decision's
-  for j = 1, pn_quota do
-    -- layout: quota
-    local prefix, quota, kind, unit = unpack(P, p, p + 3)
-    p = p + 4
-    local amount = amt[unit]
-    if amount ~= 0 then
-      n_quota = n_quota + 1
-      qi[j] = n_quota
-      local daily = kind == 'd'
-      local key = prefix .. (daily and day or period)
-      qk[n_quota], qa[n_quota], qc[n_quota], qd[n_quota] = key, amount, quota, daily
-      if used[key] == nil then
-        if not miss then miss = {} end
-        mn = mn + 1; miss[mn] = key; used[key] = 0
+    n_tier = 0
+    if tiered == 1 then
+      n_tier = n_bucket
+      if n_tier > 0 and not tu then tu, tcf, tci, tcw, tb, ct, bb = {}, {}, {}, {}, {}, {}, {} end
+      for j = 1, pn_bucket do
+        -- layout: tier
+        local up, cfield, cemission, cwin, label = unpack(P, p, p + 4)
+        p = p + 5
+        local i = ba[j]
+        if i then
+          local cinc = 0
+          if cfield ~= '' then
+            cinc = ceil(ta[j] * cemission)
+            if cinc > MAX_MICROS then cinc = MAX_MICROS end
+            label = label .. '=' .. fmt('%d', ta[j])
+            if s[cfield] == nil then
+              if not miss then miss = {} end
+              mn = mn + 1; miss[mn] = cfield; s[cfield] = false
+            end
+          end
+          tu[i], tcf[i], tci[i], tcw[i], tb[i], bb[i] = up, cfield, cinc, cwin, label, false
+        end
       end
     end
-  end
-  if mn > 0 then
-    local v = call('MGET', unpack(miss, 1, mn))
-    for i = 1, mn do used[miss[i]] = tonumber(v[i]) or 0 end
-  end
-  local n_conc = pn_conc
-  if n_conc > 0 and not ck then ck, cc = {}, {} end
-  for i = 1, n_conc do
-    -- layout: conc
-    local key, cap = unpack(P, p, p + 1)
-    p = p + 2
-    ck[i], cc[i] = key, cap
-  end
-  if pn_credit > 0 and not gk then gk, gt, ga, gl, gb, gd = {}, {}, {}, {}, {}, {} end
-  local n_credit, ci = 0, {} -- ci: the program's credit j -> its place among the decision's
-  for j = 1, pn_credit do
-    -- layout: credit
-    local gkey, tkey, label, unit = unpack(P, p, p + 3)
-    p = p + 4
-    local amount = amt[unit]
-    if amount > 0 then
-      n_credit = n_credit + 1
-      ci[j] = n_credit
-      gk[n_credit], gt[n_credit], ga[n_credit], gl[n_credit], gb[n_credit], gd[n_credit] = gkey, tkey, amount, label, -1, false
+    if mn > 0 then
+      local v = call('HMGET', hash, unpack(miss, 1, mn))
+      for i = 1, mn do s[miss[i]] = tonumber(v[i]) or false end
     end
-  end
-  local n_alert = 0
-  if pn_alert > 0 then
-    if not xr then xr, xn, xs, xl = {}, {}, {}, {} end
-    local nx, k = {}, 0
-    for x in gmatch(nexts, '[^,]+') do k = k + 1; nx[k] = tonumber(x) end
-    for j = 1, pn_alert do
-      -- layout: alert
-      local ref, list, label = unpack(P, p, p + 2)
-      p = p + 3
-      local r
-      if ref > 0 then r = qi[ref] else r = ci[-ref]; r = r and -r end
-      if r and nx[j] and nx[j] >= 0 then
-        n_alert = n_alert + 1
-        xr[n_alert], xn[n_alert], xs[n_alert], xl[n_alert] = r, nx[j], list, label
+    if pn_window > 0 and not wk then wk, wa, wp, wc, ws = {}, {}, {}, {}, {} end
+    n_window = 0
+    for _ = 1, pn_window do
+      -- layout: window
+      local key, width, limit, unit = unpack(P, p, p + 3)
+      p = p + 4
+      local amount = amt[unit]
+      if amount ~= 0 then
+        n_window = n_window + 1
+        wk[n_window], wa[n_window], wp[n_window], wc[n_window], ws[n_window] = key, amount, width, limit, false
       end
     end
+    miss, mn = nil, 0
+    n_quota = 0
+    local qi = {} -- qi: the program's quota j -> its place among the decision's
+    for j = 1, pn_quota do
+      -- layout: quota
+      local prefix, quota, kind, unit = unpack(P, p, p + 3)
+      p = p + 4
+      local amount = amt[unit]
+      if amount ~= 0 then
+        n_quota = n_quota + 1
+        qi[j] = n_quota
+        local daily = kind == 'd'
+        local key = prefix .. (daily and day or period)
+        qk[n_quota], qa[n_quota], qc[n_quota], qd[n_quota] = key, amount, quota, daily
+        if used[key] == nil then
+          if not miss then miss = {} end
+          mn = mn + 1; miss[mn] = key; used[key] = 0
+        end
+      end
+    end
+    if mn > 0 then
+      local v = call('MGET', unpack(miss, 1, mn))
+      for i = 1, mn do used[miss[i]] = tonumber(v[i]) or 0 end
+    end
+    n_conc = pn_conc
+    if n_conc > 0 and not ck then ck, cc = {}, {} end
+    for i = 1, n_conc do
+      -- layout: conc
+      local key, cap = unpack(P, p, p + 1)
+      p = p + 2
+      ck[i], cc[i] = key, cap
+    end
+    if pn_credit > 0 and not gk then gk, gt, ga, gl, gb, gd = {}, {}, {}, {}, {}, {} end
+    n_credit = 0
+    local ci = {} -- ci: the program's credit j -> its place among the decision's
+    for j = 1, pn_credit do
+      -- layout: credit
+      local gkey, tkey, label, unit = unpack(P, p, p + 3)
+      p = p + 4
+      local amount = amt[unit]
+      if amount > 0 then
+        n_credit = n_credit + 1
+        ci[j] = n_credit
+        gk[n_credit], gt[n_credit], ga[n_credit], gl[n_credit], gb[n_credit], gd[n_credit] = gkey, tkey, amount, label, -1, false
+      end
+    end
+    n_alert = 0
+    if pn_alert > 0 then
+      if not xr then xr, xn, xs, xl = {}, {}, {}, {} end
+      local nx, k = {}, 0
+      for x in gmatch(nexts, '[^,]+') do k = k + 1; nx[k] = tonumber(x) end
+      for j = 1, pn_alert do
+        -- layout: alert
+        local ref, list, label = unpack(P, p, p + 2)
+        p = p + 3
+        local r
+        if ref > 0 then r = qi[ref] else r = ci[-ref]; r = r and -r end
+        if r and nx[j] and nx[j] >= 0 then
+          n_alert = n_alert + 1
+          xr[n_alert], xn[n_alert], xs[n_alert], xl[n_alert] = r, nx[j], list, label
+        end
+      end
+    end
+
+    same.P, same.r, same.t, same.c, same.m, same.x = P, u_r, u_t, u_c, u_m, nexts
+    same.nb, same.nt, same.nw, same.nq, same.nc, same.ncr, same.na = n_bucket, n_tier, n_window, n_quota, n_conc, n_credit, n_alert
   end
 
   -- Idempotency: a key seen before returns the first decision and charges nothing, and
