@@ -92,7 +92,7 @@ func (b *testBundle) outbox(t *testing.T, org string) []event.CloudEvent {
 	require.NoError(t, err)
 	var out []event.CloudEvent
 	for _, e := range entries {
-		key, value, err := admission.OutboxMessage(e.Values)
+		key, value, err := event.OutboxMessage(e.Values)
 		require.NoError(t, err)
 		require.Equal(t, org, key, "events are keyed by org")
 		var ev event.CloudEvent

@@ -96,7 +96,7 @@ func TestThresholdsFireOnceUnderConcurrency(t *testing.T) {
 		label := period.MonthLabel(time.Now().UTC())
 		for i, want := range []int64{50, 80, 100} {
 			f := got[i]
-			require.Equal(t, admission.ThresholdID(b.org, "tokens", fmt.Sprintf("p%d", want), label), f.id)
+			require.Equal(t, event.ThresholdID(b.org, "tokens", fmt.Sprintf("p%d", want), label), f.id)
 			require.Equal(t, event.Threshold{Org: b.org, Account: b.org, Path: []event.PathNode{{Account: b.org, Kind: "org"}},
 				Unit: "tokens", Kind: "quota_percent", Threshold: want, At: want * 10, Value: want * 10, Period: label,
 				EventID: f.EventID, Admitted: true}, f.Threshold)
@@ -132,7 +132,7 @@ func TestThresholdRefusalRefundAndPeriod(t *testing.T) {
 		}
 		got := b.thresholds(t)
 		require.Len(t, got, 1)
-		require.Equal(t, admission.ThresholdID(b.org, "tokens", "p50", label), got[0].id)
+		require.Equal(t, event.ThresholdID(b.org, "tokens", "p50", label), got[0].id)
 		require.Equal(t, int64(60), got[0].Value)
 
 		// A refund takes the counter back below 50 %; crossing it again fires nothing.
@@ -149,7 +149,7 @@ func TestThresholdRefusalRefundAndPeriod(t *testing.T) {
 		require.Equal(t, admission.QuotaExceeded, b.mustDecide(t, pol, tokens).Result)
 		got = b.thresholds(t)
 		require.Len(t, got, 2)
-		require.Equal(t, admission.ThresholdID(b.org, "tokens", "p100", label), got[1].id)
+		require.Equal(t, event.ThresholdID(b.org, "tokens", "p100", label), got[1].id)
 		require.Equal(t, int64(100), got[1].At)
 		require.Equal(t, int64(75), got[1].Value, "the counter the refused request found")
 		require.False(t, got[1].Admitted)
@@ -188,12 +188,12 @@ func TestBalanceThresholdsOncePerGrant(t *testing.T) {
 		require.Equal(t, 14, allowed)
 		got := b.thresholds(t)
 		require.Len(t, got, 2)
-		require.Equal(t, admission.ThresholdID(b.org, "credits", "b30", grantID(1)), got[0].id)
+		require.Equal(t, event.ThresholdID(b.org, "credits", "b30", grantID(1)), got[0].id)
 		require.Equal(t, int64(100-7*11), got[0].Value, "the 11th draw takes 30 → 23")
 		require.Equal(t, 11, got[0].before)
 		require.Equal(t, got[0].prev, got[0].EventID)
 		require.Equal(t, grantID(1), got[0].Grant)
-		require.Equal(t, admission.ThresholdID(b.org, "credits", "bp10", grantID(1)), got[1].id)
+		require.Equal(t, event.ThresholdID(b.org, "credits", "bp10", grantID(1)), got[1].id)
 		require.Equal(t, int64(10), got[1].At)
 		require.Equal(t, int64(100-7*13), got[1].Value, "the 13th draw takes 16 → 9")
 
@@ -216,7 +216,7 @@ func TestBalanceThresholdsOncePerGrant(t *testing.T) {
 		require.Equal(t, admission.Allow, b.mustDecide(t, pol, map[policy.Unit]int64{policy.Credits: 100}).Result)
 		got = b.thresholds(t)
 		require.Len(t, got, 3)
-		require.Equal(t, admission.ThresholdID(b.org, "credits", "b30", grantID(2)), got[2].id)
+		require.Equal(t, event.ThresholdID(b.org, "credits", "b30", grantID(2)), got[2].id)
 		require.Equal(t, int64(28), got[2].Value)
 	})
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
 )
 
@@ -86,7 +85,7 @@ func TestAlertAPI(t *testing.T) {
 		if _, ok := e.Values["a"]; !ok {
 			continue
 		}
-		_, v, err := admission.OutboxMessage(e.Values)
+		_, v, err := event.OutboxMessage(e.Values)
 		require.NoError(t, err)
 		var ce event.CloudEvent
 		require.NoError(t, json.Unmarshal(v, &ce))

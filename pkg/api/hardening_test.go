@@ -235,7 +235,7 @@ func (b *testBundle) outcomes(t *testing.T, org, id string) []event.Outcome {
 	require.NoError(t, err)
 	var out []event.Outcome
 	for _, e := range entries {
-		_, v, err := admission.OutboxMessage(e.Values)
+		_, v, err := event.OutboxMessage(e.Values)
 		require.NoError(t, err)
 		var ev event.CloudEvent
 		require.NoError(t, json.Unmarshal(v, &ev))

@@ -128,7 +128,7 @@ func (wb *waitBundle) admitted(t *testing.T, org string) []string {
 	require.NoError(t, err)
 	var ids []string
 	for _, e := range entries {
-		key, v, err := admission.OutboxMessage(e.Values)
+		key, v, err := event.OutboxMessage(e.Values)
 		require.NoError(t, err)
 		var ev struct{ ID, Type string }
 		require.NoError(t, json.Unmarshal(v, &ev))

@@ -1,6 +1,8 @@
 // Package event defines metergate's usage events as they travel on Kafka: CloudEvents 1.0
 // in structured JSON mode, one per admitted request, one per reported outcome and one per
-// voided request.
+// voided request. It is also the one home of their wire format on the way: the compact
+// form the admission script writes to the outbox (compact.go), the relay's rendering of it
+// as CloudEvent JSON (render.go) and the meter's fast decoder of that JSON (decode.go).
 package event
 
 import (

@@ -9,7 +9,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/period"
 )
@@ -18,7 +17,7 @@ import (
 // "Alerts") through the relay's renderer: the meter reads what the relay sends.
 func alertMessage(t *testing.T, entry string) kafka.Message {
 	t.Helper()
-	key, value, err := admission.OutboxMessage(map[string]any{"a": entry})
+	key, value, err := event.OutboxMessage(map[string]any{"a": entry})
 	require.NoError(t, err)
 	return kafka.Message{Key: []byte(key), Value: value}
 }
@@ -75,9 +74,9 @@ func TestThresholdsAreRecordedOnce(t *testing.T) {
 	}
 	require.NoError(t, rs.Err())
 	require.Equal(t, []row{
-		{admission.ThresholdID(org, "tokens", "p80", label), org, org, org, "tokens", "quota_percent", 80, 800, 805, label, "", org + ".e1", true, now},
-		{admission.ThresholdID(team, "credits", "b30", grant), org, team, org + "/" + team, "credits", "balance_below", 30, 30, 23, label, grant, org + ".e2", true, now},
-		{admission.ThresholdID(org, "tokens", "p100", label), org, org, org, "tokens", "quota_percent", 100, 1000, 995, label, "", org + ".e3", false, now},
+		{event.ThresholdID(org, "tokens", "p80", label), org, org, org, "tokens", "quota_percent", 80, 800, 805, label, "", org + ".e1", true, now},
+		{event.ThresholdID(team, "credits", "b30", grant), org, team, org + "/" + team, "credits", "balance_below", 30, 30, 23, label, grant, org + ".e2", true, now},
+		{event.ThresholdID(org, "tokens", "p100", label), org, org, org, "tokens", "quota_percent", 100, 1000, 995, label, "", org + ".e3", false, now},
 	}, got)
 	var payload []byte
 	require.NoError(t, b.pool.QueryRow(b.ctx, `select payload::text from usage_alerts where triggered_by = $1`, org+".e2").Scan(&payload))

@@ -15,26 +15,26 @@ import (
 
 // decodeJSON is what encoding/json makes of a message: the envelope, and the data of a known
 // type if there is data, whatever the rest of the envelope holds.
-func decodeJSON(value []byte) (decoded, error) {
-	var m decoded
-	if err := json.Unmarshal(value, &m.ce); err != nil || m.ce.Data == nil {
+func decodeJSON(value []byte) (event.Decoded, error) {
+	var m event.Decoded
+	if err := json.Unmarshal(value, &m.CloudEvent); err != nil || m.CloudEvent.Data == nil {
 		return m, err
 	}
-	switch m.ce.Type {
+	switch m.CloudEvent.Type {
 	case event.TypeAdmitted:
-		m.admitted = new(event.Admitted)
-		return m, json.Unmarshal(m.ce.Data, m.admitted)
+		m.Admitted = new(event.Admitted)
+		return m, json.Unmarshal(m.CloudEvent.Data, m.Admitted)
 	case event.TypeOutcome:
-		m.outcome = new(event.Outcome)
-		return m, json.Unmarshal(m.ce.Data, m.outcome)
+		m.Outcome = new(event.Outcome)
+		return m, json.Unmarshal(m.CloudEvent.Data, m.Outcome)
 	}
 	return m, nil
 }
 
-// requireDecodedAsJSON checks that what decodeFast accepts, encoding/json decodes the same.
+// requireDecodedAsJSON checks that what event.DecodeFast accepts, encoding/json decodes the same.
 func requireDecodedAsJSON(t testing.TB, value []byte) bool {
 	t.Helper()
-	fast, ok := decodeFast(value)
+	fast, ok := event.DecodeFast(value)
 	if !ok {
 		return false
 	}
@@ -112,7 +112,7 @@ func TestDecodeFast(t *testing.T) {
 	}
 }
 
-// FuzzDecode: whatever decodeFast accepts, encoding/json decodes the same way.
+// FuzzDecode: whatever event.DecodeFast accepts, encoding/json decodes the same way.
 func FuzzDecode(f *testing.F) {
 	f.Add(asAdmit(f, encode(f, goodAdmitted())))
 	f.Add(asAdmit(f, encode(f, goodOutcome())))

@@ -144,78 +144,78 @@ type parsed struct {
 // a row PostgreSQL refused for its content would stop the pipeline (the writer then falls
 // back to writing rows one by one, see store.writeEach).
 func parse(value []byte, partition int, offset int64) parsed {
-	m, ok := decodeFast(value)
+	m, ok := event.DecodeFast(value)
 	if !ok {
 		var err error
 		if m, err = decode(value); err != nil {
 			return parsed{err: err}
 		}
 	}
-	if err := checkEnvelope(m.ce); err != nil {
+	if err := checkEnvelope(m.CloudEvent); err != nil {
 		return parsed{err: err}
 	}
 	switch {
-	case m.admitted != nil:
-		row, err := parseAdmitted(m.ce, m.admitted)
+	case m.Admitted != nil:
+		row, err := parseAdmitted(m.CloudEvent, m.Admitted)
 		if err != nil {
 			return parsed{err: err}
 		}
 		row.Partition, row.Offset = partition, offset
 		return parsed{usage: row}
-	case m.outcome != nil:
-		row, err := parseOutcome(m.ce, m.outcome)
+	case m.Outcome != nil:
+		row, err := parseOutcome(m.CloudEvent, m.Outcome)
 		if err != nil {
 			return parsed{err: err}
 		}
 		row.Partition, row.Offset = partition, offset
 		return parsed{outcome: row}
-	case m.void != nil:
-		row, err := parseVoid(m.ce, m.void)
+	case m.Voided != nil:
+		row, err := parseVoid(m.CloudEvent, m.Voided)
 		if err != nil {
 			return parsed{err: err}
 		}
 		row.Partition, row.Offset = partition, offset
 		return parsed{void: row}
-	case m.threshold != nil:
-		row, err := parseThreshold(m.ce, m.threshold, value)
+	case m.Threshold != nil:
+		row, err := parseThreshold(m.CloudEvent, m.Threshold, value)
 		if err != nil {
 			return parsed{err: err}
 		}
 		return parsed{alert: row}
 	}
-	return parsed{err: fmt.Errorf("type %q: want %s, %s, %s or %s", m.ce.Type, event.TypeAdmitted, event.TypeOutcome, event.TypeVoided, event.TypeThreshold)}
+	return parsed{err: fmt.Errorf("type %q: want %s, %s, %s or %s", m.CloudEvent.Type, event.TypeAdmitted, event.TypeOutcome, event.TypeVoided, event.TypeThreshold)}
 }
 
 // decode decodes any message with encoding/json: the envelope, then the data of a known
 // type once the envelope is found valid (its errors come first).
-func decode(value []byte) (decoded, error) {
-	var m decoded
-	if err := json.Unmarshal(value, &m.ce); err != nil {
-		return decoded{}, fmt.Errorf("not a CloudEvent in JSON: %w", err)
+func decode(value []byte) (event.Decoded, error) {
+	var m event.Decoded
+	if err := json.Unmarshal(value, &m.CloudEvent); err != nil {
+		return event.Decoded{}, fmt.Errorf("not a CloudEvent in JSON: %w", err)
 	}
-	if checkEnvelope(m.ce) != nil {
+	if checkEnvelope(m.CloudEvent) != nil {
 		return m, nil
 	}
-	switch m.ce.Type {
+	switch m.CloudEvent.Type {
 	case event.TypeAdmitted:
-		m.admitted = new(event.Admitted)
-		if err := json.Unmarshal(m.ce.Data, m.admitted); err != nil {
-			return decoded{}, fmt.Errorf("data: %w", err)
+		m.Admitted = new(event.Admitted)
+		if err := json.Unmarshal(m.CloudEvent.Data, m.Admitted); err != nil {
+			return event.Decoded{}, fmt.Errorf("data: %w", err)
 		}
 	case event.TypeOutcome:
-		m.outcome = new(event.Outcome)
-		if err := json.Unmarshal(m.ce.Data, m.outcome); err != nil {
-			return decoded{}, fmt.Errorf("data: %w", err)
+		m.Outcome = new(event.Outcome)
+		if err := json.Unmarshal(m.CloudEvent.Data, m.Outcome); err != nil {
+			return event.Decoded{}, fmt.Errorf("data: %w", err)
 		}
 	case event.TypeVoided:
-		m.void = new(event.Voided)
-		if err := json.Unmarshal(m.ce.Data, m.void); err != nil {
-			return decoded{}, fmt.Errorf("data: %w", err)
+		m.Voided = new(event.Voided)
+		if err := json.Unmarshal(m.CloudEvent.Data, m.Voided); err != nil {
+			return event.Decoded{}, fmt.Errorf("data: %w", err)
 		}
 	case event.TypeThreshold:
-		m.threshold = new(event.Threshold)
-		if err := json.Unmarshal(m.ce.Data, m.threshold); err != nil {
-			return decoded{}, fmt.Errorf("data: %w", err)
+		m.Threshold = new(event.Threshold)
+		if err := json.Unmarshal(m.CloudEvent.Data, m.Threshold); err != nil {
+			return event.Decoded{}, fmt.Errorf("data: %w", err)
 		}
 	}
 	return m, nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/event"
 )
 
 // Producer writes messages to Kafka synchronously: nil means every message was acked by
@@ -273,7 +274,7 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		// A compact usage event is rendered as its CloudEvent JSON; other entries are sent
 		// as written. A malformed entry is sent as it is: the meter keeps it in
 		// dead_letters.
-		key, value, err := admission.OutboxMessage(e.Values)
+		key, value, err := event.OutboxMessage(e.Values)
 		if err != nil {
 			log.Warn("relay a malformed outbox entry as it is", "id", e.ID, "err", err)
 		}

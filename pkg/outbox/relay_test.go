@@ -560,7 +560,7 @@ func TestRelayTrimsOnlyWhatIsAcknowledged(t *testing.T) {
 			Streams: []string{stream, ">"}, Count: 2}).Result()
 		require.NoError(t, err)
 		for _, m := range res[0].Messages {
-			_, v, err := admission.OutboxMessage(m.Values)
+			_, v, err := event.OutboxMessage(m.Values)
 			require.NoError(t, err)
 			var ev event.CloudEvent
 			require.NoError(t, json.Unmarshal(v, &ev))

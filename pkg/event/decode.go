@@ -1,27 +1,24 @@
-package meter
+package event
 
-import (
-	"strconv"
+import "strconv"
 
-	"github.com/metergate/metergate/pkg/event"
-)
+// A message's JSON is decoded without reflection when it is written the way the relay
+// writes it (OutboxMessage, or json.Marshal of CloudEvent): encoding/json took most of the
+// meter's CPU time. The fast decoder takes a subset of JSON: strings of printable ASCII
+// without escapes, integers without fraction or exponent, true and false, the members of
+// each object spelled exactly as in this package and each at most once, and "type" before
+// "data". Anything else (null, an escape, an unknown or repeated member, ...) makes it give
+// up, and the meter falls back on encoding/json. What it accepts it decodes exactly as
+// encoding/json does (pkg/meter's FuzzDecode).
 
-// A message's JSON is decoded without reflection when it is written the way admit writes it
-// (json.Marshal of event.CloudEvent): encoding/json took most of the meter's CPU time. The
-// fast decoder takes a subset of JSON: strings of printable ASCII without escapes, integers
-// without fraction or exponent, true and false, the members of each object spelled exactly
-// as in pkg/event and each at most once, and "type" before "data". Anything else (null, an
-// escape, an unknown or repeated member, ...) makes it give up, and parse falls back on
-// encoding/json. What it accepts it decodes exactly as encoding/json does (FuzzDecode).
-
-// decoded is a message decoded: the envelope, and the data of a known type.
-type decoded struct {
-	ce       event.CloudEvent
-	admitted *event.Admitted
-	outcome  *event.Outcome
-	void     *event.Voided // decoded by encoding/json only: voids are rare
-	// threshold is decoded by encoding/json only: thresholds are rarer still.
-	threshold *event.Threshold
+// Decoded is a message decoded: the envelope, and the data of a known type.
+type Decoded struct {
+	CloudEvent CloudEvent
+	Admitted   *Admitted
+	Outcome    *Outcome
+	Voided     *Voided // decoded by encoding/json only: voids are rare
+	// Threshold is decoded by encoding/json only: thresholds are rarer still.
+	Threshold *Threshold
 }
 
 // decoder reads a message; the strings it decodes are slices of s.
@@ -31,10 +28,10 @@ type decoder struct {
 	i int
 }
 
-// decodeFast decodes value, or returns false if value is not in the subset it takes.
-func decodeFast(value []byte) (decoded, bool) {
+// DecodeFast decodes value, or returns false if value is not in the subset it takes.
+func DecodeFast(value []byte) (Decoded, bool) {
 	d := decoder{b: value, s: string(value)}
-	var out decoded
+	var out Decoded
 	var seen uint
 	ok := d.object(func(key string) bool {
 		var bit uint
@@ -42,41 +39,41 @@ func decodeFast(value []byte) (decoded, bool) {
 		switch key {
 		case "specversion":
 			bit = 1 << 0
-			out.ce.SpecVersion, ok = d.str()
+			out.CloudEvent.SpecVersion, ok = d.str()
 		case "id":
 			bit = 1 << 1
-			out.ce.ID, ok = d.str()
+			out.CloudEvent.ID, ok = d.str()
 		case "source":
 			bit = 1 << 2
-			out.ce.Source, ok = d.str()
+			out.CloudEvent.Source, ok = d.str()
 		case "type":
 			bit = 1 << 3
-			out.ce.Type, ok = d.str()
+			out.CloudEvent.Type, ok = d.str()
 		case "subject":
 			bit = 1 << 4
-			out.ce.Subject, ok = d.str()
+			out.CloudEvent.Subject, ok = d.str()
 		case "time":
 			bit = 1 << 5
 			start := d.i
 			if _, ok = d.str(); ok {
 				// What encoding/json calls, with the same bytes.
-				ok = out.ce.Time.UnmarshalJSON(d.b[start:d.i]) == nil
+				ok = out.CloudEvent.Time.UnmarshalJSON(d.b[start:d.i]) == nil
 			}
 		case "datacontenttype":
 			bit = 1 << 6
-			out.ce.DataContentType, ok = d.str()
+			out.CloudEvent.DataContentType, ok = d.str()
 		case "data":
 			bit = 1 << 7
 			start := d.i
 			switch {
 			case seen&(1<<3) == 0: // the type is not known yet
-			case out.ce.Type == event.TypeAdmitted:
-				out.admitted, ok = d.admitted()
-			case out.ce.Type == event.TypeOutcome:
-				out.outcome, ok = d.outcome()
+			case out.CloudEvent.Type == TypeAdmitted:
+				out.Admitted, ok = d.admitted()
+			case out.CloudEvent.Type == TypeOutcome:
+				out.Outcome, ok = d.outcome()
 			}
 			// Any other type (a void) leaves ok false: encoding/json decodes it.
-			out.ce.Data = d.b[start:d.i:d.i]
+			out.CloudEvent.Data = d.b[start:d.i:d.i]
 		}
 		if !ok || seen&bit != 0 {
 			return false
@@ -85,14 +82,14 @@ func decodeFast(value []byte) (decoded, bool) {
 		return true
 	})
 	if !ok {
-		return decoded{}, false
+		return Decoded{}, false
 	}
 	d.space()
 	return out, d.i == len(d.s)
 }
 
-func (d *decoder) admitted() (*event.Admitted, bool) {
-	var a event.Admitted
+func (d *decoder) admitted() (*Admitted, bool) {
+	var a Admitted
 	var seen uint
 	ok := d.object(func(key string) bool {
 		var bit uint
@@ -147,8 +144,8 @@ func (d *decoder) admitted() (*event.Admitted, bool) {
 	return &a, ok
 }
 
-func (d *decoder) outcome() (*event.Outcome, bool) {
-	var o event.Outcome
+func (d *decoder) outcome() (*Outcome, bool) {
+	var o Outcome
 	var seen uint
 	ok := d.object(func(key string) bool {
 		var bit uint
@@ -176,10 +173,10 @@ func (d *decoder) outcome() (*event.Outcome, bool) {
 }
 
 // path decodes an array of path nodes; [] is an empty slice, as encoding/json makes it.
-func (d *decoder) path() ([]event.PathNode, bool) {
-	path := make([]event.PathNode, 0, 4)
+func (d *decoder) path() ([]PathNode, bool) {
+	path := make([]PathNode, 0, 4)
 	ok := d.array(func() bool {
-		var n event.PathNode
+		var n PathNode
 		var seen uint
 		ok := d.object(func(key string) bool {
 			var bit uint
@@ -208,10 +205,10 @@ func (d *decoder) path() ([]event.PathNode, bool) {
 }
 
 // borrowed decodes an array of borrowings; [] is an empty slice, as encoding/json makes it.
-func (d *decoder) borrowed() ([]event.Borrowing, bool) {
-	out := make([]event.Borrowing, 0, 2)
+func (d *decoder) borrowed() ([]Borrowing, bool) {
+	out := make([]Borrowing, 0, 2)
 	ok := d.array(func() bool {
-		var b event.Borrowing
+		var b Borrowing
 		var seen uint
 		ok := d.object(func(key string) bool {
 			var bit uint
@@ -246,10 +243,10 @@ func (d *decoder) borrowed() ([]event.Borrowing, bool) {
 }
 
 // credits decodes an array of credit draws; [] is an empty slice, as encoding/json makes it.
-func (d *decoder) credits() ([]event.CreditDraw, bool) {
-	out := make([]event.CreditDraw, 0, 2)
+func (d *decoder) credits() ([]CreditDraw, bool) {
+	out := make([]CreditDraw, 0, 2)
 	ok := d.array(func() bool {
-		var c event.CreditDraw
+		var c CreditDraw
 		var seen uint
 		ok := d.object(func(key string) bool {
 			var bit uint
