@@ -60,6 +60,14 @@ var GrantBalance = mustScript("grant_balance.lua")
 // forget_consumer.lua): the relay forgets the consumers of pods that are gone.
 var ForgetConsumer = mustScript("forget_consumer.lua")
 
+// MarkRead reads what the idempotency janitor needs of a shard to move its mark: Redis
+// TIME, the mark and the oldest entry of each outbox stream (see mark_read.lua).
+var MarkRead = mustScript("mark_read.lua")
+
+// MarkMove moves a shard's idempotency mark forward, never back, and deletes the hot
+// buckets it passed (see mark_move.lua).
+var MarkMove = mustScript("mark_move.lua")
+
 // RelayAck acknowledges outbox entries the relay produced and trims the stream below the
 // oldest entry any relay of the group still holds (see relay_ack.lua).
 var RelayAck = mustScript("relay_ack.lua")
