@@ -32,6 +32,7 @@ import (
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/api"
+	"github.com/metergate/metergate/pkg/billinglog"
 	"github.com/metergate/metergate/pkg/config"
 	"github.com/metergate/metergate/pkg/credit"
 	"github.com/metergate/metergate/pkg/estimate"
@@ -95,8 +96,15 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		Name: "metergate_policy_accounts",
 		Help: "Accounts in this node's policy cache (0 until the first load).",
 	}, func() float64 { return float64(cache.Len()) }))
+	// Past the hot window, idempotency keys are answered from the billing log
+	// (docs/admission.md, "Idempotency"); ADMIT_IDEMPOTENCY_HOT=0 keeps every record in Redis.
+	var idempotencyLog admission.IdempotencyLog
+	if a.IdempotencyHot > 0 {
+		idempotencyLog = billinglog.New(pool, billinglog.Options{})
+	}
 	admitter := admission.New(rdb, admission.Options{
 		KeyPrefix: a.KeyPrefix, Shards: a.Shards, IdempotencyTTL: a.IdempotencyTTL, IdempotencyLegacy: a.IdempotencyLegacy,
+		IdempotencyLog: idempotencyLog, IdempotencyHot: a.IdempotencyHot, IdempotencyFilterBits: uint64(a.IdempotencyFilterBits), //nolint:gosec // validated: 2^13-2^32
 		LeaseTTL: a.LeaseTTL, Registerer: reg,
 		MaxBatch: a.MaxBatch, Pipeline: a.Pipeline, WaitReplicas: a.WaitReplicas, WaitTimeout: a.WaitTimeout,
 	})
@@ -149,13 +157,16 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 
 	g, ctx := errgroup.WithContext(ctx)
 	if a.Relay {
-		relay, closeRelay, err := newRelay(cfg, log, reg, recorder)
+		relay, marker, closeRelay, err := newRelay(cfg, log, reg, recorder)
 		if err != nil {
 			return err
 		}
 		defer closeRelay()
 		probes.AddDegraded("outbox", outboxCheck(relay, a.OutboxMaxAge))
 		g.Go(func() error { return relay.Run(ctx) })
+		if marker != nil {
+			g.Go(func() error { return marker.Run(ctx) })
+		}
 	}
 	g.Go(func() error { return cache.Run(ctx) })
 	// HTTP_WRITE_TIMEOUT outlasts ADMIT_MAX_WAIT (config.Admit.Validate), so a request may wait
@@ -220,7 +231,7 @@ func runRelay(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	reg := ops.NewRegistry()
 	w := outbox.NewWriter(cfg.Kafka.Brokers, cfg.Kafka.Topic)
 	defer w.Close()
-	relay, closeRelay, err := newRelay(cfg, log, reg, w)
+	relay, marker, closeRelay, err := newRelay(cfg, log, reg, w)
 	if err != nil {
 		return err
 	}
@@ -232,6 +243,9 @@ func runRelay(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return relay.Run(ctx) })
+	if marker != nil {
+		g.Go(func() error { return marker.Run(ctx) })
+	}
 	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.HTTP(), mux) })
 	g.Go(func() error {
 		_ = topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()) // ends only with ctx
@@ -242,19 +256,30 @@ func runRelay(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 
 // newRelay builds the relay producing through w, with a Redis client of its own: every
 // outbox stream (two per shard: Keys.Outboxes) blocks one connection while it waits for
-// entries, which must not starve the decisions' pool.
-func newRelay(cfg config.Admit, log *slog.Logger, reg prometheus.Registerer, w *outbox.Writer) (*outbox.Relay, func(), error) {
+// entries, which must not starve the decisions' pool. Beside it, unless the billing log
+// is off (ADMIT_IDEMPOTENCY_HOT=0), the idempotency janitor, which moves the shards' marks
+// as the meters commit what the relays produced (nil when off).
+func newRelay(cfg config.Admit, log *slog.Logger, reg prometheus.Registerer, w *outbox.Writer) (*outbox.Relay, *outbox.Marker, func(), error) {
 	a := cfg.Admission
 	rdb, err := cfg.Redis.OpenPool(2*a.Shards + 4)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	keys := admission.Keys{Prefix: a.KeyPrefix, Shards: a.Shards}
 	relay := outbox.NewRelay(rdb, w, outbox.RelayOptions{
-		Keys: admission.Keys{Prefix: a.KeyPrefix, Shards: a.Shards}, Consumer: a.Node,
+		Keys: keys, Consumer: a.Node,
 		Batch: a.RelayBatch, ClaimAfter: a.RelayClaimAfter, Log: log.With("component", "relay"), Registerer: reg,
 		WaitReplicas: a.WaitReplicas, WaitTimeout: a.WaitTimeout,
 	})
-	return relay, func() { _ = rdb.Close() }, nil
+	var marker *outbox.Marker
+	if a.IdempotencyHot > 0 {
+		marker = outbox.NewMarker(rdb, outbox.MarkOptions{
+			Keys: keys, Hot: a.IdempotencyHot, TTL: a.IdempotencyTTL, Every: a.IdempotencyMarkEvery,
+			Brokers: cfg.Kafka.Brokers, Topic: cfg.Kafka.Topic, Group: a.MeterGroup,
+			Log: log.With("component", "idempotency"), Registerer: reg,
+		})
+	}
+	return relay, marker, func() { _ = rdb.Close() }, nil
 }
 
 // outboxCheck fails when the oldest unrelayed event is older than limit: Kafka is down or
