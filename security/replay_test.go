@@ -187,14 +187,14 @@ func p50(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-// idempotencyBucket finds the hash "<prefix>{N}:i:<bucket>" holding the record of key
+// idempotencyBucket finds the hot bucket "<prefix>{N}:h:<bucket>" holding the record of key
 // charged to account: its field is 16 bytes of SHA-256(account, 0, key) (lua/admit.lua,
 // pkg/admission/keys.go).
 func idempotencyBucket(p *P, s *stack, account, key string) string {
 	p.Helper()
 	sum := sha256.Sum256([]byte(account + "\x00" + key))
 	field := string(sum[:16])
-	pattern := fmt.Sprintf("%s{%d}:i:*", s.prefix, s.keys.Shard(account))
+	pattern := fmt.Sprintf("%s{%d}:h:*", s.prefix, s.keys.Shard(account))
 	iter := s.rdb.Scan(p.Context(), 0, pattern, 1000).Iterator()
 	var seen []string
 	for iter.Next(p.Context()) {

@@ -94,8 +94,10 @@ func TestRefusalChangesNothingAtAnyLevel(t *testing.T) {
 					// of the org's state hash), the requests window (a sorted set), both quota
 					// counters (strings) and the leases (a sorted set); and the idempotency
 					// record (a field of the shard's idempotency bucket, named by a hash), the
-					// lease record and the outbox stream.
-					wantChanged := map[string]map[string]int{"": {"string": 1, "stream": 1, "hash": 1}}
+					// account's program in the org's policy mirror (a field named by its
+					// version: the node's first decision of the policy sends it), the lease
+					// record and the outbox stream.
+					wantChanged := map[string]map[string]int{"": {"string": 1, "stream": 1, "hash": 2}}
 					for _, kind := range levels {
 						wantChanged[ids[kind]] = map[string]int{"hash": 1, "string": 2, "zset": 2}
 					}
