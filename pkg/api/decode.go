@@ -57,14 +57,24 @@ func decodeJSON(body io.Reader, v any) *Error {
 
 // decodeJSONMax is decodeJSON for bodies of up to limit bytes; it returns the body's size.
 func decodeJSONMax(body io.Reader, v any, limit int) (int, *Error) {
-	raw, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
-	if err != nil {
-		return 0, badRequest("unreadable_body", "could not read the request body")
-	}
-	if len(raw) > limit {
-		return len(raw), bodyTooLarge(limit)
+	raw, e := readBody(body, limit)
+	if e != nil {
+		return len(raw), e
 	}
 	return len(raw), decodeRaw(raw, v)
+}
+
+// readBody reads a body of up to limit bytes (one more when it is larger, with
+// body_too_large).
+func readBody(body io.Reader, limit int) ([]byte, *Error) {
+	raw, err := io.ReadAll(io.LimitReader(body, int64(limit)+1))
+	if err != nil {
+		return nil, badRequest("unreadable_body", "could not read the request body")
+	}
+	if len(raw) > limit {
+		return raw, bodyTooLarge(limit)
+	}
+	return raw, nil
 }
 
 // decodeRaw decodes raw into v as decodeJSON does, after refusing a duplicate key
@@ -345,8 +355,14 @@ type admitInput struct {
 // estimate's total becomes the tokens units; a body without one is bounded by MaxBodyBytes.
 func parseAdmit(body io.Reader, tools map[string]int64, opt estimate.Options) (admitInput, *Error) {
 	var b admitBody
-	n, e := decodeJSONMax(body, &b, MaxEstimateBodyBytes)
-	if e == nil && n > MaxBodyBytes && b.Estimate == nil {
+	raw, e := readBody(body, MaxEstimateBodyBytes)
+	if e == nil {
+		var ok bool
+		if b, ok = decodeAdmitFast(raw); !ok {
+			e = decodeRaw(raw, &b)
+		}
+	}
+	if e == nil && len(raw) > MaxBodyBytes && b.Estimate == nil {
 		e = bodyTooLarge(MaxBodyBytes) // only a model request to estimate may take a body past it
 	}
 	if e != nil {
@@ -453,4 +469,168 @@ func parseOutcome(body io.Reader) (eventID string, status int, units map[policy.
 		return "", 0, nil, e
 	}
 	return b.EventID, int(s), units, nil
+}
+
+// decodeAdmitFast decodes the body of POST /v1/admit as a calling service usually writes
+// it, without reflection and without a second pass for duplicate keys: encoding/json and
+// checkDuplicateKeys took most of admit's own CPU per request. It takes one object whose
+// members are spelled exactly as admitBody's tags, each at most once, but "estimate":
+// api_key, account, idempotency_key and tool strings of printable ASCII without escapes;
+// units an object of the four units, each at most once, with integers (JSON's grammar, no
+// fraction or exponent); max_wait_ms an integer; JSON whitespace anywhere between tokens,
+// nothing after the object. Anything else (an unknown, repeated or differently cased
+// member, null, an escape, a fraction, an estimate, ...) returns false, and decodeRaw
+// decides as it always did. What it takes decodeRaw decodes the same way (FuzzParseAdmit).
+func decodeAdmitFast(raw []byte) (admitBody, bool) {
+	d := fastJSON{b: raw, s: string(raw)}
+	var b admitBody
+	var seen uint
+	if !d.take('{') {
+		return admitBody{}, false
+	}
+	if d.take('}') {
+		return b, d.end()
+	}
+	for {
+		key, ok := d.str()
+		if !ok || !d.take(':') {
+			return admitBody{}, false
+		}
+		var bit uint
+		switch key {
+		case "api_key":
+			bit = 1 << 0
+			b.APIKey, ok = d.str()
+		case "account":
+			bit = 1 << 1
+			b.Account, ok = d.str()
+		case "idempotency_key":
+			bit = 1 << 2
+			b.IdempotencyKey, ok = d.str()
+		case "tool":
+			bit = 1 << 3
+			b.Tool, ok = d.str()
+		case "units":
+			bit = 1 << 4
+			b.Units, ok = d.units()
+		case "max_wait_ms":
+			bit = 1 << 5
+			b.MaxWaitMS, ok = d.int()
+		}
+		if bit == 0 || !ok || seen&bit != 0 {
+			return admitBody{}, false
+		}
+		seen |= bit
+		if d.take('}') {
+			return b, d.end()
+		}
+		if !d.take(',') {
+			return admitBody{}, false
+		}
+	}
+}
+
+// fastJSON reads the subset of JSON decodeAdmitFast takes; the strings it returns are
+// slices of s, the numbers slices of b.
+type fastJSON struct {
+	b []byte
+	s string // b as a string
+	i int
+}
+
+// take skips whitespace, then c if it is next.
+func (d *fastJSON) take(c byte) bool {
+	d.space()
+	if d.i < len(d.s) && d.s[d.i] == c {
+		d.i++
+		return true
+	}
+	return false
+}
+
+// end reports whether nothing but whitespace is left.
+func (d *fastJSON) end() bool {
+	d.space()
+	return d.i == len(d.s)
+}
+
+func (d *fastJSON) space() {
+	for d.i < len(d.s) {
+		switch d.s[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+// str reads a string of printable ASCII without escapes.
+func (d *fastJSON) str() (string, bool) {
+	if !d.take('"') {
+		return "", false
+	}
+	start := d.i
+	for ; d.i < len(d.s); d.i++ {
+		switch c := d.s[d.i]; {
+		case c == '"':
+			d.i++
+			return d.s[start : d.i-1], true
+		case c < ' ' || c > '~' || c == '\\':
+			return "", false
+		}
+	}
+	return "", false
+}
+
+// int reads an integer as JSON writes one (no fraction or exponent), as its text.
+func (d *fastJSON) int() (json.RawMessage, bool) {
+	d.space()
+	start := d.i
+	if d.i < len(d.s) && d.s[d.i] == '-' {
+		d.i++
+	}
+	switch {
+	case d.i < len(d.s) && d.s[d.i] == '0':
+		d.i++
+	case d.i < len(d.s) && d.s[d.i] >= '1' && d.s[d.i] <= '9':
+		for d.i < len(d.s) && d.s[d.i] >= '0' && d.s[d.i] <= '9' {
+			d.i++
+		}
+	default:
+		return nil, false
+	}
+	if d.i < len(d.s) && (d.s[d.i] == '.' || d.s[d.i] == 'e' || d.s[d.i] == 'E' || d.s[d.i] >= '0' && d.s[d.i] <= '9') {
+		return nil, false // a fraction, an exponent, or a leading zero: encoding/json's to judge
+	}
+	return json.RawMessage(d.b[start:d.i:d.i]), true
+}
+
+// units reads an object of the four units' integers, each at most once.
+func (d *fastJSON) units() (map[string]json.RawMessage, bool) {
+	if !d.take('{') {
+		return nil, false
+	}
+	u := make(map[string]json.RawMessage, len(policy.Units))
+	if d.take('}') {
+		return u, true
+	}
+	for {
+		name, ok := d.str()
+		if !ok || !policy.Unit(name).Valid() || !d.take(':') {
+			return nil, false
+		}
+		if _, dup := u[name]; dup {
+			return nil, false
+		}
+		if u[name], ok = d.int(); !ok {
+			return nil, false
+		}
+		if d.take('}') {
+			return u, true
+		}
+		if !d.take(',') {
+			return nil, false
+		}
+	}
 }

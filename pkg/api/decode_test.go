@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -95,7 +96,21 @@ func FuzzParseAdmit(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	f.Add([]byte(`{ "api_key" : "k" , "units" : { "requests" : 0 , "tokens" : -0 } , "max_wait_ms" : 12 , "tool" : "x" } `))
+	f.Add([]byte(`{"api_key":"k","units":{"tokens":01}}`))
+	f.Add([]byte(`{"api_key":"k","API_KEY":"j"}`))
+	f.Add([]byte(`{"account":"a","units":{"tokens":1,"Tokens":2}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
+		// What the fast decoder takes, the general one decodes the same way.
+		if fast, ok := decodeAdmitFast(body); ok {
+			var slow admitBody
+			if e := decodeRaw(body, &slow); e != nil {
+				t.Fatalf("decodeAdmitFast took %q, decodeRaw refuses it: %+v", body, e)
+			}
+			if !reflect.DeepEqual(fast, slow) {
+				t.Fatalf("%q: decodeAdmitFast %+v, decodeRaw %+v", body, fast, slow)
+			}
+		}
 		in, e := parseAdmit(strings.NewReader(string(body)), policy.ToolCredits, estimate.Options{})
 		if e != nil {
 			if e.Status < 400 || e.Status > 499 || e.Code == "" {
