@@ -177,17 +177,18 @@ func writeRefusal(w http.ResponseWriter, err error) {
 // the rate limit and the quota closest to running out (rateLimitPicks). A token bucket's q
 // is what it has for this request's traffic: its limit less its children's guarantees.
 func setRateLimitHeaders(h http.Header, limits []admission.LimitState) {
-	picked := rateLimitPicks(limits)
+	var buf [2]admission.LimitState
+	picked := appendRateLimitPicks(buf[:0], limits)
 	if len(picked) == 0 {
 		return
 	}
-	// Built with strconv, not fmt: every decision writes them.
-	var pol, cur []byte
+	// Built with strconv, not fmt, in buffers sized once: every decision writes them.
+	pol, cur := make([]byte, 0, 160), make([]byte, 0, 160)
 	item := func(b []byte, l admission.LimitState, k1 string, v1 int64, k2 string, v2 int64) []byte {
 		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
-		b = strconv.AppendQuote(b, limitName(l))
+		b = appendLimitName(b, l)
 		b = strconv.AppendInt(append(b, k1...), v1, 10)
 		return strconv.AppendInt(append(b, k2...), v2, 10)
 	}
@@ -207,7 +208,11 @@ func setRateLimitHeaders(h http.Header, limits []admission.LimitState) {
 // rateLimitPicks are the limits the RateLimit fields name: the rate limit and the quota
 // closest to running out, the rate limit first.
 func rateLimitPicks(limits []admission.LimitState) []admission.LimitState {
-	var picked []admission.LimitState
+	return appendRateLimitPicks(nil, limits)
+}
+
+// appendRateLimitPicks appends rateLimitPicks' limits to picked.
+func appendRateLimitPicks(picked, limits []admission.LimitState) []admission.LimitState {
 	for _, quota := range []bool{false, true} {
 		best, found := admission.LimitState{}, false
 		for _, l := range limits {
@@ -241,6 +246,25 @@ func limitName(l admission.LimitState) string {
 		name += "-quota"
 	}
 	return name
+}
+
+// appendLimitName appends limitName(l) as a quoted string (strconv.Quote): account ids and
+// unit names need no escape, anything else goes through strconv.
+func appendLimitName(b []byte, l admission.LimitState) []byte {
+	start := len(b)
+	b = append(b, '"')
+	b = append(b, l.Account...)
+	b = append(b, '-')
+	b = append(b, l.Unit...)
+	if l.Quota {
+		b = append(b, "-quota"...)
+	}
+	for _, c := range b[start+1:] {
+		if c < ' ' || c > '~' || c == '"' || c == '\\' {
+			return strconv.AppendQuote(b[:start], limitName(l))
+		}
+	}
+	return append(b, '"')
 }
 
 func ceilSeconds(d time.Duration) int64 {
