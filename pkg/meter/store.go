@@ -1,11 +1,11 @@
 package meter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -101,30 +101,30 @@ func aheadMonths(now time.Time) []time.Time {
 	return []time.Time{m, m.AddDate(0, 1, 0), m.AddDate(0, 2, 0)}
 }
 
-// createStaging makes the staging tables of a connection unless it has them. They live as
-// long as the connection, and every commit empties them: creating them in each batch's
-// transaction and dropping them at its commit cost catalog writes (and their vacuuming) on
-// every batch.
-const createStaging = `
+// stagingTables are the statements that make the staging tables of a connection unless it
+// has them. They live as long as the connection, and every commit empties them: creating
+// them in each batch's transaction and dropping them at its commit cost catalog writes (and
+// their vacuuming) on every batch. A batch of admissions alone needs none (see store.write).
+var stagingTables = []string{`
 CREATE TEMP TABLE IF NOT EXISTS meter_usage (
     event_id text, billing_period date, event_time timestamptz, charged_period date,
     org text, account text, account_kind text, path text[], api_key_id text, idempotency_key text,
     plan text, tool text, source text, fail_open boolean,
     requests bigint, tokens bigint, credits bigint, cost_micros bigint,
     kafka_partition integer, kafka_offset bigint, shadow_refusal text
-) ON COMMIT DELETE ROWS;
+) ON COMMIT DELETE ROWS`, `
 CREATE TEMP TABLE IF NOT EXISTS meter_outcomes (
     event_id text, status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint,
     outcome_time timestamptz, source text, kafka_partition integer, kafka_offset bigint
-) ON COMMIT DELETE ROWS;
+) ON COMMIT DELETE ROWS`, `
 CREATE TEMP TABLE IF NOT EXISTS meter_borrowings (
     event_id text, billing_period date, charged_period date, event_time timestamptz, org text,
     account text, lender text, unit text, units bigint, kafka_partition integer, kafka_offset bigint
-) ON COMMIT DELETE ROWS;
+) ON COMMIT DELETE ROWS`, `
 CREATE TEMP TABLE IF NOT EXISTS meter_credits (
     event_id text, grant_id text, billing_period date, charged_period date, event_time timestamptz, org text,
     account text, unit text, units bigint, kafka_partition integer, kafka_offset bigint
-) ON COMMIT DELETE ROWS`
+) ON COMMIT DELETE ROWS`}
 
 var (
 	usageColumns = []string{"event_id", "billing_period", "event_time", "charged_period",
@@ -135,6 +135,8 @@ var (
 		"outcome_time", "source", "kafka_partition", "kafka_offset"}
 	borrowingColumns = []string{"event_id", "billing_period", "charged_period", "event_time", "org",
 		"account", "lender", "unit", "units"}
+	// COPY straight into usage_events writes late as well (see store.write).
+	usageCopy = append(slices.Clip(usageColumns), "late")
 	// The staging table also has the message's position, to keep the first delivery.
 	borrowingStaging = append(slices.Clip(borrowingColumns), "kafka_partition", "kafka_offset")
 	creditColumns    = []string{"event_id", "grant_id", "billing_period", "charged_period", "event_time", "org",
@@ -167,6 +169,10 @@ SELECT ` + strings.Join(creditColumns, ", ") + ` FROM meter_credits
 ORDER BY event_id, grant_id, kafka_partition, kafka_offset
 ON CONFLICT (event_id, grant_id) DO NOTHING`
 )
+
+// closedPeriods are those of the batch's billing periods that are closed (invoiced): its
+// admissions of those months are late.
+const closedPeriods = `SELECT period FROM periods WHERE period = ANY($1::date[])`
 
 // Voids are rare (a request nobody was told the decision of): inserted from arrays, no
 // staging table.
@@ -214,160 +220,288 @@ func ptr(p *int64) any {
 	return *p
 }
 
-// write writes items in one transaction: usage and outcome rows through COPY into staging
-// tables and INSERT … ON CONFLICT DO NOTHING, dead letters keyed by their Kafka position.
-// Either everything is written or nothing is.
-func (s *store) write(ctx context.Context, items []item) (w written, err error) {
-	var usage, outcomes, voids, alerts, dead []*item
-	var months []time.Time
+// byTable is a batch's items by the table they go to, with the billing periods of its
+// admissions (their partitions of usage_events).
+type byTable struct {
+	usage                         []*item // by event id, then Kafka partition and offset
+	outcomes, voids, alerts, dead []*item
+	months                        []time.Time // in order
+	borrowings, credits           int         // rows of usage_borrowings and credit_consumptions
+}
+
+func splitItems(items []item) byTable {
+	var r byTable
 	seen := map[time.Time]bool{}
 	for i := range items {
 		it := &items[i]
 		switch {
 		case it.err != nil:
-			dead = append(dead, it)
+			r.dead = append(r.dead, it)
 		case it.usage != nil:
-			usage = append(usage, it)
+			r.usage = append(r.usage, it)
+			r.borrowings += len(it.usage.Borrowed)
+			r.credits += len(it.usage.Credits)
 			if m := it.usage.BillingPeriod; !seen[m] {
 				seen[m] = true
-				months = append(months, m)
+				r.months = append(r.months, m)
 			}
 		case it.outcome != nil:
-			outcomes = append(outcomes, it)
+			r.outcomes = append(r.outcomes, it)
 		case it.void != nil:
-			voids = append(voids, it)
+			r.voids = append(r.voids, it)
 		case it.alert != nil:
-			alerts = append(alerts, it)
+			r.alerts = append(r.alerts, it)
 		}
 	}
-	sort.Slice(months, func(i, j int) bool { return months[i].Before(months[j]) })
+	slices.SortFunc(r.months, func(a, b time.Time) int { return a.Compare(b) })
+	// The first delivery of an event is the one kept (its Kafka position is the row's), and
+	// concurrent writers take the key's index locks in one order (no deadlock between
+	// batches that overlap, as after a rebalance).
+	slices.SortFunc(r.usage, func(a, b *item) int {
+		x, y := a.usage, b.usage
+		if c := strings.Compare(x.EventID, y.EventID); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.Partition, y.Partition); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Offset, y.Offset)
+	})
+	return r
+}
+
+// errWrittenBefore: a batch's COPY into usage_events met an event that is a row already.
+var errWrittenBefore = errors.New("an event of the batch is a row already")
+
+// write writes items in one transaction: either everything is written or nothing is.
+//
+// A batch's admissions go by COPY straight into usage_events, its first delivery of each
+// event; the primary key keeps any event from being written twice. A redelivered event
+// (after a crash or a rebalance) that is a row already makes that COPY fail: the batch is
+// then written again in a transaction of its own through staging, COPY into a temporary
+// table and INSERT … ON CONFLICT DO NOTHING, which skips the rows that exist. Admissions
+// are almost never redelivered, and the COPY alone is the cheapest way into the table: it
+// neither writes the rows twice nor makes the insert check for a conflict (speculative
+// insertion) row by row. Outcomes, borrowings and credit draws, voids, thresholds and dead
+// letters go through staging or arrays with ON CONFLICT DO NOTHING in both.
+func (s *store) write(ctx context.Context, items []item) (w written, err error) {
+	r := splitItems(items)
 	defer func() {
 		if err != nil {
 			s.forgetPartitions()
 		}
 	}()
 	// Outside the batch's transaction: a partition is added under its own, short lock.
-	if err := s.ensurePartitions(ctx, months); err != nil {
+	if err := s.ensurePartitions(ctx, r.months); err != nil {
 		return written{}, err
 	}
-
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return written{}, fmt.Errorf("begin: %w", err)
+	w, err = s.writeTx(ctx, r, false)
+	if errors.Is(err, errWrittenBefore) {
+		w, err = s.writeTx(ctx, r, true)
 	}
-	defer func() { // a no-op after Commit
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = tx.Rollback(rctx)
+	return w, err
+}
+
+// writeTx writes r in one transaction, in three round trips when it holds admissions alone:
+// the transaction begun, partitions locked and closed periods read; the COPY; the commit.
+// staged: admissions through staging and ON CONFLICT DO NOTHING rather than COPY.
+func (s *store) writeTx(ctx context.Context, r byTable, staged bool) (w written, err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return written{}, fmt.Errorf("acquire a connection: %w", err)
+	}
+	defer conn.Release() // closed rather than pooled if still in a transaction
+	c := conn.Conn()
+	committed := false
+	defer func() {
+		if !committed && c.PgConn().TxStatus() != 'I' {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_, _ = c.Exec(rctx, "ROLLBACK")
+		}
 	}()
 
-	if len(usage) > 0 {
-		// Lock the batch's partitions before the insert takes its snapshot. A period close
-		// takes a SHARE lock on the partition: it either committed before this lock (the
-		// insert then sees the period closed and flags its rows late) or waits for this
-		// batch to commit (and then invoices its rows). No event falls between the two.
-		parts := make([]string, len(months))
-		for i, m := range months {
+	open := &pgx.Batch{}
+	open.Queue("BEGIN")
+	closed := map[time.Time]bool{}
+	if len(r.usage) > 0 {
+		// Lock the batch's partitions before reading which periods are closed. A period
+		// close takes a SHARE lock on the partition: it either committed before this lock
+		// (the read then sees the period closed and the rows are flagged late) or waits for
+		// this batch to commit (and then invoices its rows). No event falls between the two.
+		parts := make([]string, len(r.months))
+		for i, m := range r.months {
 			parts[i] = pgx.Identifier{"usage_events_" + m.Format("2006_01")}.Sanitize()
 		}
-		// In one round trip with the staging tables.
-		if _, err := tx.Exec(ctx, "LOCK TABLE "+strings.Join(parts, ", ")+" IN ROW EXCLUSIVE MODE;"+createStaging); err != nil {
-			return written{}, fmt.Errorf("lock usage partitions, create staging tables: %w", err)
-		}
-	} else if len(outcomes) > 0 {
-		if _, err := tx.Exec(ctx, createStaging); err != nil {
-			return written{}, fmt.Errorf("create staging tables: %w", err)
-		}
-	}
-	if len(usage) > 0 {
-		n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_usage"}, usageColumns, pgx.CopyFromSlice(len(usage), func(i int) ([]any, error) {
-			r := usage[i].usage
-			return []any{r.EventID, r.BillingPeriod, r.EventTime, r.ChargedPeriod,
-				r.Org, r.Account, r.AccountKind, r.Path, nullable(r.APIKeyID), nullable(r.IdempotencyKey),
-				nullable(r.Plan), nullable(r.Tool), r.Source, r.FailOpen,
-				orZero(r.Units.Requests), orZero(r.Units.Tokens), orZero(r.Units.Credits), orZero(r.Units.CostMicros),
-				r.Partition, r.Offset, nullable(r.ShadowRefusal)}, nil
-		}))
-		if err != nil {
-			return written{}, fmt.Errorf("copy usage rows: %w", err)
-		}
-		tag, err := tx.Exec(ctx, insertUsage)
-		if err != nil {
-			return written{}, fmt.Errorf("insert usage_events: %w", err)
-		}
-		w.usage = counts{staged: n, inserted: tag.RowsAffected()}
-		if w.borrowings, err = writeBorrowings(ctx, tx, usage); err != nil {
-			return written{}, err
-		}
-		if w.credits, err = writeCredits(ctx, tx, usage); err != nil {
-			return written{}, err
-		}
-	}
-	if len(outcomes) > 0 {
-		n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_outcomes"}, outcomeColumns, pgx.CopyFromSlice(len(outcomes), func(i int) ([]any, error) {
-			r := outcomes[i].outcome
-			return []any{r.EventID, r.Status, ptr(r.Units.Requests), ptr(r.Units.Tokens), ptr(r.Units.Credits), ptr(r.Units.CostMicros),
-				r.OutcomeTime, r.Source, r.Partition, r.Offset}, nil
-		}))
-		if err != nil {
-			return written{}, fmt.Errorf("copy outcome rows: %w", err)
-		}
-		tag, err := tx.Exec(ctx, insertOutcomes)
-		if err != nil {
-			return written{}, fmt.Errorf("insert usage_outcomes: %w", err)
-		}
-		w.outcomes = counts{staged: n, inserted: tag.RowsAffected()}
-	}
-	if len(voids) > 0 {
-		var ids, attempts, reasons, sources []string
-		var times []time.Time
-		var parts []int32
-		var offsets []int64
-		for _, it := range voids {
-			v := it.void
-			ids, attempts, reasons = append(ids, v.EventID), append(attempts, v.Attempt), append(reasons, v.Reason)
-			times, sources = append(times, v.VoidTime), append(sources, v.Source)
-			parts, offsets = append(parts, int32(v.Partition)), append(offsets, v.Offset) //nolint:gosec // Kafka partitions are int32
-		}
-		tag, err := tx.Exec(ctx, insertVoids, ids, attempts, reasons, times, sources, parts, offsets)
-		if err != nil {
-			return written{}, fmt.Errorf("insert usage_voids: %w", err)
-		}
-		w.voids = counts{staged: int64(len(voids)), inserted: tag.RowsAffected()}
-	}
-	if len(alerts) > 0 {
-		if w.alerts, err = writeAlerts(ctx, tx, alerts); err != nil {
-			return written{}, err
-		}
-	}
-	if len(dead) > 0 {
-		parts := make([]int32, len(dead))
-		offsets := make([]int64, len(dead))
-		keys := make([][]byte, len(dead))
-		values := make([][]byte, len(dead))
-		errs := make([]string, len(dead))
-		for i, it := range dead {
-			parts[i], offsets[i], keys[i] = int32(it.partition), it.offset, it.key //nolint:gosec // Kafka partitions are int32
-			values[i] = it.value
-			if values[i] == nil { // a tombstone: the column is NOT NULL
-				values[i] = []byte{}
+		open.Queue("LOCK TABLE " + strings.Join(parts, ", ") + " IN ROW EXCLUSIVE MODE")
+		open.Queue(closedPeriods, r.months).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var m time.Time
+				if err := rows.Scan(&m); err != nil {
+					return err
+				}
+				closed[m] = true
 			}
-			errs[i] = cleanText(it.err.Error())
-		}
-		tag, err := tx.Exec(ctx, insertDeadLetters, s.topic, parts, offsets, keys, values, errs)
-		if err != nil {
-			return written{}, fmt.Errorf("insert dead_letters: %w", err)
-		}
-		w.deadLetters = counts{staged: int64(len(dead)), inserted: tag.RowsAffected()}
+			return rows.Err()
+		})
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if len(r.outcomes) > 0 || r.borrowings > 0 || r.credits > 0 || (staged && len(r.usage) > 0) {
+		for _, q := range stagingTables {
+			open.Queue(q)
+		}
+	}
+	if err := c.SendBatch(ctx, open).Close(); err != nil {
+		return written{}, fmt.Errorf("begin, lock usage partitions: %w", err)
+	}
+
+	if len(r.usage) > 0 {
+		if w.usage, err = writeUsage(ctx, c, r.usage, closed, staged); err != nil {
+			return written{}, err
+		}
+		if w.borrowings, err = writeBorrowings(ctx, c, r.usage); err != nil {
+			return written{}, err
+		}
+		if w.credits, err = writeCredits(ctx, c, r.usage); err != nil {
+			return written{}, err
+		}
+	}
+	if len(r.outcomes) > 0 {
+		if w.outcomes, err = writeOutcomes(ctx, c, r.outcomes); err != nil {
+			return written{}, err
+		}
+	}
+	if len(r.voids) > 0 {
+		if w.voids, err = writeVoids(ctx, c, r.voids); err != nil {
+			return written{}, err
+		}
+	}
+	if len(r.alerts) > 0 {
+		if w.alerts, err = writeAlerts(ctx, c, r.alerts); err != nil {
+			return written{}, err
+		}
+	}
+	if len(r.dead) > 0 {
+		if w.deadLetters, err = writeDeadLetters(ctx, c, s.topic, r.dead); err != nil {
+			return written{}, err
+		}
+	}
+	tag, err := c.Exec(ctx, "COMMIT")
+	if err != nil {
 		return written{}, fmt.Errorf("commit: %w", err)
 	}
+	if tag.String() != "COMMIT" { // an aborted transaction answers ROLLBACK
+		return written{}, fmt.Errorf("commit: rolled back (%s)", tag)
+	}
+	committed = true
 	return w, nil
 }
 
+// writeUsage writes a batch's admissions (sorted: splitItems), by COPY straight into
+// usage_events unless staged, late when their period is closed.
+func writeUsage(ctx context.Context, c *pgx.Conn, usage []*item, closed map[time.Time]bool, staged bool) (counts, error) {
+	values := func(r *usageRow) []any {
+		return []any{r.EventID, r.BillingPeriod, r.EventTime, r.ChargedPeriod,
+			r.Org, r.Account, r.AccountKind, r.Path, nullable(r.APIKeyID), nullable(r.IdempotencyKey),
+			nullable(r.Plan), nullable(r.Tool), r.Source, r.FailOpen,
+			orZero(r.Units.Requests), orZero(r.Units.Tokens), orZero(r.Units.Credits), orZero(r.Units.CostMicros),
+			r.Partition, r.Offset, nullable(r.ShadowRefusal)}
+	}
+	if staged {
+		n, err := c.CopyFrom(ctx, pgx.Identifier{"meter_usage"}, usageColumns, pgx.CopyFromSlice(len(usage), func(i int) ([]any, error) {
+			return values(usage[i].usage), nil
+		}))
+		if err != nil {
+			return counts{}, fmt.Errorf("copy usage rows: %w", err)
+		}
+		tag, err := c.Exec(ctx, insertUsage)
+		if err != nil {
+			return counts{}, fmt.Errorf("insert usage_events: %w", err)
+		}
+		return counts{staged: n, inserted: tag.RowsAffected()}, nil
+	}
+	// An event delivered twice within the batch is written once: its first delivery.
+	first := make([]*usageRow, 0, len(usage))
+	for i, it := range usage {
+		if i == 0 || it.usage.EventID != usage[i-1].usage.EventID {
+			first = append(first, it.usage)
+		}
+	}
+	n, err := c.CopyFrom(ctx, pgx.Identifier{"usage_events"}, usageCopy, pgx.CopyFromSlice(len(first), func(i int) ([]any, error) {
+		r := first[i]
+		return append(values(r), closed[r.BillingPeriod]), nil
+	}))
+	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "23505" { // unique_violation
+			return counts{}, fmt.Errorf("copy into usage_events: %w: %w", errWrittenBefore, err)
+		}
+		return counts{}, fmt.Errorf("copy into usage_events: %w", err)
+	}
+	return counts{staged: int64(len(usage)), inserted: n}, nil
+}
+
+// writeOutcomes writes a batch's outcomes: COPY into staging, then INSERT … ON CONFLICT DO
+// NOTHING (a request's first outcome wins).
+func writeOutcomes(ctx context.Context, c *pgx.Conn, outcomes []*item) (counts, error) {
+	n, err := c.CopyFrom(ctx, pgx.Identifier{"meter_outcomes"}, outcomeColumns, pgx.CopyFromSlice(len(outcomes), func(i int) ([]any, error) {
+		r := outcomes[i].outcome
+		return []any{r.EventID, r.Status, ptr(r.Units.Requests), ptr(r.Units.Tokens), ptr(r.Units.Credits), ptr(r.Units.CostMicros),
+			r.OutcomeTime, r.Source, r.Partition, r.Offset}, nil
+	}))
+	if err != nil {
+		return counts{}, fmt.Errorf("copy outcome rows: %w", err)
+	}
+	tag, err := c.Exec(ctx, insertOutcomes)
+	if err != nil {
+		return counts{}, fmt.Errorf("insert usage_outcomes: %w", err)
+	}
+	return counts{staged: n, inserted: tag.RowsAffected()}, nil
+}
+
+// writeVoids writes a batch's voids into usage_voids.
+func writeVoids(ctx context.Context, c *pgx.Conn, voids []*item) (counts, error) {
+	var ids, attempts, reasons, sources []string
+	var times []time.Time
+	var parts []int32
+	var offsets []int64
+	for _, it := range voids {
+		v := it.void
+		ids, attempts, reasons = append(ids, v.EventID), append(attempts, v.Attempt), append(reasons, v.Reason)
+		times, sources = append(times, v.VoidTime), append(sources, v.Source)
+		parts, offsets = append(parts, int32(v.Partition)), append(offsets, v.Offset) //nolint:gosec // Kafka partitions are int32
+	}
+	tag, err := c.Exec(ctx, insertVoids, ids, attempts, reasons, times, sources, parts, offsets)
+	if err != nil {
+		return counts{}, fmt.Errorf("insert usage_voids: %w", err)
+	}
+	return counts{staged: int64(len(voids)), inserted: tag.RowsAffected()}, nil
+}
+
+// writeDeadLetters writes the messages that could not be parsed, keyed by their Kafka
+// position.
+func writeDeadLetters(ctx context.Context, c *pgx.Conn, topic string, dead []*item) (counts, error) {
+	parts := make([]int32, len(dead))
+	offsets := make([]int64, len(dead))
+	keys := make([][]byte, len(dead))
+	values := make([][]byte, len(dead))
+	errs := make([]string, len(dead))
+	for i, it := range dead {
+		parts[i], offsets[i], keys[i] = int32(it.partition), it.offset, it.key //nolint:gosec // Kafka partitions are int32
+		values[i] = it.value
+		if values[i] == nil { // a tombstone: the column is NOT NULL
+			values[i] = []byte{}
+		}
+		errs[i] = cleanText(it.err.Error())
+	}
+	tag, err := c.Exec(ctx, insertDeadLetters, topic, parts, offsets, keys, values, errs)
+	if err != nil {
+		return counts{}, fmt.Errorf("insert dead_letters: %w", err)
+	}
+	return counts{staged: int64(len(dead)), inserted: tag.RowsAffected()}, nil
+}
+
 // writeAlerts writes a batch's thresholds into usage_alerts.
-func writeAlerts(ctx context.Context, tx pgx.Tx, alerts []*item) (counts, error) {
+func writeAlerts(ctx context.Context, c *pgx.Conn, alerts []*item) (counts, error) {
 	n := len(alerts)
 	ids, orgs, accounts, paths, unitNames, kinds := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	periods, grants, triggers, payloads := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -380,7 +514,7 @@ func writeAlerts(ctx context.Context, tx pgx.Tx, alerts []*item) (counts, error)
 		unitNames[i], kinds[i], thresholds[i], ats[i], values[i] = a.Unit, a.Kind, a.Threshold, a.At, a.Value
 		periods[i], grants[i], triggers[i], admitted[i], payloads[i] = a.Period, a.Grant, a.TriggeredBy, a.Admitted, string(a.Payload)
 	}
-	tag, err := tx.Exec(ctx, insertAlerts, ids, times, orgs, accounts, paths, unitNames, kinds, thresholds, ats, values,
+	tag, err := c.Exec(ctx, insertAlerts, ids, times, orgs, accounts, paths, unitNames, kinds, thresholds, ats, values,
 		periods, grants, triggers, admitted, payloads)
 	if err != nil {
 		return counts{}, fmt.Errorf("insert usage_alerts: %w", err)
@@ -391,7 +525,7 @@ func writeAlerts(ctx context.Context, tx pgx.Tx, alerts []*item) (counts, error)
 // writeBorrowings writes the borrowings of a batch's admissions, in the batch's
 // transaction, as the admissions themselves: COPY into staging, then INSERT … ON CONFLICT
 // DO NOTHING. Most batches have none and cost nothing more.
-func writeBorrowings(ctx context.Context, tx pgx.Tx, usage []*item) (counts, error) {
+func writeBorrowings(ctx context.Context, c *pgx.Conn, usage []*item) (counts, error) {
 	var rows [][]any
 	for _, it := range usage {
 		r := it.usage
@@ -403,11 +537,11 @@ func writeBorrowings(ctx context.Context, tx pgx.Tx, usage []*item) (counts, err
 	if len(rows) == 0 {
 		return counts{}, nil
 	}
-	n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_borrowings"}, borrowingStaging, pgx.CopyFromRows(rows))
+	n, err := c.CopyFrom(ctx, pgx.Identifier{"meter_borrowings"}, borrowingStaging, pgx.CopyFromRows(rows))
 	if err != nil {
 		return counts{}, fmt.Errorf("copy borrowing rows: %w", err)
 	}
-	tag, err := tx.Exec(ctx, insertBorrowings)
+	tag, err := c.Exec(ctx, insertBorrowings)
 	if err != nil {
 		return counts{}, fmt.Errorf("insert usage_borrowings: %w", err)
 	}
@@ -417,7 +551,7 @@ func writeBorrowings(ctx context.Context, tx pgx.Tx, usage []*item) (counts, err
 // writeCredits writes the credit draws of a batch's admissions as writeBorrowings writes
 // their borrowings: with the admissions, in the batch's transaction, the first delivery of
 // each draw kept.
-func writeCredits(ctx context.Context, tx pgx.Tx, usage []*item) (counts, error) {
+func writeCredits(ctx context.Context, c *pgx.Conn, usage []*item) (counts, error) {
 	var rows [][]any
 	for _, it := range usage {
 		r := it.usage
@@ -429,11 +563,11 @@ func writeCredits(ctx context.Context, tx pgx.Tx, usage []*item) (counts, error)
 	if len(rows) == 0 {
 		return counts{}, nil
 	}
-	n, err := tx.CopyFrom(ctx, pgx.Identifier{"meter_credits"}, creditStaging, pgx.CopyFromRows(rows))
+	n, err := c.CopyFrom(ctx, pgx.Identifier{"meter_credits"}, creditStaging, pgx.CopyFromRows(rows))
 	if err != nil {
 		return counts{}, fmt.Errorf("copy credit rows: %w", err)
 	}
-	tag, err := tx.Exec(ctx, insertCredits)
+	tag, err := c.Exec(ctx, insertCredits)
 	if err != nil {
 		return counts{}, fmt.Errorf("insert credit_consumptions: %w", err)
 	}
