@@ -215,7 +215,7 @@ func newStackOn(t *testing.T, brokers []string, topic string, env ...string) *st
 	require.NoError(t, err, "meter ready")
 
 	admitAddr := testenv.FreeAddr(t)
-	start(t, "admit", append(common, "ADMIT_ADDR="+admitAddr, "ADMIT_NODE=e2e", "ADMIT_KEY_PREFIX=t:"+name+":mg",
+	start(t, "admit", append(common, "ADMIT_ADDR="+admitAddr, "ADMIT_NODE=e2e", "ADMIT_KEY_PREFIX=t:"+name+":mg", "METER_GROUP=g-"+name,
 		"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken))
 	s.admit = "http://" + admitAddr
 	_, err = testenv.WaitHTTP(ctx, s.admit+"/readyz", 200)
