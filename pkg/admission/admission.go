@@ -8,6 +8,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -118,10 +119,8 @@ var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different 
 // MaxAttempts times already: its record holds no more (a record's size is bounded).
 var ErrIdempotencyKeyExhausted = errors.New("idempotency key replayed too often")
 
-// MaxCounter is the largest value a quota counter takes, capped or not: 2^53 - 1, the
-// largest integer the script's Lua numbers hold exactly (lua/admit.lua, MAX_COUNTER). A
-// request that would take a counter past it is refused as over its quota.
-const MaxCounter = 1<<53 - 1
+// MaxCounter is keyspace.MaxCounter, the largest value a quota counter takes.
+const MaxCounter = keyspace.MaxCounter
 
 // MaxAttempts is how many requests may be answered with one idempotency key's decision: the
 // first and its replays (lua/admit.lua, MAX_ATTEMPTS).
@@ -139,5 +138,6 @@ func (e *ReplayError) Error() string {
 // connection could be had): nothing was decided, so there is nothing to void.
 var ErrNotSent = errors.New("not sent to redis")
 
-// ErrUnknownEvent is returned for an outcome whose event id is malformed.
-var ErrUnknownEvent = errors.New("unknown event id")
+// ErrUnknownEvent is returned for an outcome whose event id is malformed: it is
+// keyspace.ErrUnknownEvent, which Keys.ParseEventID returns.
+var ErrUnknownEvent = keyspace.ErrUnknownEvent

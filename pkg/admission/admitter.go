@@ -13,30 +13,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
-// A deployment's defaults, shared by admit's and reconcile's configuration: they must
-// agree on the keys.
+// The deployment's defaults that admit and reconcile must agree on live in pkg/keyspace;
+// these forward to them until pkg/outbox and cmd/admit name them there.
 const (
-	// DefaultKeyPrefix starts every Redis key of a deployment.
-	DefaultKeyPrefix = "mg"
-	// DefaultShards is the number of hash-tag shards.
-	DefaultShards = 16
-	// DefaultIdempotencyTTL is the idempotency window W: a retry within W of the first
-	// request is charged once (between W and 2W it may or may not be).
-	DefaultIdempotencyTTL = 24 * time.Hour
-	// MinIdempotencyTTL is the shortest idempotency window a deployment may configure.
-	MinIdempotencyTTL = time.Minute
+	DefaultKeyPrefix      = keyspace.DefaultKeyPrefix
+	DefaultShards         = keyspace.DefaultShards
+	DefaultIdempotencyTTL = keyspace.DefaultIdempotencyTTL
+	MinIdempotencyTTL     = keyspace.MinIdempotencyTTL
+	DefaultIdempotencyHot = keyspace.DefaultIdempotencyHot
+	DefaultQuotaRetention = keyspace.DefaultQuotaRetention
+)
+
+// Keys is keyspace.Keys, until pkg/outbox and cmd/admit name it there.
+type Keys = keyspace.Keys
+
+// The engine's own defaults.
+const (
 	// DefaultLeaseTTL is how long a concurrency slot is held when no outcome releases it.
 	DefaultLeaseTTL = time.Minute
-	// DefaultQuotaRetention is how long a quota counter outlives its period, so that
-	// reconcile can still correct it before the period is closed.
-	DefaultQuotaRetention = 35 * 24 * time.Hour
-	// DefaultIdempotencyHot is the hot window: how long Redis holds an idempotency record
-	// exactly when a billing log answers for older keys.
-	DefaultIdempotencyHot = 10 * time.Minute
 	// DefaultIdempotencyFilterBits sizes an idempotency filter (1 MiB): about 870,000 keys
 	// per shard and half TTL at 1 % false positives (docs/deploy.md sizes it for a load).
 	DefaultIdempotencyFilterBits = 1 << 23
@@ -110,13 +109,13 @@ type Admitter struct {
 	// previous layout's buckets ("" when not looked up), how long a void mark lives, the
 	// lease TTL.
 	idemHot, idemTTL, idemLegacy, markTTL, leaseTTL string
-	filterBits                                     uint64
-	rdb                      redis.UniversalClient
-	opts                     Options
-	keys                     Keys
-	queues                   []queue
-	metrics                  *scriptMetrics
-	waiters                  waiters
+	filterBits                                      uint64
+	rdb                                             redis.UniversalClient
+	opts                                            Options
+	keys                                            keyspace.Keys
+	queues                                          []queue
+	metrics                                         *scriptMetrics
+	waiters                                         waiters
 }
 
 // queue holds one shard's decisions waiting for a script call.
@@ -128,12 +127,12 @@ type queue struct {
 
 type call struct {
 	req      Request
-	wait     *waiting // nil when the request may not wait
-	logged   bool     // the billing log has no admission of its idempotency key
-	inline   bool     // send the program inline: the mirror did not hold it
-	noInline bool     // never send it (ScriptCall)
-	done chan result // buffered: delivery never blocks
-	sent atomic.Bool
+	wait     *waiting    // nil when the request may not wait
+	logged   bool        // the billing log has no admission of its idempotency key
+	inline   bool        // send the program inline: the mirror did not hold it
+	noInline bool        // never send it (ScriptCall)
+	done     chan result // buffered: delivery never blocks
+	sent     atomic.Bool
 }
 
 type result struct {
@@ -144,19 +143,19 @@ type result struct {
 // New returns an Admitter deciding in rdb (a server or a Redis Cluster).
 func New(rdb redis.UniversalClient, o Options) *Admitter {
 	if o.KeyPrefix == "" {
-		o.KeyPrefix = DefaultKeyPrefix
+		o.KeyPrefix = keyspace.DefaultKeyPrefix
 	}
 	if o.Shards <= 0 {
-		o.Shards = DefaultShards
+		o.Shards = keyspace.DefaultShards
 	}
 	if o.IdempotencyTTL <= 0 {
-		o.IdempotencyTTL = DefaultIdempotencyTTL
+		o.IdempotencyTTL = keyspace.DefaultIdempotencyTTL
 	}
 	if o.LeaseTTL <= 0 {
 		o.LeaseTTL = DefaultLeaseTTL
 	}
 	if o.QuotaRetention <= 0 {
-		o.QuotaRetention = DefaultQuotaRetention
+		o.QuotaRetention = keyspace.DefaultQuotaRetention
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 16
@@ -171,14 +170,14 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 		o.CallTimeout = 5 * time.Second
 	}
 	a := &Admitter{
-		rdb: rdb, opts: o, keys: Keys{Prefix: o.KeyPrefix, Shards: o.Shards}.withTags(),
+		rdb: rdb, opts: o, keys: keyspace.Keys{Prefix: o.KeyPrefix, Shards: o.Shards}.WithTags(),
 		queues: make([]queue, o.Shards),
 	}
 	ttl := max(1, o.IdempotencyTTL.Milliseconds())
 	a.idemTTL, a.idemHot = strconv.FormatInt(ttl, 10), strconv.FormatInt(ttl, 10)
 	if o.IdempotencyLog != nil {
 		if o.IdempotencyHot <= 0 {
-			o.IdempotencyHot = DefaultIdempotencyHot
+			o.IdempotencyHot = keyspace.DefaultIdempotencyHot
 		}
 		if o.IdempotencyFilterBits == 0 {
 			o.IdempotencyFilterBits = DefaultIdempotencyFilterBits
@@ -198,7 +197,7 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 }
 
 // Keys returns the key names the Admitter uses.
-func (a *Admitter) Keys() Keys { return a.keys }
+func (a *Admitter) Keys() keyspace.Keys { return a.keys }
 
 // NewEventID returns a new event id for a request of org (see Keys.NewEventID).
 func (a *Admitter) NewEventID(org string) string { return a.keys.NewEventID(org) }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -145,7 +146,7 @@ func (a *Admitter) encode(shard int, batch []*call, now time.Time) encoded {
 	h[argDayNext] = ms(dNext)
 	h[argDayLabel], h[argDayNextLabel] = period.DayLabel(dCur), period.DayLabel(dNext)
 	h[argDayExpiry], h[argDayNextExpiry] = ms(dNext.Add(keep)), ms(dEnd.Add(keep))
-	h[argTag], h[argLeaseTTL] = a.keys.tag(shard), a.leaseTTL
+	h[argTag], h[argLeaseTTL] = a.keys.Tag(shard), a.leaseTTL
 	h[argIdemHot], h[argIdemTTL], h[argIdemLegacy] = a.idemHot, a.idemTTL, a.idemLegacy
 	h[argQueueChannel] = a.keys.QueueChannel()
 	e := encoded{
@@ -243,7 +244,7 @@ func (a *Admitter) encodeOne(e *encoded, shard int, c *call, per periods, now ti
 	}
 	d[decIdem], d[decFingerprint], d[decBloom] = "", "", ""
 	if r.IdempotencyKey != "" {
-		sum := idempotencyHash(r.Policy.Account(), r.IdempotencyKey)
+		sum := keyspace.IdempotencyHash(r.Policy.Account(), r.IdempotencyKey)
 		d[decIdem], d[decFingerprint] = string(sum[:16]), shortFingerprint(fingerprint(r.Units, r.Tool))
 		if a.opts.IdempotencyLog != nil {
 			d[decBloom] = a.bloom(sum)

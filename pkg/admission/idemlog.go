@@ -3,7 +3,6 @@ package admission
 import (
 	"context"
 	"errors"
-	"strconv"
 	"time"
 
 	"github.com/metergate/metergate/pkg/policy"
@@ -13,7 +12,7 @@ import (
 // each record exactly for a short hot window, and a Bloom filter per shard and half-window
 // of every key admitted; a key the hot window misses and a filter may hold is looked up in
 // the billing log (IdempotencyLog). The hot window is never shorter than the pipeline's
-// backlog: a shard's records stay in Redis until its mark (Keys.IdempotencyMark) says their
+// backlog: a shard's records stay in Redis until its mark (keyspace.Keys.IdempotencyMark) says their
 // events are in the log.
 
 // IdempotencyLog answers for idempotency keys older than the hot window: the billing log.
@@ -35,21 +34,3 @@ type LoggedAdmission struct {
 // used before the hot window and the billing log cannot be read: the request is refused
 // (503) rather than risk charging a retry twice.
 var ErrIdempotencyUnverifiable = errors.New("idempotency key cannot be checked against the billing log")
-
-// IdempotencyMark is the shard's mark: ms since the epoch (Redis time) before which every
-// event the shard admitted is in the billing log. The relay's janitor moves it forward,
-// never back; the script looks for records in every hot bucket from the one holding the
-// mark on (the whole TTL when there is no mark).
-func (k Keys) IdempotencyMark(shard int) string { return k.tag(shard) + "h:mark" }
-
-// IdempotencyHotBucket is the hash of the shard's idempotency records written in hot
-// bucket b (b = floor(ms since the epoch / hot window)).
-func (k Keys) IdempotencyHotBucket(shard int, b int64) string {
-	return k.tag(shard) + "h:" + strconv.FormatInt(b, 10)
-}
-
-// IdempotencyFilter is the shard's Bloom filter of the keys admitted in generation g (g =
-// floor(ms since the epoch / (TTL / 2))): a string of Options.IdempotencyFilterBits bits.
-func (k Keys) IdempotencyFilter(shard int, g int64) string {
-	return k.tag(shard) + "f:" + strconv.FormatInt(g, 10)
-}

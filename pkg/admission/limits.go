@@ -189,7 +189,7 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 			return l
 		}
 	}
-	l := &limits{a: a, state: a.keys.state(shard, pol.Org), idTail: a.keys.eventIDTail(shard, pol.Org),
+	l := &limits{a: a, state: a.keys.State(shard, pol.Org), idTail: a.keys.EventIDTail(shard, pol.Org),
 		event: newEventStatic(pol)}
 	for _, lv := range pol.Path {
 		for _, u := range policy.Units {
@@ -200,13 +200,13 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 			c := limitArgs{level: lv, unit: u, limit: lim}
 			switch {
 			case lim.HasRate() && lim.Algorithm == policy.SlidingWindow:
-				c.windowKey = a.keys.window(shard, lv.Account, u)
+				c.windowKey = a.keys.Window(shard, lv.Account, u)
 			case lim.HasRate():
 				a.bucketArgs(&c, lv)
 			}
 			c.index = len(l.checks)
 			if lim.Quota != nil {
-				c.quotaKey = a.keys.quota(shard, lv.Account, u, "")
+				c.quotaKey = a.keys.QuotaIn(shard, lv.Account, u, "")
 				c.quotaKind = "m"
 				if lim.QuotaPeriod == policy.Day {
 					c.quotaKind = "d"
@@ -216,11 +216,11 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 		}
 		if lv.Concurrency > 0 {
 			l.concs = append(l.concs, lv)
-			l.concKeys = append(l.concKeys, a.keys.leases(shard, lv.Account))
+			l.concKeys = append(l.concKeys, a.keys.Leases(shard, lv.Account))
 		}
 		for _, u := range lv.Credits {
-			l.credits = append(l.credits, creditArgs{level: lv, unit: u, grants: a.keys.grants(shard, lv.Account, u),
-				term: a.keys.grantTerms(shard, lv.Account, u), label: lv.Account + ":" + string(u)})
+			l.credits = append(l.credits, creditArgs{level: lv, unit: u, grants: a.keys.GrantsIn(shard, lv.Account, u),
+				term: a.keys.GrantTermsIn(shard, lv.Account, u), label: lv.Account + ":" + string(u)})
 		}
 	}
 	l.buckets, l.tiered = bucketChains(pol, l.checks)

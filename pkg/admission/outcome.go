@@ -37,7 +37,7 @@ func (a *Admitter) Outcome(ctx context.Context, o Outcome) error {
 	if err != nil {
 		return err
 	}
-	record := a.keys.leaseRecord(shard, o.EventID)
+	record := a.keys.LeaseRecord(shard, o.EventID)
 	held, err := a.rdb.Get(ctx, record).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("read leases of %s: %w", o.EventID, err)

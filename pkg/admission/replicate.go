@@ -2,18 +2,19 @@ package admission
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/metergate/metergate/pkg/keyspace"
 )
 
-// ErrNotReplicated says a script call ran on the primary but fewer replicas than
-// Options.WaitReplicas acknowledged its writes within Options.WaitTimeout (or the WAIT
-// failed). The writes may still be lost in a failover, so the decision is not told: the
-// caller treats it as an outcome unknown (503, and the decision voided).
-var ErrNotReplicated = errors.New("redis: writes not acknowledged by enough replicas")
+// ErrNotReplicated is keyspace.ErrNotReplicated: a script call ran on the primary but
+// fewer replicas than Options.WaitReplicas acknowledged its writes within
+// Options.WaitTimeout (or the WAIT failed). The writes may still be lost in a failover, so
+// the decision is not told: the caller treats it as an outcome unknown (503, and the
+// decision voided).
+var ErrNotReplicated = keyspace.ErrNotReplicated
 
 // runScript runs s on the primary holding keys[0], as s.Run does. With
 // Options.WaitReplicas set it sends WAIT in the same pipeline, on the same connection
@@ -28,13 +29,13 @@ func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string
 	// cluster client retries a command whose connection died after it was sent, even with
 	// MaxRetries -1: a decision charged twice). A MOVED is then an error, and reloads the
 	// slot map for the next call.
-	c, cc, err := masterOf(ctx, a.rdb, keys[0])
+	c, cc, err := keyspace.MasterFor(ctx, a.rdb, keys[0])
 	if err != nil {
 		return redis.NewCmdResult(nil, err)
 	}
 	if a.opts.WaitReplicas <= 0 {
 		cmd := s.Run(ctx, c, keys, args...)
-		reloadIfMoved(ctx, cc, cmd.Err())
+		keyspace.ReloadIfMoved(ctx, cc, cmd.Err())
 		return cmd
 	}
 	script, wait := a.runAndWait(ctx, c, s.EvalSha, keys, args)
@@ -42,73 +43,19 @@ func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string
 		script, wait = a.runAndWait(ctx, c, s.Eval, keys, args)
 	}
 	if err := script.Err(); err != nil {
-		reloadIfMoved(ctx, cc, err)
+		keyspace.ReloadIfMoved(ctx, cc, err)
 		return redis.NewCmdResult(nil, err)
 	}
-	if err := replicated(wait, a.opts.WaitReplicas, a.opts.WaitTimeout); err != nil {
+	if err := keyspace.Replicated(wait, a.opts.WaitReplicas, a.opts.WaitTimeout); err != nil {
 		a.metrics.notReplicated.Inc()
 		return redis.NewCmdResult(nil, err)
 	}
 	return script
 }
 
-// WaitReplicated returns once n replicas hold every write the primary holding key took
-// before the call, waiting at most timeout: it writes a key of key's slot (key + ":fence")
-// and sends WAIT in the same pipeline. Short of n it returns ErrNotReplicated. The relay
-// calls it before it produces what it read, so that Kafka never receives an entry (a
-// usage event, a void) that a failover could take back from Redis.
+// WaitReplicated forwards to keyspace.WaitReplicated, until pkg/outbox calls it there.
 func WaitReplicated(ctx context.Context, rdb redis.UniversalClient, key string, n int, timeout time.Duration) error {
-	c, cc, err := masterOf(ctx, rdb, key)
-	if err != nil {
-		return err
-	}
-	var fence *redis.StatusCmd
-	var wait *redis.Cmd
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error { // each command's own error is read below
-		fence = p.Set(ctx, key+":fence", "1", time.Hour)
-		wait = p.Do(ctx, "WAIT", n, timeout.Milliseconds())
-		return nil
-	})
-	if err := fence.Err(); err != nil {
-		reloadIfMoved(ctx, cc, err)
-		return err
-	}
-	return replicated(wait, n, timeout)
-}
-
-// replicated reads WAIT's reply: ErrNotReplicated unless n replicas acknowledged within
-// timeout.
-func replicated(wait *redis.Cmd, n int, timeout time.Duration) error {
-	got, err := wait.Int64()
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrNotReplicated, err)
-	}
-	if got < int64(n) {
-		return fmt.Errorf("%w: %d of %d within %s", ErrNotReplicated, got, n, timeout)
-	}
-	return nil
-}
-
-// reloadIfMoved reloads a Cluster's slot map (cc; nil off a Cluster) when err says the
-// slot is no longer where the call went (a failover): the next call finds its new master.
-func reloadIfMoved(ctx context.Context, cc *redis.ClusterClient, err error) {
-	if cc != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "CLUSTERDOWN")) {
-		cc.ReloadState(ctx)
-	}
-}
-
-// masterOf returns what sends commands to the primary holding key: rdb itself, or on a
-// Cluster the client of key's master (then also the cluster client, to reload its slots).
-func masterOf(ctx context.Context, rdb redis.UniversalClient, key string) (redis.Cmdable, *redis.ClusterClient, error) {
-	cc, ok := rdb.(*redis.ClusterClient)
-	if !ok {
-		return rdb, nil, nil
-	}
-	node, err := cc.MasterForKey(ctx, key)
-	if err != nil {
-		return nil, nil, err
-	}
-	return node, cc, nil
+	return keyspace.WaitReplicated(ctx, rdb, key, n, timeout)
 }
 
 // runAndWait pipelines the script call (EVALSHA or EVAL) and WAIT on c.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 )
 
 // Void is a request whose decision its caller was not told: the script call's outcome is
@@ -35,14 +36,14 @@ func (a *Admitter) Void(ctx context.Context, v Void) (voided bool, err error) {
 	keys := []string{a.keys.Outbox(shard)}
 	field, marked := "", "0"
 	if r.IdempotencyKey != "" {
-		field = idempotencyField(r.Policy.Account(), r.IdempotencyKey)
+		field = keyspace.IdempotencyField(r.Policy.Account(), r.IdempotencyKey)
 	}
 	if a.opts.IdempotencyLog != nil {
 		marked = "1"
 	}
 	afterID, afterTime, rest := voidedEventPieces(r, v.Reason)
-	n, err := a.runScript(ctx, lua.Void, keys, r.EventID, a.keys.tag(shard), r.Policy.Org, a.markTTL,
-		afterID, afterTime, rest, field, a.idemHot, a.idemTTL, marked, a.idemLegacy, a.keys.eventIDTail(shard, r.Policy.Org)).Int64()
+	n, err := a.runScript(ctx, lua.Void, keys, r.EventID, a.keys.Tag(shard), r.Policy.Org, a.markTTL,
+		afterID, afterTime, rest, field, a.idemHot, a.idemTTL, marked, a.idemLegacy, a.keys.EventIDTail(shard, r.Policy.Org)).Int64()
 	if err != nil {
 		return false, fmt.Errorf("void %s: %w", r.EventID, err)
 	}

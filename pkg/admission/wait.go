@@ -30,10 +30,6 @@ import (
 // being told to.
 const pollEvery = time.Second
 
-// QueueChannel is the channel the scripts tell when a waiter leaves a queue; the message
-// is the queue's key.
-func (k Keys) QueueChannel() string { return k.Prefix + ":queues" }
-
 // waiting is a request's standing while it waits.
 type waiting struct {
 	ticket   string

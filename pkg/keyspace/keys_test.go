@@ -1,4 +1,4 @@
-package admission_test
+package keyspace_test
 
 import (
 	"path"
@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -14,7 +14,7 @@ import (
 // agree with Quota, and ParseQuota must refuse every other key.
 func TestQuotaKeysRoundTrip(t *testing.T) {
 	t.Parallel()
-	k := admission.Keys{Prefix: "t:x:mg", Shards: 16}
+	k := keyspace.Keys{Prefix: "t:x:mg", Shards: 16}
 	for _, label := range []string{"2026-11", "2026-11-23"} {
 		key := k.Quota("acme", "agent-1.b", policy.Tokens, label)
 		ok, err := path.Match(k.QuotaPattern(label), key) // SCAN MATCH's glob, for these keys
