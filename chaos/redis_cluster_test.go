@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 )
 
 // Scenario 14: Redis Cluster with replicas, a master SIGKILLed under load. The cluster is
@@ -123,7 +123,7 @@ func (v *clusterFailover) run(t *testing.T) {
 		RedisEnv: []string{"REDIS_URL=", "REDIS_CLUSTER_ADDRS=" + strings.Join(cluster.Addrs(), ",")}})
 
 	// The orgs' names are picked so that their shards' hash tags land where wanted.
-	keys := admission.Keys{Shards: admission.DefaultShards}
+	keys := keyspace.Keys{Shards: keyspace.DefaultShards}
 	masterOf := func(org string) string { return cluster.MasterOf("{" + strconv.Itoa(keys.Shard(org)) + "}") }
 	v.killed = masterOf("chaos-quota")
 	orgOn := func(base string, onKilled bool) string {

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -270,7 +270,7 @@ where not b.refunded and not b.event_id = any($1)`, warm)
 	}
 	counter := func(u policy.Unit) int64 { // the Redis is the scenario's own: one key matches
 		t.Helper()
-		suffix := admission.Keys{Shards: 16}.Quota(quotaOrg, quotaOrg, u, period.MonthLabel(time.Now()))
+		suffix := keyspace.Keys{Shards: 16}.Quota(quotaOrg, quotaOrg, u, period.MonthLabel(time.Now()))
 		found, err := rdb.Keys(ctx, "*"+suffix[strings.Index(suffix, "}"):]).Result()
 		require.NoError(t, err)
 		require.Len(t, found, 1, "%s counter of %s", u, quotaOrg)

@@ -18,7 +18,7 @@ import (
 
 	"github.com/metergate/metergate/internal/gatewaytest"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 )
 
 const (
@@ -42,7 +42,7 @@ const (
 type stack struct {
 	run       string // random, in every id the probes make
 	prefix    string // ADMIT_KEY_PREFIX
-	keys      admission.Keys
+	keys      keyspace.Keys
 	env       []string // what every binary gets: the services, the schema, the key prefix
 	admitAddr string
 	admit     string // base URL
@@ -62,7 +62,7 @@ func newStack(t *testing.T) *stack {
 	_, schema := testenv.EmptySchema(t)
 	name := testenv.Name(t)
 	s := &stack{run: testenv.Random(3), prefix: "t:" + name + ":mg", rdb: testenv.Redis(t)}
-	s.keys = admission.Keys{Prefix: s.prefix, Shards: admission.DefaultShards}
+	s.keys = keyspace.Keys{Prefix: s.prefix, Shards: keyspace.DefaultShards}
 	s.env = []string{
 		"DATABASE_URL=" + testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema),
 		"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",

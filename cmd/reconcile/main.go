@@ -38,8 +38,8 @@ import (
 
 	"github.com/metergate/metergate/internal/cli"
 	"github.com/metergate/metergate/migrations"
-	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/config"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
 )
@@ -141,6 +141,6 @@ func (e env) options(ctx context.Context) (reconcile.Options, func(), error) {
 	}
 	return reconcile.Options{
 		Pool: e.pool, Redis: rdb, Policies: policies, Log: e.log, DryRun: e.cfg.DryRun, Failpoint: failpoint,
-		Keys: admission.Keys{Prefix: e.cfg.KeyPrefix, Shards: e.cfg.Shards},
+		Keys: keyspace.Keys{Prefix: e.cfg.KeyPrefix, Shards: e.cfg.Shards},
 	}, func() { _ = rdb.Close() }, nil
 }

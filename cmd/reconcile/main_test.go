@@ -15,7 +15,7 @@ import (
 
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/migrations"
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
@@ -171,7 +171,7 @@ func setupAcme(t *testing.T) (*pgxpool.Pool, *redis.Client, string, []string) {
 	_, err = policy.NewStore(pool).CreateAccount(ctx, policy.Account{ID: "acme", Kind: policy.Org, Plan: "pro"})
 	require.NoError(t, err)
 	rdb := testenv.Redis(t)
-	keys := admission.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 16}
+	keys := keyspace.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 16}
 	now := time.Now().UTC()
 	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
 	counter := keys.Quota("acme", "acme", policy.Requests, period.MonthLabel(now))
@@ -333,7 +333,7 @@ func TestBadDataDoesNotStopTheBooks(t *testing.T) {
 	require.NoError(t, err)
 	now := time.Now().UTC()
 	label := period.MonthLabel(now)
-	brokeKey := admission.Keys{Prefix: envValue(env, "ADMIT_KEY_PREFIX"), Shards: 16}.Quota("broke", "broke", policy.Tokens, label)
+	brokeKey := keyspace.Keys{Prefix: envValue(env, "ADMIT_KEY_PREFIX"), Shards: 16}.Quota("broke", "broke", policy.Tokens, label)
 	require.NoError(t, rdb.Set(ctx, brokeKey, "1.38e+19", 0).Err())
 	_, err = pool.Exec(ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
   account_kind, path, source, tokens, kafka_partition, kafka_offset)

@@ -14,6 +14,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/estimate"
 	"github.com/metergate/metergate/pkg/invoice"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/ops"
 )
 
@@ -126,11 +127,11 @@ func (c *Admission) Register(l *Loader) {
 	l.String(&c.ServiceToken, "ADMIT_SERVICE_TOKEN", "", "bearer token of calling services (at least 16 characters)")
 	l.String(&c.AdminToken, "ADMIT_ADMIN_TOKEN", "", "bearer token of the admin API (at least 16 characters, not the service token)")
 	l.String(&c.Node, "ADMIT_NODE", host, "this node's name: the CloudEvents source of its events")
-	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", admission.DefaultKeyPrefix, "start of every Redis key (several deployments, or tests, on one Redis)")
-	l.Int(&c.Shards, "ADMIT_SHARDS", admission.DefaultShards, "Redis hash-tag shards; fixed for the life of a deployment")
-	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", admission.DefaultIdempotencyTTL, "idempotency TTL: a retry within it is charged once (at least 1m); without the billing log (ADMIT_IDEMPOTENCY_HOT=0) one between TTL and 2 TTL may be charged again")
+	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", keyspace.DefaultKeyPrefix, "start of every Redis key (several deployments, or tests, on one Redis)")
+	l.Int(&c.Shards, "ADMIT_SHARDS", keyspace.DefaultShards, "Redis hash-tag shards; fixed for the life of a deployment")
+	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", keyspace.DefaultIdempotencyTTL, "idempotency TTL: a retry within it is charged once (at least 1m); without the billing log (ADMIT_IDEMPOTENCY_HOT=0) one between TTL and 2 TTL may be charged again")
 	l.Bool(&c.IdempotencyLegacy, "ADMIT_IDEMPOTENCY_LEGACY", true, "also honour idempotency records written by versions before the bucket layout (turn off 24h after the upgrade)")
-	l.Duration(&c.IdempotencyHot, "ADMIT_IDEMPOTENCY_HOT", admission.DefaultIdempotencyHot, "hot window H: Redis holds idempotency records exactly for H (and until their events are in PostgreSQL), older keys are answered from the billing log; 0: every record in Redis for the TTL")
+	l.Duration(&c.IdempotencyHot, "ADMIT_IDEMPOTENCY_HOT", keyspace.DefaultIdempotencyHot, "hot window H: Redis holds idempotency records exactly for H (and until their events are in PostgreSQL), older keys are answered from the billing log; 0: every record in Redis for the TTL")
 	l.Int(&c.IdempotencyFilterBits, "ADMIT_IDEMPOTENCY_FILTER_BITS", admission.DefaultIdempotencyFilterBits, "bits of one idempotency filter (per shard and half TTL): about 9.6 per key admitted with a key in that time for 1% of lookups in the billing log")
 	l.Duration(&c.IdempotencyMarkEvery, "ADMIT_IDEMPOTENCY_MARK_EVERY", 10*time.Second, "how often the relay's janitor moves each shard's idempotency mark (what is in PostgreSQL) and deletes the hot buckets it passed")
 	l.String(&c.MeterGroup, "METER_GROUP", "metergate-meter", "Kafka consumer group of the meters")
@@ -184,8 +185,8 @@ func (c *Admission) Validate() error {
 	if c.Shards < 1 || c.Shards > 1024 {
 		errs = append(errs, fmt.Errorf("ADMIT_SHARDS=%d: want 1-1024", c.Shards))
 	}
-	if c.IdempotencyTTL < admission.MinIdempotencyTTL {
-		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL=%s: want at least %s", c.IdempotencyTTL, admission.MinIdempotencyTTL))
+	if c.IdempotencyTTL < keyspace.MinIdempotencyTTL {
+		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL=%s: want at least %s", c.IdempotencyTTL, keyspace.MinIdempotencyTTL))
 	}
 	if c.IdempotencyHot != 0 && (c.IdempotencyHot < time.Second || c.IdempotencyHot%time.Millisecond != 0) {
 		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_HOT=%s: want 0 (off) or at least 1s, whole milliseconds", c.IdempotencyHot))
@@ -417,8 +418,8 @@ func (c *Reconcile) Register(l *Loader) {
 	c.Log.Register(l)
 	c.Redis.Register(l)
 	c.Postgres.Register(l)
-	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", admission.DefaultKeyPrefix, "start of every Redis key: admit's value")
-	l.Int(&c.Shards, "ADMIT_SHARDS", admission.DefaultShards, "Redis hash-tag shards: admit's value")
+	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", keyspace.DefaultKeyPrefix, "start of every Redis key: admit's value")
+	l.Int(&c.Shards, "ADMIT_SHARDS", keyspace.DefaultShards, "Redis hash-tag shards: admit's value")
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 	l.fs.BoolVar(&c.DryRun, "dry-run", false, "print the corrections a run would make and change nothing")
 	l.fs.BoolVar(&c.JSON, "json", false, "print the run's summary (or verify's differences) as one JSON object")

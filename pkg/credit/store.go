@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/metergate/metergate/lua"
-	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -28,14 +28,14 @@ const VoidMarkerTTL = 35 * 24 * time.Hour
 type Store struct {
 	pool  *pgxpool.Pool
 	rdb   redis.UniversalClient
-	keys  admission.Keys
+	keys  keyspace.Keys
 	clock period.Clock
 }
 
 // NewStore returns a store over pool (migrated) and rdb, with the Redis key layout of keys
 // (admission.Admitter.Keys). clock gives the default effect of a grant (nil: the system
 // clock); what is drawable is always judged by Redis TIME, as admission judges it.
-func NewStore(pool *pgxpool.Pool, rdb redis.UniversalClient, keys admission.Keys, clock period.Clock) *Store {
+func NewStore(pool *pgxpool.Pool, rdb redis.UniversalClient, keys keyspace.Keys, clock period.Clock) *Store {
 	return &Store{pool: pool, rdb: rdb, keys: keys, clock: clock}
 }
 

@@ -14,9 +14,9 @@ import (
 
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/lua"
-	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/credit"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -27,7 +27,7 @@ type testBundle struct {
 	ctx   context.Context
 	pool  *pgxpool.Pool
 	rdb   redis.UniversalClient
-	keys  admission.Keys
+	keys  keyspace.Keys
 	store *credit.Store
 	org   string // an org of the test's own
 	team  string // a team of org
@@ -37,7 +37,7 @@ func setup(t *testing.T, rdb redis.UniversalClient) *testBundle {
 	t.Helper()
 	pool := testenv.Postgres(t)
 	b := &testBundle{ctx: testenv.Context(t, 2*time.Minute), pool: pool, rdb: rdb,
-		keys: admission.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 16}}
+		keys: keyspace.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 16}}
 	b.store = credit.NewStore(pool, rdb, b.keys, nil)
 	name := testenv.Name(t)
 	b.org, b.team = name+"-org", name+"-team"

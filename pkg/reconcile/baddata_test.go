@@ -135,7 +135,7 @@ from generate_series(1, 9300) g`, b.cur, at)
 	require.Equal(t, 3, applied, "the requests refund, the tokens refund, then the tokens restore")
 }
 
-// A counter holding any value that is not an integer within ±admission.MaxCounter is a
+// A counter holding any value that is not an integer within ±keyspace.MaxCounter is a
 // bad_counter problem of verify, named by key and raw value; the org beside it is checked.
 func TestVerifyReportsEveryShapeOfBadCounter(t *testing.T) {
 	t.Parallel()
@@ -174,7 +174,7 @@ func TestVerifyReportsEveryShapeOfBadCounter(t *testing.T) {
 	require.Contains(t, problems[0].Error, "WRONGTYPE")
 }
 
-// A billable total within int64 but past admission.MaxCounter (ten requests of 10^15
+// A billable total within int64 but past keyspace.MaxCounter (ten requests of 10^15
 // tokens) is a bad_total problem: no counter can hold it, so no restore is computed.
 func TestTotalPastTheLargestCounter(t *testing.T) {
 	t.Parallel()

@@ -13,7 +13,7 @@ import (
 
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/migrations"
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
@@ -102,7 +102,7 @@ func BenchmarkReconcile(b *testing.B) {
 type benchEnv struct {
 	pool  *pgxpool.Pool
 	rdb   *redis.Client
-	keys  admission.Keys
+	keys  keyspace.Keys
 	cache *policy.Cache
 	now   time.Time
 }
@@ -118,7 +118,7 @@ func seedBench(b *testing.B, c benchCase) *benchEnv {
 		b.Fatalf("migrate: %v", err)
 	}
 	prefix := testenv.Prefix(b)
-	env := &benchEnv{pool: pool, rdb: testenv.Redis(b), keys: admission.Keys{Prefix: prefix + "mg", Shards: 16}}
+	env := &benchEnv{pool: pool, rdb: testenv.Redis(b), keys: keyspace.Keys{Prefix: prefix + "mg", Shards: 16}}
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

@@ -21,7 +21,7 @@ import (
 // not-yet-applied deltas to the counters read (a dry run); failOpenBefore, when set, leaves
 // out fail-open events ingested after it. It returns a restore for each counter below its
 // total, every counter that differs, and the problems of counters it could not compare (a
-// value that is not an integer within ±admission.MaxCounter, a total past it): those are
+// value that is not an integer within ±keyspace.MaxCounter, a total past it): those are
 // skipped, the others compared.
 func driftCorrections(ctx context.Context, o Options, from time.Time, planned map[string]int64, asCorrected bool, failOpenBefore *time.Time) ([]Adjustment, []Difference, []Problem, error) {
 	all, err := billableCounters(ctx, o, from, asCorrected, failOpenBefore)
@@ -85,7 +85,7 @@ func driftCorrections(ctx context.Context, o Options, from time.Time, planned ma
 
 // counterValue reads a counter's GET: 0 when it is missing, a BadCounter problem (without
 // its place, which the caller fills in) when Redis holds something other than an integer
-// within ±admission.MaxCounter there, and an error only when Redis could not be read.
+// within ±keyspace.MaxCounter there, and an error only when Redis could not be read.
 func counterValue(cmd *redis.StringCmd) (int64, *Problem, error) {
 	raw, err := cmd.Result()
 	switch {
@@ -122,7 +122,7 @@ var (
 type counter struct {
 	Difference
 	key string
-	bad *Problem // the billable total is past admission.MaxCounter: reported, not compared
+	bad *Problem // the billable total is past keyspace.MaxCounter: reported, not compared
 }
 
 // billableCounters lists every quota counter of the open periods (months and days) that the

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/credit"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -23,10 +23,10 @@ type ProblemKind string
 
 // The kinds of problem.
 const (
-	// BadCounter is a Redis counter that is not an integer within ±admission.MaxCounter
+	// BadCounter is a Redis counter that is not an integer within ±keyspace.MaxCounter
 	// (e.g. "1.38e+19", "abc", a value past int64), or a key of another type.
 	BadCounter ProblemKind = "bad_counter"
-	// BadTotal is a billable total past admission.MaxCounter: no counter can hold it.
+	// BadTotal is a billable total past keyspace.MaxCounter: no counter can hold it.
 	BadTotal ProblemKind = "bad_total"
 	// CorrectionFailed is a correction Redis refused (e.g. INCRBY on a bad counter); the
 	// row stays pending and the next run tries it again.
@@ -102,15 +102,15 @@ func rawValue(s string) string {
 	return s
 }
 
-// parseCounter reads a quota counter's value: an integer within ±admission.MaxCounter (the
+// parseCounter reads a quota counter's value: an integer within ±keyspace.MaxCounter (the
 // largest a counter takes; admission never passes it).
 func parseCounter(raw string) (int64, error) {
 	v, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("not an integer within int64")
 	}
-	if v > admission.MaxCounter || v < -admission.MaxCounter {
-		return 0, fmt.Errorf("past the largest counter value %d", int64(admission.MaxCounter))
+	if v > keyspace.MaxCounter || v < -keyspace.MaxCounter {
+		return 0, fmt.Errorf("past the largest counter value %d", int64(keyspace.MaxCounter))
 	}
 	return v, nil
 }
@@ -119,8 +119,8 @@ func parseCounter(raw string) (int64, error) {
 // admission.MaxCounter.
 func parseTotal(raw string) (int64, error) {
 	v, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || v > admission.MaxCounter {
-		return 0, fmt.Errorf("billable total past the largest counter value %d", int64(admission.MaxCounter))
+	if err != nil || v > keyspace.MaxCounter {
+		return 0, fmt.Errorf("billable total past the largest counter value %d", int64(keyspace.MaxCounter))
 	}
 	return v, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/migrations"
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/reconcile"
@@ -41,7 +42,7 @@ const (
 type testBundle struct {
 	pool   *pgxpool.Pool
 	rdb    redis.UniversalClient
-	keys   admission.Keys
+	keys   keyspace.Keys
 	cache  *policy.Cache
 	now    time.Time
 	cur    time.Time // first instant of now's month
@@ -63,7 +64,7 @@ func setupOn(t *testing.T, teamRequests int64, rdb redis.UniversalClient) *testB
 	_, err := migrations.Up(ctx, pool)
 	require.NoError(t, err)
 	b := &testBundle{pool: pool, rdb: rdb, prefix: testenv.Prefix(t)}
-	b.keys = admission.Keys{Prefix: b.prefix + "mg", Shards: 16}
+	b.keys = keyspace.Keys{Prefix: b.prefix + "mg", Shards: 16}
 	b.now = time.Now().UTC()
 	b.cur = time.Date(b.now.Year(), b.now.Month(), 1, 0, 0, 0, 0, time.UTC)
 	t.Cleanup(func() {

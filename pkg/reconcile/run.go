@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 )
 
@@ -32,7 +32,7 @@ const (
 type Options struct {
 	Pool     *pgxpool.Pool
 	Redis    redis.UniversalClient
-	Keys     admission.Keys
+	Keys     keyspace.Keys
 	Policies Policies
 	// DryRun computes the plan and changes nothing, in PostgreSQL or Redis.
 	DryRun bool
@@ -80,7 +80,7 @@ type Summary struct {
 	// amount, a counter still below its billable total.
 	InvariantFailures []string `json:"invariant_failures"`
 	// Problems lists the accounts' data the run could not use or correct (empty when
-	// none): a counter that is not an integer within ±admission.MaxCounter, a billable
+	// none): a counter that is not an integer within ±keyspace.MaxCounter, a billable
 	// total past it, a correction, credit or plan grant Redis or PostgreSQL refused. Each
 	// was logged and skipped; every other account was reconciled. The run then returns
 	// ErrProblems.
@@ -92,10 +92,10 @@ func (o *Options) defaults() error {
 		return errors.New("reconcile: Pool, Redis and Policies are required")
 	}
 	if o.Keys.Prefix == "" {
-		o.Keys.Prefix = admission.DefaultKeyPrefix
+		o.Keys.Prefix = keyspace.DefaultKeyPrefix
 	}
 	if o.Keys.Shards <= 0 {
-		o.Keys.Shards = admission.DefaultShards
+		o.Keys.Shards = keyspace.DefaultShards
 	}
 	o.now = o.Clock.Now()
 	if o.Log == nil {
@@ -105,7 +105,7 @@ func (o *Options) defaults() error {
 		o.MarkerTTL = 40 * 24 * time.Hour
 	}
 	if o.CounterRetention <= 0 {
-		o.CounterRetention = admission.DefaultQuotaRetention
+		o.CounterRetention = keyspace.DefaultQuotaRetention
 	}
 	return nil
 }

@@ -72,7 +72,7 @@ func checkInvariants(ctx context.Context, o Options, runID uuid.UUID, from, cuto
 // every other non-zero quota counter of the open periods found in Redis (billable 0). On a
 // drained pipeline after a reconcile run the list is empty.
 //
-// A counter it cannot compare (a value that is not an integer within ±admission.MaxCounter,
+// A counter it cannot compare (a value that is not an integer within ±keyspace.MaxCounter,
 // a billable total past it) is returned as a problem, logged, and every other counter is
 // still compared; the error is then nil: the caller decides (cmd/reconcile exits 1).
 func Verify(ctx context.Context, o Options) ([]Difference, []Problem, error) {
