@@ -92,12 +92,13 @@ func (b *testBundle) outbox(t *testing.T, org string) []event.CloudEvent {
 	require.NoError(t, err)
 	var out []event.CloudEvent
 	for _, e := range entries {
-		key, value, err := event.OutboxMessage(e.Values)
-		require.NoError(t, err)
-		require.Equal(t, org, key, "events are keyed by org")
-		var ev event.CloudEvent
-		require.NoError(t, json.Unmarshal(value, &ev), string(value))
-		out = append(out, ev)
+		for _, m := range event.OutboxMessages(e.Values) {
+			require.NoError(t, m.Err)
+			require.Equal(t, org, m.Key, "events are keyed by org")
+			var ev event.CloudEvent
+			require.NoError(t, json.Unmarshal(m.Value, &ev), string(m.Value))
+			out = append(out, ev)
+		}
 	}
 	return out
 }

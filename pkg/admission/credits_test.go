@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
@@ -51,8 +52,8 @@ func (b *testBundle) draws(t *testing.T) map[string]int64 {
 	entries, err := b.rdb.XRange(testenv.Context(t, 10*time.Second), b.keys.Outbox(b.keys.Shard(b.org)), "-", "+").Result()
 	require.NoError(t, err)
 	out := map[string]int64{}
-	for _, e := range entries {
-		f := strings.Split(e.Values["e"].(string), "|")
+	for _, e := range compactEvents(entries) {
+		f := strings.Split(e, "|")
 		if len(f) < 15 || f[14] == "" {
 			continue
 		}
@@ -224,3 +225,24 @@ func TestCreditsAllOrNothing(t *testing.T) {
 }
 
 func slowRequests(burst int64) policy.Limit { return bucket(float64(burst)/3600, burst) }
+
+// compactEvents are the compact usage events of outbox entries, in order (an entry may
+// hold the events of one script call: lua/admit.lua, "Outbox").
+func compactEvents(entries []redis.XMessage) []string {
+	var out []string
+	for _, e := range entries {
+		if v, ok := e.Values["e"].(string); ok {
+			out = append(out, v)
+		}
+		all, _ := e.Values["E"].(string)
+		for all != "" {
+			n, rest, _ := strings.Cut(all[1:], ":")
+			size, _ := strconv.Atoi(n)
+			if all[0] == 'e' {
+				out = append(out, rest[:size])
+			}
+			all = rest[size:]
+		}
+	}
+	return out
+}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
@@ -81,14 +82,12 @@ func TestAlertAPI(t *testing.T) {
 	entries, err := b.rdb.XRange(testenv.Context(t, 10*time.Second), keys.Outbox(keys.Shard(org)), "-", "+").Result()
 	require.NoError(t, err)
 	var fired []event.Threshold
-	for _, e := range entries {
-		if _, ok := e.Values["a"]; !ok {
+	for _, m := range outboxMessages(t, entries) {
+		var ce event.CloudEvent
+		require.NoError(t, json.Unmarshal(m.Value, &ce))
+		if ce.Type != event.TypeThreshold {
 			continue
 		}
-		_, v, err := event.OutboxMessage(e.Values)
-		require.NoError(t, err)
-		var ce event.CloudEvent
-		require.NoError(t, json.Unmarshal(v, &ce))
 		var d event.Threshold
 		require.NoError(t, json.Unmarshal(ce.Data, &d))
 		fired = append(fired, d)
@@ -150,4 +149,18 @@ func TestAlertAPIRefusesBadRules(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, b.call(t, "GET", "/v1/admin/alerts?account=bad%20id", adminToken, nil).Status)
 	require.Equal(t, http.StatusUnauthorized, b.call(t, "GET", "/v1/admin/alerts", "", nil).Status)
 	require.Equal(t, http.StatusForbidden, b.call(t, "GET", "/v1/admin/alerts", serviceToken, nil).Status)
+}
+
+// outboxMessages are the Kafka messages of outbox entries, in order (an entry may hold the
+// events of one script call).
+func outboxMessages(t *testing.T, entries []redis.XMessage) []event.Message {
+	t.Helper()
+	var out []event.Message
+	for _, e := range entries {
+		for _, m := range event.OutboxMessages(e.Values) {
+			require.NoError(t, m.Err)
+			out = append(out, m)
+		}
+	}
+	return out
 }

@@ -271,14 +271,15 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		if e.Values == nil { // deleted after it was read: nothing left to send
 			continue
 		}
-		// A compact usage event is rendered as its CloudEvent JSON; other entries are sent
-		// as written. A malformed entry is sent as it is: the meter keeps it in
-		// dead_letters.
-		key, value, err := event.OutboxMessage(e.Values)
-		if err != nil {
-			log.Warn("relay a malformed outbox entry as it is", "id", e.ID, "err", err)
+		// A compact usage event is rendered as its CloudEvent JSON (an entry may hold the
+		// events of one script call); other entries are sent as written. A malformed
+		// entry is sent as it is: the meter keeps it in dead_letters.
+		for _, m := range event.OutboxMessages(e.Values) {
+			if m.Err != nil {
+				log.Warn("relay a malformed outbox entry as it is", "id", e.ID, "err", m.Err)
+			}
+			msgs = append(msgs, message(m.Key, m.Value))
 		}
-		msgs = append(msgs, message(key, value))
 	}
 	backoff := newBackoff(r.opts.MaxBackoff)
 	for r.opts.WaitReplicas > 0 && len(msgs) > 0 {
