@@ -143,6 +143,8 @@ func startStack(ctx context.Context, cfg Config, out io.Writer) (*stack, error) 
 		"KAFKA_BROKERS=" + strings.Join(cfg.Brokers, ","), "KAFKA_TOPIC=" + s.topic, "KAFKA_TOPIC_PARTITIONS=12",
 		fmt.Sprintf("ADMIT_SHARDS=%d", shards), "LOG_FORMAT=json", "LOG_LEVEL=warn", "MIGRATE=false",
 		"ADMIT_IDEMPOTENCY_TTL=" + cfg.IdempotencyTTL.String(),
+		// admit's idempotency janitor reads the meter's committed offsets.
+		"METER_GROUP=metergate-bench-" + s.topic,
 	}
 	if s.meter, err = s.start(ctx, "meter", "-migrate"); err != nil {
 		s.close()
