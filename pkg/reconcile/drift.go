@@ -190,7 +190,7 @@ func billableCounters(ctx context.Context, o Options, from time.Time, asCorrecte
 
 // strayCounters lists the quota counters of the open periods that are not in checked and
 // hold a value other than 0: each is a difference from a billable total of 0, or a problem
-// when it holds no integer within ±admission.MaxCounter.
+// when it holds no integer within ±keyspace.MaxCounter.
 func strayCounters(ctx context.Context, o Options, from time.Time, checked map[string]bool) ([]Difference, []Problem, error) {
 	var labels []string
 	for m := from; !m.After(o.now); m = m.AddDate(0, 1, 0) {

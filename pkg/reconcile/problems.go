@@ -116,7 +116,7 @@ func parseCounter(raw string) (int64, error) {
 }
 
 // parseTotal reads a billable total (a numeric sum as text): an integer from 0 to
-// admission.MaxCounter.
+// keyspace.MaxCounter.
 func parseTotal(raw string) (int64, error) {
 	v, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil || v > keyspace.MaxCounter {
