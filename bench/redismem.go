@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 )
 
 // keyedRate is the load the idempotency figure is projected to: keyed requests per second.
@@ -38,13 +38,13 @@ func (s *stack) redisMemory(ctx context.Context, res *Results) error {
 		return fmt.Errorf("idempotency records: %w", err)
 	}
 	res.Raw["redis_memory"] = map[string]any{"active_accounts": acc, "idempotency": idem,
-		"idempotency_ttl": s.cfg.IdempotencyTTL.String(), "idempotency_hot": admission.DefaultIdempotencyHot.String()}
+		"idempotency_ttl": s.cfg.IdempotencyTTL.String(), "idempotency_hot": keyspace.DefaultIdempotencyHot.String()}
 
 	perOrg := float64(acc.Bytes) / float64(n)
 	res.add("redis_bytes_per_active_account", perOrg, "B", "",
 		fmt.Sprintf("used_memory delta ÷ %d fresh orgs, each an org → team → user → agent tree with a requests and a tokens bucket at every level and a monthly quota at the org (refill slow enough that no bucket expires during the measurement), after one request from each org's agent through admit, the outbox emptied before and after; DBSIZE grew by %.2f keys per org", n, float64(acc.Keys)/float64(n)))
 
-	hot, ttl := admission.DefaultIdempotencyHot, s.cfg.IdempotencyTTL
+	hot, ttl := keyspace.DefaultIdempotencyHot, s.cfg.IdempotencyTTL
 	perRecord := float64(idem.HotBytes) / float64(n)
 	records := keyedRate * 2 * hot.Seconds()
 	hotGB := records * perRecord / 1e9
@@ -79,8 +79,8 @@ type idemMemory struct {
 // SETBIT on a scratch key and deleted).
 func (s *stack) idempotencyMemory(ctx context.Context, n int, apiKey string) (idemMemory, error) {
 	var m idemMemory
-	keys := admission.Keys{Prefix: s.cfg.KeyPrefix, Shards: shards}
-	hot := admission.DefaultIdempotencyHot.Milliseconds()
+	keys := keyspace.Keys{Prefix: s.cfg.KeyPrefix, Shards: shards}
+	hot := keyspace.DefaultIdempotencyHot.Milliseconds()
 	half := s.cfg.IdempotencyTTL.Milliseconds() / 2
 	// usage reads MEMORY USAGE of the current and the previous hot buckets of every shard
 	// (and the next: a bucket boundary during the load), by Redis TIME; absent keys are left

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/topic"
 )
 
@@ -41,7 +41,7 @@ func TestIdempotencyAcrossKafkaOutage(t *testing.T) {
 		"ADMIT_IDEMPOTENCY_MARK_EVERY=100ms", "METER_SESSION_TIMEOUT=6s") // the meter rejoins its group sooner after the outage
 	phase("stack")
 	rdb := testenv.Redis(t)
-	keys := admission.Keys{Prefix: stackEnv(s.env, "ADMIT_KEY_PREFIX"), Shards: admission.DefaultShards}
+	keys := keyspace.Keys{Prefix: stackEnv(s.env, "ADMIT_KEY_PREFIX"), Shards: keyspace.DefaultShards}
 	name := s.org
 	shard := keys.Shard(s.org)
 

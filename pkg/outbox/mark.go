@@ -15,15 +15,15 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/metergate/metergate/lua"
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 )
 
 // MarkOptions configure a Marker. Zero values take the defaults named.
 type MarkOptions struct {
 	// Keys names the marks, hot buckets and outbox streams (admit's).
-	Keys admission.Keys
+	Keys keyspace.Keys
 	// Hot is the hot window H and TTL the idempotency TTL: admit's IdempotencyHot and
-	// IdempotencyTTL (admission's defaults).
+	// IdempotencyTTL (keyspace's defaults).
 	Hot, TTL time.Duration
 	// Brokers, Topic and Group are the Kafka cluster, the usage events' topic and the
 	// meters' consumer group, whose committed offsets tell what is in PostgreSQL.
@@ -51,7 +51,7 @@ const maxSweep = 4096
 // further, the oldest are kept (each one it passes moves the marks) and no new one is made.
 const maxCandidates = 64
 
-// Marker is the idempotency janitor: it moves each shard's mark (admission.Keys.
+// Marker is the idempotency janitor: it moves each shard's mark (keyspace.Keys.
 // IdempotencyMark) forward to a time T before which every event the shard admitted is in
 // the billing log, and deletes the hot buckets the mark passed (docs/admission.md,
 // "Idempotency"). A pass reads, per shard and in one snapshot, Redis TIME and the oldest
@@ -88,10 +88,10 @@ type shardMark struct {
 // NewMarker returns a janitor of the marks in rdb.
 func NewMarker(rdb redis.UniversalClient, o MarkOptions) *Marker {
 	if o.Hot <= 0 {
-		o.Hot = admission.DefaultIdempotencyHot
+		o.Hot = keyspace.DefaultIdempotencyHot
 	}
 	if o.TTL <= 0 {
-		o.TTL = admission.DefaultIdempotencyTTL
+		o.TTL = keyspace.DefaultIdempotencyTTL
 	}
 	if o.Every <= 0 {
 		o.Every = 10 * time.Second

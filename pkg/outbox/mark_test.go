@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/outbox"
 )
 
@@ -24,7 +24,7 @@ import (
 type markBundle struct {
 	ctx     context.Context
 	rdb     redis.UniversalClient
-	keys    admission.Keys
+	keys    keyspace.Keys
 	brokers []string
 	topic   string
 	group   string
@@ -38,7 +38,7 @@ const markHot, markTTL = time.Minute, 30 * time.Minute
 func markSetup(t *testing.T, rdb redis.UniversalClient) *markBundle {
 	t.Helper()
 	b := &markBundle{
-		ctx: testenv.Context(t, 2*time.Minute), rdb: rdb, keys: admission.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 2},
+		ctx: testenv.Context(t, 2*time.Minute), rdb: rdb, keys: keyspace.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 2},
 		brokers: testenv.KafkaBrokers(t), topic: testenv.Topic(t, 1), group: "g-" + testenv.Name(t), reg: prometheus.NewRegistry(),
 	}
 	b.writer = &kafka.Writer{Addr: kafka.TCP(b.brokers...), Topic: b.topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
