@@ -398,7 +398,7 @@ func TestIdempotency(t *testing.T) {
 
 // stateHash is the hash of the test org's token buckets (lua/admit.lua).
 func (b *testBundle) stateHash() string {
-	return strings.TrimSuffix(b.keys.LegacyOutbox(b.keys.Shard(b.org)), "outbox") + "s:" + b.org
+	return b.keys.Tag(b.keys.Shard(b.org)) + "s:" + b.org
 }
 
 // bucketFields lists the fields of the account's buckets in the state hash, requests
@@ -535,7 +535,8 @@ func TestOutboxEvents(t *testing.T) {
 		}
 
 		// Nothing goes to the legacy stream: relays of the earlier version read only that
-		// one, and would send a compact entry on as an empty message (a dead letter).
+		// one, and would send an entry of several events on as one malformed message (a
+		// dead letter).
 		shard := b.keys.Shard(b.org)
 		n, err := b.rdb.XLen(ctx, b.keys.LegacyOutbox(shard)).Result()
 		require.NoError(t, err)

@@ -3,7 +3,6 @@ package admission_test
 import (
 	"context"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +17,7 @@ import (
 
 // queueKey is the queue of the token bucket of org's account's unit letter (lua/admit.lua).
 func (b *testBundle) queueKey(org, account, letter string) string {
-	return strings.TrimSuffix(b.keys.Outbox(b.keys.Shard(org)), "events") + "k:" + account + ":" + letter
+	return b.keys.Tag(b.keys.Shard(org)) + "k:" + account + ":" + letter
 }
 
 // waitQueued polls until queue holds n places.

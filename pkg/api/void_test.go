@@ -59,7 +59,7 @@ func (b *testBundle) outboxEvents(t *testing.T) []event.CloudEvent {
 	t.Helper()
 	ctx := testenv.Context(t, 10*time.Second)
 	var keys []string
-	for _, pattern := range []string{"*:events", "*:outbox"} { // admission.Keys.Outboxes
+	for _, pattern := range []string{"*:batches", "*:events"} { // keyspace.Keys.Outboxes
 		ks, err := b.rdb.Keys(ctx, pattern).Result()
 		require.NoError(t, err)
 		keys = append(keys, ks...)

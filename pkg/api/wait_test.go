@@ -95,12 +95,12 @@ func (wb *waitBundle) accounts(t *testing.T, bodies ...map[string]any) {
 
 // queue is the queue of org's requests bucket (lua/admit.lua "Queues").
 func (wb *waitBundle) queue(org string) string {
-	return strings.TrimSuffix(wb.keys.Outbox(wb.keys.Shard(org)), "events") + "k:" + org + ":r"
+	return wb.keys.Tag(wb.keys.Shard(org)) + "k:" + org + ":r"
 }
 
 // stateHash holds the buckets of org's accounts (lua/admit.lua).
 func (wb *waitBundle) stateHash(org string) string {
-	return strings.TrimSuffix(wb.keys.Outbox(wb.keys.Shard(org)), "events") + "s:" + org
+	return wb.keys.Tag(wb.keys.Shard(org)) + "s:" + org
 }
 
 // waitQueued polls until queue holds n places.

@@ -53,15 +53,16 @@ func (k Keys) Tag(shard int) string {
 	return k.Prefix + "{" + strconv.Itoa(shard) + "}:"
 }
 
-// Outbox is the stream of a shard that the admission script appends usage events to, in
-// the compact form only this version's relay renders (OutboxMessage).
-func (k Keys) Outbox(shard int) string { return k.Tag(shard) + "events" }
+// Outbox is the stream of a shard that the admission script appends usage events to:
+// one entry per script call, holding the call's events (lua/admit.lua, "Outbox"), which
+// only this version's relay splits (event.OutboxMessages).
+func (k Keys) Outbox(shard int) string { return k.Tag(shard) + "batches" }
 
-// LegacyOutbox is the stream of a shard that versions before the compact events wrote
-// whole CloudEvents to. Their relays read only it, so they never meet an entry they cannot
-// render; this version's relay reads it too, so that what nodes of the earlier version
-// write during a rolling upgrade is relayed.
-func (k Keys) LegacyOutbox(shard int) string { return k.Tag(shard) + "outbox" }
+// LegacyOutbox is the stream of a shard that the version before wrote one compact event
+// per entry to. Its relays read only it (and the stream of the version before it), so
+// they never meet an entry of several events; this version's relay reads it too, so that
+// what nodes of the earlier version write during a rolling upgrade is relayed.
+func (k Keys) LegacyOutbox(shard int) string { return k.Tag(shard) + "events" }
 
 // Outboxes are the streams of a shard the relay reads: Outbox and LegacyOutbox.
 func (k Keys) Outboxes(shard int) []string {

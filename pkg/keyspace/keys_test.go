@@ -31,6 +31,6 @@ func TestQuotaKeysRoundTrip(t *testing.T) {
 		_, _, _, ok := k.ParseQuota(other)
 		require.False(t, ok, other)
 	}
-	require.Equal(t, k.LegacyOutbox(k.Shard("acme"))[:len(k.LegacyOutbox(k.Shard("acme")))-len("outbox")]+"adj:7", k.Marker("acme", 7),
+	require.Equal(t, k.Tag(k.Shard("acme"))+"adj:7", k.Marker("acme", 7),
 		"a correction's marker is in the hash tag of the org's counters")
 }
