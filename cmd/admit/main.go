@@ -36,6 +36,7 @@ import (
 	"github.com/metergate/metergate/pkg/config"
 	"github.com/metergate/metergate/pkg/credit"
 	"github.com/metergate/metergate/pkg/estimate"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/outbox"
 	"github.com/metergate/metergate/pkg/policy"
@@ -265,7 +266,7 @@ func newRelay(cfg config.Admit, log *slog.Logger, reg prometheus.Registerer, w *
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	keys := admission.Keys{Prefix: a.KeyPrefix, Shards: a.Shards}
+	keys := keyspace.Keys{Prefix: a.KeyPrefix, Shards: a.Shards}
 	relay := outbox.NewRelay(rdb, w, outbox.RelayOptions{
 		Keys: keys, Consumer: a.Node,
 		Batch: a.RelayBatch, ClaimAfter: a.RelayClaimAfter, Log: log.With("component", "relay"), Registerer: reg,

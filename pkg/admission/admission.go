@@ -8,7 +8,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -119,9 +118,6 @@ var ErrIdempotencyKeyReused = errors.New("idempotency key reused with different 
 // MaxAttempts times already: its record holds no more (a record's size is bounded).
 var ErrIdempotencyKeyExhausted = errors.New("idempotency key replayed too often")
 
-// MaxCounter is keyspace.MaxCounter, the largest value a quota counter takes.
-const MaxCounter = keyspace.MaxCounter
-
 // MaxAttempts is how many requests may be answered with one idempotency key's decision: the
 // first and its replays (lua/admit.lua, MAX_ATTEMPTS).
 const MaxAttempts = 16
@@ -137,7 +133,3 @@ func (e *ReplayError) Error() string {
 // ErrNotSent wraps a script call's error when the call certainly never reached Redis (no
 // connection could be had): nothing was decided, so there is nothing to void.
 var ErrNotSent = errors.New("not sent to redis")
-
-// ErrUnknownEvent is returned for an outcome whose event id is malformed: it is
-// keyspace.ErrUnknownEvent, which Keys.ParseEventID returns.
-var ErrUnknownEvent = keyspace.ErrUnknownEvent

@@ -17,6 +17,7 @@ import (
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 type testBundle struct {
 	rdb  redis.UniversalClient
 	adm  *admission.Admitter
-	keys admission.Keys
+	keys keyspace.Keys
 	reg  *prometheus.Registry
 	org  string // an org id unique to the test
 }
@@ -531,7 +532,7 @@ func TestOutboxEvents(t *testing.T) {
 		require.Equal(t, event.Outcome{EventID: req.EventID, Status: 503, Units: map[string]int64{"tokens": 1800}}, o)
 
 		for _, bad := range []string{"", "x", req.EventID + " ", req.EventID + "/x", strings.Replace(req.EventID, ".", ".99.", 1), "not-a-uuid-at-all-but-36-chars-long.1." + b.org} {
-			require.ErrorIs(t, b.adm.Outcome(ctx, admission.Outcome{EventID: bad, Status: 200}), admission.ErrUnknownEvent, bad)
+			require.ErrorIs(t, b.adm.Outcome(ctx, admission.Outcome{EventID: bad, Status: 200}), keyspace.ErrUnknownEvent, bad)
 		}
 
 		// Nothing goes to the legacy stream: relays of the earlier version read only that

@@ -18,20 +18,6 @@ import (
 	"github.com/metergate/metergate/pkg/policy"
 )
 
-// The deployment's defaults that admit and reconcile must agree on live in pkg/keyspace;
-// these forward to them until pkg/outbox and cmd/admit name them there.
-const (
-	DefaultKeyPrefix      = keyspace.DefaultKeyPrefix
-	DefaultShards         = keyspace.DefaultShards
-	DefaultIdempotencyTTL = keyspace.DefaultIdempotencyTTL
-	MinIdempotencyTTL     = keyspace.MinIdempotencyTTL
-	DefaultIdempotencyHot = keyspace.DefaultIdempotencyHot
-	DefaultQuotaRetention = keyspace.DefaultQuotaRetention
-)
-
-// Keys is keyspace.Keys, until pkg/outbox and cmd/admit name it there.
-type Keys = keyspace.Keys
-
 // The engine's own defaults.
 const (
 	// DefaultLeaseTTL is how long a concurrency slot is held when no outcome releases it.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -97,7 +98,7 @@ func TestIdempotencyLegacyRecord(t *testing.T) {
 				req := b.request(pol, "k-old")
 				req.Units = units
 				field, head := admission.IdempotencyRecord(req, old, "2026-10")
-				key := b.keys.LegacyIdempotencyBucket(b.keys.Shard(b.org), now, admission.DefaultIdempotencyTTL)
+				key := b.keys.LegacyIdempotencyBucket(b.keys.Shard(b.org), now, keyspace.DefaultIdempotencyTTL)
 				record := head + "\n" + old
 				require.NoError(t, b.rdb.HSet(ctx, key, field, record).Err())
 				require.NoError(t, b.rdb.Expire(ctx, key, time.Hour).Err())

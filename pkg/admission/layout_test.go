@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/stretchr/testify/require"
 )
 
@@ -29,7 +30,7 @@ func TestScriptLayout(t *testing.T) {
 	}
 	require.Equal(t, want, blocks, "argument and program layout: lua/admit.lua (actual) against encode.go and limits.go (expected)")
 	require.Equal(t, replyCodes, codes, "reply codes: lua/admit.lua (actual) against admitter.go (expected)")
-	for name, want := range map[string]int64{"MAX_ATTEMPTS": MaxAttempts, "MAX_COUNTER": MaxCounter} {
+	for name, want := range map[string]int64{"MAX_ATTEMPTS": MaxAttempts, "MAX_COUNTER": keyspace.MaxCounter} {
 		m := regexp.MustCompile(`(?m)^local ` + name + ` = (\d+)$`).FindStringSubmatch(string(src))
 		require.NotNil(t, m, "lua/admit.lua declares %s", name)
 		require.Equal(t, strconv.FormatInt(want, 10), m[1], "%s: lua/admit.lua (actual) against Go (expected)", name)

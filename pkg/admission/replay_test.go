@@ -11,6 +11,7 @@ import (
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -105,7 +106,7 @@ func TestCounterStaysExact(t *testing.T) {
 				}
 				last = d
 			}
-			require.Equal(t, int64(admission.MaxCounter/policy.MaxAmount), admitted, "shadow %v", shadow)
+			require.Equal(t, int64(keyspace.MaxCounter/policy.MaxAmount), admitted, "shadow %v", shadow)
 			require.Equal(t, admission.QuotaExceeded, last.Result)
 			raw, err := b.rdb.Get(ctx, b.keys.Quota(org, org, policy.Tokens, last.Period)).Result()
 			require.NoError(t, err)

@@ -2,24 +2,16 @@ package admission
 
 import (
 	"context"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/metergate/metergate/pkg/keyspace"
 )
 
-// ErrNotReplicated is keyspace.ErrNotReplicated: a script call ran on the primary but
-// fewer replicas than Options.WaitReplicas acknowledged its writes within
-// Options.WaitTimeout (or the WAIT failed). The writes may still be lost in a failover, so
-// the decision is not told: the caller treats it as an outcome unknown (503, and the
-// decision voided).
-var ErrNotReplicated = keyspace.ErrNotReplicated
-
 // runScript runs s on the primary holding keys[0], as s.Run does. With
 // Options.WaitReplicas set it sends WAIT in the same pipeline, on the same connection
 // (WAIT counts the writes of the connection it is sent on), and fails with
-// ErrNotReplicated unless that many replicas acknowledged what the script wrote: an answer
+// keyspace.ErrNotReplicated unless that many replicas acknowledged what the script wrote: an answer
 // then never leaves before a replica that a failover would promote holds its event.
 func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if _, cluster := a.rdb.(*redis.ClusterClient); a.opts.WaitReplicas <= 0 && !cluster {
@@ -51,11 +43,6 @@ func (a *Admitter) runScript(ctx context.Context, s *redis.Script, keys []string
 		return redis.NewCmdResult(nil, err)
 	}
 	return script
-}
-
-// WaitReplicated forwards to keyspace.WaitReplicated, until pkg/outbox calls it there.
-func WaitReplicated(ctx context.Context, rdb redis.UniversalClient, key string, n int, timeout time.Duration) error {
-	return keyspace.WaitReplicated(ctx, rdb, key, n, timeout)
 }
 
 // runAndWait pipelines the script call (EVALSHA or EVAL) and WAIT on c.

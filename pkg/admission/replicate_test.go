@@ -11,6 +11,7 @@ import (
 
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
@@ -82,10 +83,10 @@ func TestWaitReplicasShortFails(t *testing.T) {
 	require.NoError(t, err)
 	r := admission.Request{EventID: adm.NewEventID(org), Units: map[policy.Unit]int64{policy.Requests: 1}, Policy: pol, Source: "test"}
 	_, err = adm.Decide(ctx, r)
-	require.ErrorIs(t, err, admission.ErrNotReplicated)
+	require.ErrorIs(t, err, keyspace.ErrNotReplicated)
 	require.False(t, errors.Is(err, admission.ErrNotSent), "the script ran: the outcome is unknown, not 'nothing happened'")
 	_, err = adm.Void(ctx, admission.Void{Request: r, Reason: "unavailable"})
-	require.ErrorIs(t, err, admission.ErrNotReplicated, "a void is not taken as done before a replica holds it")
+	require.ErrorIs(t, err, keyspace.ErrNotReplicated, "a void is not taken as done before a replica holds it")
 	require.NoError(t, <-done)
 	require.Equal(t, 2.0, testenv.CounterValue(t, reg, "metergate_admit_not_replicated_total"))
 
@@ -107,7 +108,7 @@ func TestWaitReplicasOnCluster(t *testing.T) {
 	for _, org := range []string{"wait-a", "wait-b", "wait-c", "wait-d", "wait-e", "wait-f"} {
 		pol := tree(policy.Level{Account: org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{policy.Requests: perHour(1000)}})
 		_, err := adm.Decide(ctx, admission.Request{EventID: adm.NewEventID(org), Units: map[policy.Unit]int64{policy.Requests: 1}, Policy: pol, Source: "test"})
-		require.ErrorIs(t, err, admission.ErrNotReplicated, "org %s", org)
+		require.ErrorIs(t, err, keyspace.ErrNotReplicated, "org %s", org)
 		require.Contains(t, err.Error(), "0 of 1")
 	}
 }

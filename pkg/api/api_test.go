@@ -24,6 +24,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/outbox"
 	"github.com/metergate/metergate/pkg/policy"
@@ -45,7 +46,7 @@ type testBundle struct {
 	topic  string               // set when a Kafka recorder is wired
 	reg    *prometheus.Registry // the API's metrics
 	srv    *api.Server
-	keys   admission.Keys // the admitter's
+	keys   keyspace.Keys // the admitter's
 }
 
 type options struct {

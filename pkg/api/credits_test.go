@@ -18,6 +18,7 @@ import (
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/credit"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -25,7 +26,7 @@ import (
 type creditBundle struct {
 	*testBundle
 	pool *pgxpool.Pool
-	keys admission.Keys
+	keys keyspace.Keys
 	org  string
 	team string
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/metergate/metergate/pkg/admission"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/period"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -19,7 +20,7 @@ func (s *Server) outcome(w http.ResponseWriter, r *http.Request) {
 	}
 	err := s.cfg.Decider.Outcome(r.Context(), admission.Outcome{EventID: id, Status: status, Units: units, Source: s.cfg.Source})
 	switch {
-	case errors.Is(err, admission.ErrUnknownEvent):
+	case errors.Is(err, keyspace.ErrUnknownEvent):
 		writeError(w, badRequest("invalid_event_id", "event_id %q was not issued by admit", id))
 	case err != nil:
 		s.cfg.Log.Warn("record outcome", "event_id", id, "err", err)

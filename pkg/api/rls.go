@@ -28,6 +28,7 @@ import (
 
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/gate"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -423,7 +424,7 @@ func (r *rls) outcome(ctx context.Context, c rlsCall, n int) (*rlsv3.RateLimitRe
 	}
 	err := r.s.cfg.Decider.Outcome(ctx, o)
 	switch {
-	case errors.Is(err, admission.ErrUnknownEvent):
+	case errors.Is(err, keyspace.ErrUnknownEvent):
 		return nil, status.Errorf(codes.InvalidArgument, "invalid_event_id: %q was not issued by admit", c.eventID)
 	case ctx.Err() != nil:
 		return nil, status.Error(codes.Canceled, "the caller went away")

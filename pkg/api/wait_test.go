@@ -21,6 +21,7 @@ import (
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/api"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/ops"
 	"github.com/metergate/metergate/pkg/policy"
 )
@@ -31,7 +32,7 @@ import (
 // waitBundle is two admit nodes, as cmd/admit wires them, with ADMIT_MAX_WAIT set.
 type waitBundle struct {
 	nodes [2]*testBundle
-	keys  admission.Keys
+	keys  keyspace.Keys
 	// errors counts what the nodes logged at error level.
 	errors *atomic.Int64
 }
@@ -40,7 +41,7 @@ func setupWaiting(t *testing.T, maxWait time.Duration) *waitBundle {
 	t.Helper()
 	ctx := testenv.Context(t, 2*time.Minute)
 	rdb := testenv.Redis(t)
-	wb := &waitBundle{keys: admission.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: admission.DefaultShards}, errors: new(atomic.Int64)}
+	wb := &waitBundle{keys: keyspace.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: keyspace.DefaultShards}, errors: new(atomic.Int64)}
 	log := slog.New(&levelCounter{min: slog.LevelError, n: wb.errors})
 	for i := range wb.nodes {
 		pool := testenv.Postgres(t)

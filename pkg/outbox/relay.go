@@ -15,8 +15,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/metergate/metergate/lua"
-	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 )
 
 // Producer writes messages to Kafka synchronously: nil means every message was acked by
@@ -28,14 +28,14 @@ type Producer interface {
 // RelayOptions configure a Relay. Zero values take the defaults named.
 type RelayOptions struct {
 	// Keys names the outbox streams (one per shard).
-	Keys admission.Keys
+	Keys keyspace.Keys
 	// Group is the Redis consumer group of the relays ("relay").
 	Group string
 	// Consumer names this relay in the group (the admit node's name). A relay restarted
 	// under the same name first sends what it had read and not yet acknowledged.
 	Consumer string
 	// WaitReplicas, when above 0, holds every batch back until that many replicas hold
-	// what it was read from (admission.WaitReplicated, at most WaitTimeout each try):
+	// what it was read from (keyspace.WaitReplicated, at most WaitTimeout each try):
 	// nothing reaches Kafka that a failover could take back from Redis. admit sets them
 	// from ADMIT_REDIS_WAIT_REPLICAS and ADMIT_REDIS_WAIT_TIMEOUT.
 	WaitReplicas int
@@ -285,7 +285,7 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 	for r.opts.WaitReplicas > 0 && len(msgs) > 0 {
 		// A void relayed from a primary that then dies unreplicated would cancel a
 		// decision the promoted replica still holds, and may replay to a caller as 200.
-		err := admission.WaitReplicated(ctx, r.rdb, stream, r.opts.WaitReplicas, r.opts.WaitTimeout)
+		err := keyspace.WaitReplicated(ctx, r.rdb, stream, r.opts.WaitReplicas, r.opts.WaitTimeout)
 		if err == nil {
 			break
 		}
@@ -294,7 +294,7 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		}
 		r.metrics.errors.WithLabelValues("redis").Inc()
 		log.Warn("relayed entries not on enough replicas yet; waiting", "events", len(msgs), "err", err)
-		if !errors.Is(err, admission.ErrNotReplicated) {
+		if !errors.Is(err, keyspace.ErrNotReplicated) {
 			return false // Redis failed (a failover?): read again, own pending entries first
 		}
 		backoff.wait(ctx)

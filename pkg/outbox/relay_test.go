@@ -23,6 +23,7 @@ import (
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/admission"
 	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/metergate/metergate/pkg/outbox"
 	"github.com/metergate/metergate/pkg/policy"
 	"github.com/metergate/metergate/pkg/topic"
@@ -33,7 +34,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 type testBundle struct {
 	rdb    redis.UniversalClient
 	adm    *admission.Admitter
-	keys   admission.Keys
+	keys   keyspace.Keys
 	topic  string
 	writer *outbox.Writer
 	org    string
@@ -41,7 +42,7 @@ type testBundle struct {
 
 func setup(t *testing.T, rdb redis.UniversalClient) *testBundle {
 	t.Helper()
-	keys := admission.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 4}
+	keys := keyspace.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: 4}
 	b := &testBundle{
 		rdb: rdb, keys: keys, topic: testenv.Topic(t, 4),
 		adm: admission.New(rdb, admission.Options{KeyPrefix: keys.Prefix, Shards: keys.Shards}),
