@@ -7,8 +7,9 @@ import (
 	"net"
 	"time"
 
-	"github.com/metergate/metergate/lua"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/metergate/metergate/lua"
 )
 
 // drain sends the shard's waiting decisions in batches until none waits. Once own is

@@ -7,8 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/metergate/metergate/pkg/keyspace"
 	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/pkg/keyspace"
 )
 
 // TestScriptLayout keeps the admission script's argument layout and reply codes in step

@@ -10,8 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/metergate/metergate/pkg/policy"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/metergate/metergate/pkg/policy"
 )
 
 // limits is what the script call of a decision needs from its policy, apart from the
