@@ -1,10 +1,13 @@
 package meter
 
 import (
+	"bytes"
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -399,16 +402,14 @@ func (s *store) writeTx(ctx context.Context, r byTable, staged bool) (w written,
 // writeUsage writes a batch's admissions (sorted: splitItems), by COPY straight into
 // usage_events unless staged, late when their period is closed.
 func writeUsage(ctx context.Context, c *pgx.Conn, usage []*item, closed map[time.Time]bool, staged bool) (counts, error) {
-	values := func(r *usageRow) []any {
-		return []any{r.EventID, r.BillingPeriod, r.EventTime, r.ChargedPeriod,
-			r.Org, r.Account, r.AccountKind, r.Path, nullable(r.APIKeyID), nullable(r.IdempotencyKey),
-			nullable(r.Plan), nullable(r.Tool), r.Source, r.FailOpen,
-			orZero(r.Units.Requests), orZero(r.Units.Tokens), orZero(r.Units.Credits), orZero(r.Units.CostMicros),
-			r.Partition, r.Offset, nullable(r.ShadowRefusal)}
-	}
 	if staged {
 		n, err := c.CopyFrom(ctx, pgx.Identifier{"meter_usage"}, usageColumns, pgx.CopyFromSlice(len(usage), func(i int) ([]any, error) {
-			return values(usage[i].usage), nil
+			r := usage[i].usage
+			return []any{r.EventID, r.BillingPeriod, r.EventTime, r.ChargedPeriod,
+				r.Org, r.Account, r.AccountKind, r.Path, nullable(r.APIKeyID), nullable(r.IdempotencyKey),
+				nullable(r.Plan), nullable(r.Tool), r.Source, r.FailOpen,
+				orZero(r.Units.Requests), orZero(r.Units.Tokens), orZero(r.Units.Credits), orZero(r.Units.CostMicros),
+				r.Partition, r.Offset, nullable(r.ShadowRefusal)}, nil
 		}))
 		if err != nil {
 			return counts{}, fmt.Errorf("copy usage rows: %w", err)
@@ -420,24 +421,149 @@ func writeUsage(ctx context.Context, c *pgx.Conn, usage []*item, closed map[time
 		return counts{staged: n, inserted: tag.RowsAffected()}, nil
 	}
 	// An event delivered twice within the batch is written once: its first delivery.
-	first := make([]*usageRow, 0, len(usage))
+	var data copyData
+	n := 0
 	for i, it := range usage {
-		if i == 0 || it.usage.EventID != usage[i-1].usage.EventID {
-			first = append(first, it.usage)
+		if i > 0 && it.usage.EventID == usage[i-1].usage.EventID {
+			continue
 		}
+		data.usageRow(it.usage, closed[it.usage.BillingPeriod])
+		n++
 	}
-	n, err := c.CopyFrom(ctx, pgx.Identifier{"usage_events"}, usageCopy, pgx.CopyFromSlice(len(first), func(i int) ([]any, error) {
-		r := first[i]
-		return append(values(r), closed[r.BillingPeriod]), nil
-	}))
-	if err != nil {
+	if _, err := c.PgConn().CopyFrom(ctx, data.reader(), copyUsage); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "23505" { // unique_violation
 			return counts{}, fmt.Errorf("copy into usage_events: %w: %w", errWrittenBefore, err)
 		}
 		return counts{}, fmt.Errorf("copy into usage_events: %w", err)
 	}
-	return counts{staged: int64(len(usage)), inserted: n}, nil
+	return counts{staged: int64(len(usage)), inserted: int64(n)}, nil
+}
+
+// copyUsage reads rows of copyData into usage_events, each routed to its month's partition.
+var copyUsage = "COPY usage_events (" + strings.Join(usageCopy, ", ") + ") FROM STDIN (FORMAT binary)"
+
+// copyData is rows in COPY's binary format. Admissions are encoded here rather than by
+// pgx's CopyFrom, which boxes every value of every row in an interface and encodes it
+// through its type map: that cost the meter about 2.5 µs of CPU per event (a fifth of its
+// Go CPU, with the garbage it made), this about a tenth of it.
+type copyData struct{ buf []byte }
+
+// pgEpoch is where PostgreSQL's dates and timestamps count from.
+var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// textOID is the type of text[]'s elements.
+const textOID = 25
+
+func (d *copyData) usageRow(r *usageRow, late bool) {
+	if d.buf == nil {
+		d.buf = append(make([]byte, 0, 64<<10), "PGCOPY\n\xff\r\n\x00"...)
+		d.buf = binary.BigEndian.AppendUint32(d.buf, 0) // flags
+		d.buf = binary.BigEndian.AppendUint32(d.buf, 0) // header extension
+	}
+	d.buf = binary.BigEndian.AppendUint16(d.buf, uint16(len(usageCopy))) //nolint:gosec // 22 columns
+	d.text(r.EventID)
+	d.date(r.BillingPeriod)
+	d.timestamp(r.EventTime)
+	d.date(r.ChargedPeriod)
+	d.text(r.Org)
+	d.text(r.Account)
+	d.text(r.AccountKind)
+	d.textArray(r.Path)
+	d.nullableText(r.APIKeyID)
+	d.nullableText(r.IdempotencyKey)
+	d.nullableText(r.Plan)
+	d.nullableText(r.Tool)
+	d.text(r.Source)
+	d.bool(r.FailOpen)
+	d.int8(orZero(r.Units.Requests))
+	d.int8(orZero(r.Units.Tokens))
+	d.int8(orZero(r.Units.Credits))
+	d.int8(orZero(r.Units.CostMicros))
+	d.int4(int32(r.Partition)) //nolint:gosec // Kafka partitions are int32
+	d.int8(r.Offset)
+	d.nullableText(r.ShadowRefusal)
+	d.bool(late)
+}
+
+// reader ends the data and reads it.
+func (d *copyData) reader() io.Reader {
+	return bytes.NewReader(binary.BigEndian.AppendUint16(d.buf, 0xffff)) // the trailer: -1 fields
+}
+
+func (d *copyData) field(n int) {
+	d.buf = binary.BigEndian.AppendUint32(d.buf, uint32(n)) //nolint:gosec // a field's length, or -1 for NULL
+}
+
+func (d *copyData) text(s string) {
+	d.field(len(s))
+	d.buf = append(d.buf, s...)
+}
+
+// nullableText stores "" as NULL.
+func (d *copyData) nullableText(s string) {
+	if s == "" {
+		d.buf = binary.BigEndian.AppendUint32(d.buf, 0xffffffff)
+		return
+	}
+	d.text(s)
+}
+
+// textArray is a one-dimensional text[] from 1, without NULLs.
+func (d *copyData) textArray(ss []string) {
+	size := 12 // dimensions, flags, element type
+	if len(ss) > 0 {
+		size += 8 // the dimension's length and lower bound
+	}
+	for _, s := range ss {
+		size += 4 + len(s)
+	}
+	d.field(size)
+	dims := uint32(0)
+	if len(ss) > 0 {
+		dims = 1
+	}
+	d.buf = binary.BigEndian.AppendUint32(d.buf, dims)
+	d.buf = binary.BigEndian.AppendUint32(d.buf, 0) // no NULL
+	d.buf = binary.BigEndian.AppendUint32(d.buf, textOID)
+	if len(ss) > 0 {
+		d.buf = binary.BigEndian.AppendUint32(d.buf, uint32(len(ss))) //nolint:gosec // a path of a few levels
+		d.buf = binary.BigEndian.AppendUint32(d.buf, 1)
+	}
+	for _, s := range ss {
+		d.text(s)
+	}
+}
+
+// date is t's day (as pgx takes it: year, month and day in t's location) as days since
+// 2000-01-01.
+func (d *copyData) date(t time.Time) {
+	day := time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+	d.int4(int32((day.Unix() - pgEpoch.Unix()) / (24 * 60 * 60))) //nolint:gosec // PostgreSQL's dates fit
+}
+
+// timestamp is microseconds since 2000-01-01 UTC.
+func (d *copyData) timestamp(t time.Time) {
+	d.int8(t.UnixMicro() - pgEpoch.UnixMicro())
+}
+
+func (d *copyData) bool(b bool) {
+	d.field(1)
+	if b {
+		d.buf = append(d.buf, 1)
+	} else {
+		d.buf = append(d.buf, 0)
+	}
+}
+
+func (d *copyData) int8(v int64) {
+	d.field(8)
+	d.buf = binary.BigEndian.AppendUint64(d.buf, uint64(v)) //nolint:gosec // two's complement
+}
+
+func (d *copyData) int4(v int32) {
+	d.field(4)
+	d.buf = binary.BigEndian.AppendUint32(d.buf, uint32(v)) //nolint:gosec // two's complement
 }
 
 // writeOutcomes writes a batch's outcomes: COPY into staging, then INSERT … ON CONFLICT DO

@@ -75,6 +75,19 @@ func TestStoreWritesEachEventOnce(t *testing.T) {
 	require.Equal(t, row{Partition: 2, Offset: 10}, rowOf("c"))
 	require.Equal(t, row{Partition: 2, Offset: 11, Late: true}, rowOf("late-staged"))
 
+	// Times at the ends of the years parse accepts come back as they went in.
+	first, last := time.Date(minYear, 1, 1, 0, 0, 0, 1000, time.UTC), time.Date(maxYear, 12, 31, 23, 59, 59, 999999000, time.UTC)
+	w = write(delivery{"first", first, 1, 1}, delivery{"last", last, 1, 2})
+	require.Equal(t, counts{staged: 2, inserted: 2}, w.usage)
+	for id, at := range map[string]time.Time{"first": first, "last": last} {
+		var eventTime, billing, charged time.Time
+		require.NoError(t, pool.QueryRow(ctx, `select event_time, billing_period, charged_period from usage_events where event_id = $1`,
+			name+"-"+id).Scan(&eventTime, &billing, &charged))
+		require.Equal(t, at, eventTime.UTC(), id)
+		require.Equal(t, period.MonthStart(at), billing.UTC(), id)
+		require.Equal(t, period.MonthStart(at), charged.UTC(), id)
+	}
+
 	// The same batch written by several writers at once (a rebalance hands a partition over
 	// while its last batch is still being written): each event once.
 	var ds []delivery
@@ -89,5 +102,5 @@ func TestStoreWritesEachEventOnce(t *testing.T) {
 	wg.Wait()
 	require.EqualValues(t, len(ds), inserted[0]+inserted[1]+inserted[2])
 	require.EqualValues(t, len(ds), count(t, ctx, pool, `select count(*) from usage_events where event_id like $1`, name+"-r%"))
-	require.EqualValues(t, 3+2+len(ds), count(t, ctx, pool, `select count(*) from usage_events where org = $1`, org))
+	require.EqualValues(t, 3+2+2+len(ds), count(t, ctx, pool, `select count(*) from usage_events where org = $1`, org))
 }
