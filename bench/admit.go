@@ -569,7 +569,7 @@ func (s *stack) admitIdle(ctx context.Context, res *Results) error {
 		fmt.Sprintf("1 client, closed loop, HTTP from loadgen, the relay inside admit; 4 levels (org → team → user → agent, the deepest tree the model has) × requests+tokens buckets, quota, event; p99 %.3f ms (median). The redis_rate peer (1 bucket) under the same client in the same rounds: p50 %.3f ms, p99 %.3f ms (medians)",
 			spreadOf(p99).Median, spreadOf(peer50).Median, spreadOf(peer99).Median))
 	res.addSpread("redis_rate_p50_ms_idle", spreadOf(peer50), "ms", "", "the peer's idle p50, 1 client, in the same rounds as admit_p50_ms_idle")
-	res.addSpread("admit_idle_vs_redis_rate", spreadOf(ratio), "×", "",
+	res.addSpread("admit_idle_vs_redis_rate", spreadOf(ratio), "×", "≤ 1.3",
 		"admit's idle p50 ÷ the redis_rate peer's, 1 client each, each round's admit ÷ the same round's peer")
 	return nil
 }
