@@ -51,7 +51,8 @@ func benchMessages(b *testing.B, prefix string, n int) []kafka.Message {
 // of load on a shared machine weighs on both. One op = one event. The meter drains b.N
 // events produced before the timer starts; its rate is taken from its first row written on,
 // so that joining the group and the first fetch are left out (meter-total-events/s counts
-// them). make bench reads meter_vs_insert_select.
+// them). make bench's meter_vs_insert_select is meter-total-events/s ÷ baseline-events/s,
+// the median of -rounds runs (bench/gobench.go).
 //
 //	go test -run '^$' -bench MeterVsInsertSelect -benchtime 50000x ./pkg/meter/
 func BenchmarkMeterVsInsertSelect(b *testing.B) {
