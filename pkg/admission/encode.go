@@ -229,9 +229,6 @@ func (lim *limits) plan(r Request, per periods) *plan {
 	return p
 }
 
-// dynamicEvent is the empty policy part of a compact event: the program holds it.
-var dynamicEvent eventStatic
-
 func (a *Admitter) encodeOne(e *encoded, shard int, c *call, per periods, now time.Time) *plan {
 	r := c.req
 	lim := a.limitsOf(shard, r.Policy)
@@ -252,7 +249,7 @@ func (a *Admitter) encodeOne(e *encoded, shard int, c *call, per periods, now ti
 	}
 	d[decRequests], d[decTokens] = amount(r.Units[policy.Requests]), amount(r.Units[policy.Tokens])
 	d[decCredits], d[decCostMicros] = amount(r.Units[policy.Credits]), amount(r.Units[policy.CostMicros])
-	d[decEvent] = compactEvent(r, &dynamicEvent)
+	d[decEvent] = compactEvent(r)
 	flags := [4]byte{'0', '1', '0', '0'}
 	if r.Shadow {
 		flags[0] = '1'

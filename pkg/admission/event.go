@@ -47,20 +47,10 @@ func unitMap(units map[policy.Unit]int64) map[string]int64 {
 	return out
 }
 
-// eventStatic is what a policy's usage.admitted events share: the policy's fields of the
-// compact form (event.CompactPolicy).
-type eventStatic struct {
-	compact string // "<org>|<plan>|<path>|"
-}
-
-func newEventStatic(pol policy.Resolved) eventStatic {
-	return eventStatic{compact: event.CompactPolicy(pol)}
-}
-
-// compactEvent returns r's compact usage event (pkg/event) up to its time, for the script
-// to complete.
-func compactEvent(r Request, st *eventStatic) string {
+// compactEvent returns r's compact usage event (pkg/event) up to the policy's fields,
+// which the account's program holds (event.CompactPolicy), for the script to complete.
+func compactEvent(r Request) string {
 	c := event.Compact{EventID: r.EventID, Source: r.Source, APIKeyID: r.APIKeyID,
 		IdempotencyKey: r.IdempotencyKey, Tool: r.Tool, Units: r.Units}
-	return string(c.Append(make([]byte, 0, 128+len(st.compact)), st.compact))
+	return string(c.Append(make([]byte, 0, 128), ""))
 }

@@ -12,11 +12,12 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/metergate/metergate/pkg/event"
 	"github.com/metergate/metergate/pkg/policy"
 )
 
 // limits is what the script call of a decision needs from its policy, apart from the
-// amounts: each limit's keys and constant arguments, and the event's constant parts. It is
+// amounts: each limit's keys and constant arguments, and the program compiled from them. It is
 // derived once per policy and Admitter and kept in the policy's Memo.
 type limits struct {
 	a      *Admitter
@@ -32,7 +33,6 @@ type limits struct {
 	concKeys []string
 	credits  []creditArgs // by level, org first, then in the level's order of units
 	alerts   []*alertArgs // the levels' alert rules
-	event    eventStatic
 	// program is what the script checks for the account (compile), field its name in the
 	// org's mirror: a version (a hash of the program) and the account. inlined is when
 	// this node last sent the program inline (unix ns).
@@ -190,8 +190,7 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 			return l
 		}
 	}
-	l := &limits{a: a, state: a.keys.State(shard, pol.Org), idTail: a.keys.EventIDTail(shard, pol.Org),
-		event: newEventStatic(pol)}
+	l := &limits{a: a, state: a.keys.State(shard, pol.Org), idTail: a.keys.EventIDTail(shard, pol.Org)}
 	for _, lv := range pol.Path {
 		for _, u := range policy.Units {
 			lim, ok := lv.Limits[u]
@@ -429,7 +428,7 @@ func (l *limits) compile(pol policy.Resolved) {
 		tiered = 1
 	}
 	var h [progLen]any
-	h[progPriority], h[progIDTail], h[progEvent] = pol.Priority, l.idTail, l.event.compact
+	h[progPriority], h[progIDTail], h[progEvent] = pol.Priority, l.idTail, event.CompactPolicy(pol)
 	h[progBuckets], h[progTiered], h[progWindows] = len(l.buckets), tiered, windows
 	h[progQuotas], h[progConcs], h[progCredits], h[progAlerts] = quotas, len(l.concs), len(l.credits), len(l.alerts)
 	p := h[:]
