@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/metergate/metergate/bench/internal/load"
+	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/sandbox"
 	"github.com/metergate/metergate/lua"
-	"github.com/metergate/metergate/pkg/admission"
-	"github.com/metergate/metergate/pkg/policy"
 )
 
 // The tree of the throughput runs: org → team → user → agent, each level with a requests
@@ -325,7 +325,7 @@ func (s *stack) admitSample(ctx context.Context, node *sandbox.Proc, pause bool,
 type counters struct{ decisions, calls, batched float64 }
 
 // admitCounters reads metergate_admit_decisions_total and the script batch histogram
-// (pkg/admission/metrics.go: its _count is script calls, its _sum decisions in them). A
+// (internal/admission/metrics.go: its _count is script calls, its _sum decisions in them). A
 // node that has decided nothing yet has no decisions series: 0, and admitSample fails
 // when there are still none after the load.
 func (s *stack) admitCounters(ctx context.Context, node *sandbox.Proc) (counters, error) {

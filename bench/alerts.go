@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/sandbox"
-	"github.com/metergate/metergate/pkg/admission"
-	"github.com/metergate/metergate/pkg/policy"
 )
 
 // alerts measures what alert rules cost Redis (issue 19: "Redis CPU per decision with

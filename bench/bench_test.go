@@ -53,7 +53,7 @@ func TestBench(t *testing.T) {
 	// used_memory deltas over 2,000 small records on a Redis that other tests share are
 	// noise-sized: present, not checked for sign (make bench takes 20,000 and more).
 	// So are server-wide CPU and script calls over 1 s samples: what waiters cost is read
-	// from make bench; TestWaitersDoNotPoll (pkg/admission) counts the calls exactly.
+	// from make bench; TestWaitersDoNotPoll (internal/admission) counts the calls exactly.
 	for _, k := range []string{"redis_bytes_per_active_account", "redis_bytes_per_idempotency_record", "redis_gb_idempotency_at_10k_per_s",
 		"waiters_1000_redis_cpu_ms_per_s", "waiters_1000_script_calls_per_s", "credits_redis_cost_ratio", "alerts_redis_cost_ratio"} {
 		_, ok := res.Value(k)
@@ -107,7 +107,7 @@ BenchmarkMeterVsInsertSelect-2   	   50000	     41230 ns/op	     21000 baseline-
 BenchmarkReconcile/accounts=100000/corrections=1000-2         	       1	2104000000 ns/op	         2.104 s
 BenchmarkDecide/serial 	 1000	 300 ns/op
 PASS
-ok  	github.com/metergate/metergate/pkg/meter	12.1s
+ok  	github.com/metergate/metergate/internal/meter	12.1s
 `
 	got := parseBench(out)
 	require.Equal(t, map[string]map[string]float64{

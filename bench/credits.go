@@ -7,9 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/sandbox"
-	"github.com/metergate/metergate/pkg/admission"
-	"github.com/metergate/metergate/pkg/policy"
 )
 
 // credits measures what drawing a prepaid balance costs Redis (issue 18: "Redis CPU per

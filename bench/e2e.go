@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/metergate/metergate/pkg/admission"
-	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/policy"
 )
 
 // endToEnd offers E2ERate decisions/s to admit (open loop; its relay inside it, the meter

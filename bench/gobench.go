@@ -17,7 +17,7 @@ import (
 func (s *stack) goBenchmarks(ctx context.Context, res *Results) error {
 	// One sample per run of the benchmark, each its own interleaving (INSERT … SELECT, the
 	// meter, INSERT … SELECT): the figure is their median, like the other ratios.
-	runs, err := goBenchRuns(ctx, "./pkg/meter/", "^BenchmarkMeterVsInsertSelect$", s.cfg.MeterEvents+"x", s.cfg.Rounds)
+	runs, err := goBenchRuns(ctx, "./internal/meter/", "^BenchmarkMeterVsInsertSelect$", s.cfg.MeterEvents+"x", s.cfg.Rounds)
 	if err != nil {
 		return err
 	}
@@ -42,7 +42,7 @@ func (s *stack) goBenchmarks(ctx context.Context, res *Results) error {
 		fmt.Sprintf("%s events Kafka → usage_events through the meter (dedupe, offsets after rows) from its start (joining the group, first fetch) to the last row ÷ INSERT … SELECT generate_series … ON CONFLICT of as many rows into the same table from its start to its end, one run of BenchmarkMeterVsInsertSelect per sample; medians %.0f/s against %.0f/s; from the meter's first row on: median %.3f×",
 			s.cfg.MeterEvents, spreadOf(totals).Median, spreadOf(bases).Median, spreadOf(fromFirst).Median))
 
-	rec, err := goBench(ctx, "./pkg/reconcile/", "^BenchmarkReconcile$", s.cfg.ReconcileBenchtime)
+	rec, err := goBench(ctx, "./internal/reconcile/", "^BenchmarkReconcile$", s.cfg.ReconcileBenchtime)
 	if err != nil {
 		return err
 	}
@@ -51,7 +51,7 @@ func (s *stack) goBenchmarks(ctx context.Context, res *Results) error {
 		return err
 	}
 
-	dec, err := goBench(ctx, "./pkg/admission/", "^BenchmarkDecide$", "1s")
+	dec, err := goBench(ctx, "./internal/admission/", "^BenchmarkDecide$", "1s")
 	if err != nil {
 		return err
 	}

@@ -2,7 +2,7 @@ package main
 
 import "fmt"
 
-// The sub-benchmarks of BenchmarkReconcile (pkg/reconcile) that the figures read: the
+// The sub-benchmarks of BenchmarkReconcile (internal/reconcile) that the figures read: the
 // baseline, and one change of each size at a time.
 const (
 	recBase     = "BenchmarkReconcile/accounts=100000/corrections=1000"

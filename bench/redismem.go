@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/metergate/metergate/pkg/keyspace"
+	"github.com/metergate/metergate/internal/keyspace"
 )
 
 // keyedRate is the load the idempotency figure is projected to: keyed requests per second.

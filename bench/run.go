@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/sandbox"
-	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/topic"
+	"github.com/metergate/metergate/internal/topic"
 )
 
 // shards is ADMIT_SHARDS of the bench's admit.

@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/metergate/metergate/pkg/admission"
-	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/policy"
 )
 
 // waitersN is how many requests wait in the waiters measurement (issue 17: "measure

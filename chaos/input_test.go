@@ -28,9 +28,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/metergate/metergate/internal/api"
+	"github.com/metergate/metergate/internal/period"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/api"
-	"github.com/metergate/metergate/pkg/period"
 )
 
 // Scenario 8: bad input, at both doors of the pipeline.
@@ -89,7 +89,7 @@ func TestBadInput(t *testing.T) {
 	out := s.admits[0].Output()
 	assert.NotContains(t, strings.ToLower(out), "panic", "admit's output:\n%s", logTail(out, 4000))
 	metrics := scrapeMetrics(t, s.admits[0].URL())
-	// pkg/api has no panic counter (a recovered panic is a 500 "internal", counted above with
+	// internal/api has no panic counter (a recovered panic is a 500 "internal", counted above with
 	// the 5xx, and an ERROR log line "handler panicked"); should one appear, it must be 0.
 	assert.Zero(t, metricSum(metrics, "panic"), "panics in admit's metrics")
 	assert.Zero(t, metricSum(metrics, "metergate_admit_fail_open_total"), "admissions decided without Redis while Redis was up: the input broke a decision\n%s", logTail(out, 4000))
@@ -580,7 +580,7 @@ type apiSpec struct {
 
 func loadAPISpec(t *testing.T) *apiSpec {
 	t.Helper()
-	raw, err := os.ReadFile("../pkg/api/openapi.yaml")
+	raw, err := os.ReadFile("../internal/api/openapi.yaml")
 	require.NoError(t, err)
 	sp := &apiSpec{}
 	require.NoError(t, yaml.Unmarshal(raw, &sp.doc))

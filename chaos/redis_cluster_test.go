@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/keyspace"
 )
 
 // Scenario 14: Redis Cluster with replicas, a master SIGKILLed under load. The cluster is

@@ -20,10 +20,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/keyspace"
+	"github.com/metergate/metergate/internal/period"
+	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/keyspace"
-	"github.com/metergate/metergate/pkg/period"
-	"github.com/metergate/metergate/pkg/policy"
 )
 
 // hangUp sends an admission and hangs up right after sending it: it closes its side of the

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/metergate/metergate/pkg/config"
+	"github.com/metergate/metergate/internal/config"
 )
 
 type compose struct {

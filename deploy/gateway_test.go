@@ -21,9 +21,9 @@ import (
 	"google.golang.org/protobuf/reflect/protopath"
 	"google.golang.org/protobuf/reflect/protorange"
 
-	"github.com/metergate/metergate/pkg/api"
-	"github.com/metergate/metergate/pkg/config"
-	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/internal/api"
+	"github.com/metergate/metergate/internal/config"
+	"github.com/metergate/metergate/internal/policy"
 )
 
 // fromYAML decodes YAML into a proto message through its JSON form, refusing unknown

@@ -23,15 +23,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/metergate/metergate/pkg/config"
-	"github.com/metergate/metergate/pkg/ops"
+	"github.com/metergate/metergate/internal/config"
+	"github.com/metergate/metergate/internal/ops"
 )
 
 // There is no kubectl nor cluster on the development machines: these tests parse
 // deploy/k8s and check it against the binaries themselves — the variables each one reads
-// (pkg/config), the paths it serves (pkg/ops) and the values it accepts (config.Load).
+// (internal/config), the paths it serves (internal/ops) and the values it accepts (config.Load).
 
-// readyzTimeout is pkg/ops' default bound of one /readyz call (Probes.Timeout zero): a
+// readyzTimeout is internal/ops' default bound of one /readyz call (Probes.Timeout zero): a
 // readiness probe must wait longer, or a hanging degraded check (Redis down) would make
 // admit unready, which the degraded checks exist to avoid.
 const readyzTimeout = 2 * time.Second
@@ -695,7 +695,7 @@ func portOf(port any, ctrs ...container) int {
 	return 0
 }
 
-// served is the set of paths pkg/ops really answers (not 404/405) with GET.
+// served is the set of paths internal/ops really answers (not 404/405) with GET.
 func served() func(string) bool {
 	mux := http.NewServeMux()
 	(&ops.Probes{}).Mount(mux, ops.NewRegistry())
@@ -749,7 +749,7 @@ func (c *cluster) checkServer(w workload, ctr container, b binary, serves func(s
 		}
 		path := pr.probe.HTTPGet.Path
 		if !slices.Contains(pr.paths, path) || !serves(path) {
-			p.add("%s: %s on %q: want %v, served by pkg/ops", where, pr.kind, path, pr.paths)
+			p.add("%s: %s on %q: want %v, served by internal/ops", where, pr.kind, path, pr.paths)
 		}
 		if port := portOf(pr.probe.HTTPGet.Port, ctr); port != listen {
 			p.add("%s: %s port %v is not %s's port %d", where, pr.kind, pr.probe.HTTPGet.Port, addrEnv, listen)

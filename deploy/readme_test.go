@@ -155,8 +155,8 @@ func tablesOf(t *testing.T, doc, title string) (named []namedTest, guarantees in
 
 // The parser itself: a function belongs to the directory named last before it.
 func TestTestsOfRow(t *testing.T) {
-	tests, orphans := testsOfRow(" `pkg/api` `TestA`, `TestB`; `chaos` `TestC`; `200` `FuzzD` ", 7)
-	require.Equal(t, []namedTest{{"pkg/api", "TestA", 7, ""}, {"pkg/api", "TestB", 7, ""}, {"chaos", "TestC", 7, ""}, {"200", "FuzzD", 7, ""}}, tests)
+	tests, orphans := testsOfRow(" `internal/api` `TestA`, `TestB`; `chaos` `TestC`; `200` `FuzzD` ", 7)
+	require.Equal(t, []namedTest{{"internal/api", "TestA", 7, ""}, {"internal/api", "TestB", 7, ""}, {"chaos", "TestC", 7, ""}, {"200", "FuzzD", 7, ""}}, tests)
 	require.Empty(t, orphans)
 	_, orphans = testsOfRow("`TestLonely` in `pkg/x`", 1)
 	require.Equal(t, []string{"TestLonely"}, orphans)

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/webhook"
 	"github.com/metergate/metergate/pkg/event"
-	"github.com/metergate/metergate/pkg/webhook"
 )
 
 // receiver is a webhook endpoint that verifies every signature and answers the first

@@ -13,9 +13,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/keyspace"
-	"github.com/metergate/metergate/pkg/topic"
+	"github.com/metergate/metergate/internal/topic"
 )
 
 // idemHot is the hot window of TestIdempotencyAcrossKafkaOutage: Redis holds a record

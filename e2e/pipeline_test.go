@@ -24,7 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/topic"
+	"github.com/metergate/metergate/internal/topic"
 )
 
 // bin holds the admit and meter binaries built for this run.

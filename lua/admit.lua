@@ -43,7 +43,7 @@
 --   mirror then keeps it), else ""; idem (field of the idempotency record, "" without a
 --   key); fingerprint (a short hash of the units and tool); u_r, u_t, u_c, u_m (the amounts
 --   of requests, tokens, credits, cost_micros); ev (the compact usage event up to the
---   policy's fields, see pkg/admission/event.go); flags, four characters "0" or "1":
+--   policy's fields, see internal/admission/event.go); flags, four characters "0" or "1":
 --   shadow (shadow mode, see "Shadow" below), replay (1: a replay is answered with the
 --   first decision and becomes one more attempt of it; 0: a replay is refused,
 --   REPLAY_REFUSED, and nothing is written: a gateway would serve it again, unbilled),
@@ -55,7 +55,7 @@
 --                        and tq (its place in a queue and that queue's key, "" when not
 --                        queued)
 --
--- Programs (pkg/admission/limits.go): what an account's decisions check, derived by Go
+-- Programs (internal/admission/limits.go): what an account's decisions check, derived by Go
 -- from the policy, a MessagePack array read in blocks ("-- layout:" below) once per call:
 -- prio (the account's priority, 0-100), id_tail (".<shard>.<org>": how event ids of the
 -- org end), ev_static (the compact event's policy fields), the record counts, tiered (1: a
@@ -170,11 +170,11 @@
 -- as found when denied. Go derives the
 -- RateLimit fields from them and the policy it holds.
 --
--- The contract with Go (pkg/admission/encode.go, limits.go, reply.go): each block of
+-- The contract with Go (internal/admission/encode.go, limits.go, reply.go): each block of
 -- arguments or of a program is read once, by one `local <names> = unpack(A, ...)` (P for a
 -- program) marked "-- layout: <block>", and the reply codes
 -- are the capitalised locals marked "-- layout: reply". Go declares the same names in the
--- same order, and TestScriptLayout (pkg/admission) parses this file to compare.
+-- same order, and TestScriptLayout (internal/admission) parses this file to compare.
 
 -- layout: reply
 local CLOCK_OFF, DECIDED = 0, 1

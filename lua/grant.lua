@@ -1,4 +1,4 @@
--- grant.lua: mirrors one credit grant into Redis (pkg/credit.Store.Mirror), after it was
+-- grant.lua: mirrors one credit grant into Redis (internal/credit.Store.Mirror), after it was
 -- committed to PostgreSQL. Running it again for the same grant (a retried grant, a restore)
 -- never adds the amount twice: the remaining units are set only when the grant has none.
 --

@@ -1,5 +1,5 @@
 -- grant_balance.lua: reads an account's credit grants with the clock admission decides by
--- (pkg/credit.Store.Balance), in one snapshot: no draw lands between the reads.
+-- (internal/credit.Store.Balance), in one snapshot: no draw lands between the reads.
 --
 -- KEYS     pairs of (remaining, terms) hashes (admission.Keys.Grants, GrantTerms), one pair
 --          per unit, all of one hash tag

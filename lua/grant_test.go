@@ -12,7 +12,7 @@ import (
 )
 
 // grant.lua, grant_void.lua and grant_balance.lua on one grant's keys (one hash tag), on a
-// single Redis and on the Cluster. pkg/credit tests them through the store.
+// single Redis and on the Cluster. internal/credit tests them through the store.
 func TestGrantScripts(t *testing.T) {
 	t.Parallel()
 	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {

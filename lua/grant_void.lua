@@ -1,5 +1,5 @@
 -- grant_void.lua: takes what remains of a credit grant out of Redis, atomically with every
--- admission draw (pkg/credit.Store.Void), and remembers how much it took.
+-- admission draw (internal/credit.Store.Void), and remembers how much it took.
 --
 -- KEYS[1]  remaining: the hash grant id → remaining units (admission.Keys.Grants)
 -- KEYS[2]  terms: the hash grant id → terms (admission.Keys.GrantTerms)

@@ -1,5 +1,5 @@
 -- mark_move.lua: moves a shard's idempotency mark forward, never back, and deletes the hot
--- buckets it passed (pkg/outbox, mark.go). The mark is ms since the epoch before which every
+-- buckets it passed (internal/outbox, mark.go). The mark is ms since the epoch before which every
 -- event of the shard is in the billing log; a mark older than the idempotency TTL says no
 -- more than none, so it expires then.
 --

@@ -1,4 +1,4 @@
--- mark_read.lua: what the idempotency janitor (pkg/outbox, mark.go) needs of one shard to
+-- mark_read.lua: what the idempotency janitor (internal/outbox, mark.go) needs of one shard to
 -- move its mark, read in one snapshot on the shard's node: Redis TIME first, the mark, and
 -- the oldest entry of each outbox stream (an entry not produced to Kafka yet is never
 -- trimmed: relay_ack.lua). An admission whose script ran before this one has its event in a

@@ -1,6 +1,6 @@
 -- +goose Up
 -- Policies: plans (tiers), the account tree, per-node limit overrides and API keys. admit
--- caches all of it in memory (pkg/policy) and reloads when a trigger below notifies
+-- caches all of it in memory (internal/policy) and reloads when a trigger below notifies
 -- 'metergate_policy'. The CHECK constraints mirror policy.Limit.Validate and the store's
 -- validation, so a row written by hand cannot hold a limit the cache would misread.
 
@@ -72,7 +72,7 @@ CREATE TABLE accounts (
 
 CREATE INDEX accounts_parent_idx ON accounts (parent);
 
-COMMENT ON TABLE accounts IS 'The account tree; org is the root (the invoiced customer). See pkg/policy for how limits resolve.';
+COMMENT ON TABLE accounts IS 'The account tree; org is the root (the invoiced customer). See internal/policy for how limits resolve.';
 COMMENT ON COLUMN accounts.plan IS 'Plan id; unknown or NULL on an org = the smallest plan; NULL below the org = no plan limits at this node.';
 COMMENT ON COLUMN accounts.concurrency IS 'Concurrent requests at this node; NULL = the plan''s (if the node names one), else no cap.';
 
@@ -98,7 +98,7 @@ CREATE TABLE account_limits (
     CONSTRAINT account_limits_not_empty CHECK (burst > 0 OR "limit" > 0 OR quota IS NOT NULL)
 );
 
-COMMENT ON TABLE account_limits IS 'Per-node limit overrides (see policy.Limit and the resolution rules in pkg/policy).';
+COMMENT ON TABLE account_limits IS 'Per-node limit overrides (see policy.Limit and the resolution rules in internal/policy).';
 
 -- End-customer API keys. Only the SHA-256 of the secret is kept: the secret is shown once,
 -- when the key is created. Revoked keys stay so callers get "revoked", not "unknown".

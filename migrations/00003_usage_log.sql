@@ -1,6 +1,6 @@
 -- +goose Up
 -- The billing log: one row per admitted request (usage_events) and one per reported outcome
--- (usage_outcomes), written by the meter from Kafka (pkg/meter). Rows are inserted with
+-- (usage_outcomes), written by the meter from Kafka (internal/meter). Rows are inserted with
 -- ON CONFLICT DO NOTHING, so a message delivered again (after a crash or a rebalance) is
 -- kept once. The log is a sliding log: usage_of below gives any account's exact usage over
 -- any window.

@@ -1,5 +1,5 @@
 -- +goose Up
--- The audit log of reconcile (pkg/reconcile, cmd/reconcile): one row per run, and one row per
+-- The audit log of reconcile (internal/reconcile, cmd/reconcile): one row per run, and one row per
 -- correction of one Redis quota counter. A correction is inserted first (ON CONFLICT DO
 -- NOTHING), then applied to Redis exactly once (lua/adjust.lua writes a marker key named
 -- after the row's id in the same script as the INCRBY), then marked applied. A run that dies

@@ -1,5 +1,5 @@
 -- +goose Up
--- Prices, period close and invoices (pkg/invoice), and the finance views (docs/finance.md).
+-- Prices, period close and invoices (internal/invoice), and the finance views (docs/finance.md).
 -- Money is integer minor units (cents) of the plan's currency, never floats.
 --
 -- Rounding rule, the same in invoice.TierAmount and price_usage below: each graduated tier's
@@ -28,7 +28,7 @@ COMMENT ON TABLE plan_price_units IS 'Units a plan bills and the quantity of eac
 -- Graduated tiers over a period's total units of the org: units in [from_units, up_to_units)
 -- cost price_minor per per_units. Tiers of a unit are contiguous from included_units to
 -- infinity (the last tier's up_to_units is NULL); a unit with no tier bills nothing beyond
--- what is included (free: its quota keeps it there). pkg/invoice validates the contiguity.
+-- what is included (free: its quota keeps it there). internal/invoice validates the contiguity.
 CREATE TABLE plan_price_tiers (
     plan        text   NOT NULL,
     unit        text   NOT NULL,

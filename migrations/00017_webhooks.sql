@@ -1,6 +1,6 @@
 -- +goose Up
 -- Webhooks (issue 19). An endpoint receives the events of the types it names, signed per the
--- Standard Webhooks specification with its secrets (pkg/webhook). A usage_alerts row (one
+-- Standard Webhooks specification with its secrets (internal/webhook). A usage_alerts row (one
 -- per threshold event, written by the meter) makes one delivery per matching endpoint, by a
 -- trigger, in the meter's own transaction: a delivery exists exactly when its alert does.
 -- Deliverers (in the meter) claim due deliveries with a lease, POST outside any

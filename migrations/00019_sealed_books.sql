@@ -3,7 +3,7 @@
 --
 -- 1. Triggers. An issued invoice, its lines and its late events are sealed: no row of them
 --    may be added, changed or removed, except that the transaction that issued an invoice
---    adds its lines and late events (pkg/invoice's close inserts the invoice as issued, then
+--    adds its lines and late events (internal/invoice's close inserts the invoice as issued, then
 --    its lines and late events, in one transaction). That transaction is stamped on the
 --    invoice (issued_xact, set by a trigger whatever the INSERT says, and never changed
 --    since UPDATE is refused). invoice_late_events is append-only; so is periods (a closed
@@ -128,7 +128,7 @@ CREATE TRIGGER periods_no_truncate BEFORE TRUNCATE ON periods
 
 -- Audit rows of reconcile: the one change is the marking of a pending correction as applied
 -- (applied_at, redis_before and redis_after set once, nothing else changed). DELETE is not
--- refused yet: BenchmarkReconcile (pkg/reconcile) undoes its runs by deleting them.
+-- refused yet: BenchmarkReconcile (internal/reconcile) undoes its runs by deleting them.
 -- +goose StatementBegin
 CREATE FUNCTION adjustment_sealed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

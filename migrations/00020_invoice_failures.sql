@@ -2,7 +2,7 @@
 -- Invoices a close could not issue (issue 28, finding 3). One org's bad data (a usage total
 -- past bigint, a price that cannot be applied, any error pricing or writing its invoice)
 -- fails that org's invoice alone: the close issues every other org's and closes the period
--- (pkg/invoice). Each failed attempt is a row here, never changed. An org's failure is open
+-- (internal/invoice). Each failed attempt is a row here, never changed. An org's failure is open
 -- while the org has no invoice for the period; a close of the period again retries the
 -- open ones, and the unique (org, period) of invoices keeps it to one invoice.
 CREATE TABLE invoice_failures (

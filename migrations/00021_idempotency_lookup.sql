@@ -1,7 +1,7 @@
 -- +goose Up
 -- Idempotency answered from the billing log (issue 29, docs/admission.md "Idempotency"):
 -- Redis keeps an idempotency record exactly for a short hot window; a retry of an older key
--- is looked up here by account and key (pkg/billinglog), in the current and the previous
+-- is looked up here by account and key (internal/billinglog), in the current and the previous
 -- billing_period only.
 --
 -- On the partitioned table the index reaches every partition: CREATE INDEX builds it on
@@ -17,7 +17,7 @@
 CREATE INDEX usage_events_idempotency_idx ON usage_events (account, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 
-COMMENT ON INDEX usage_events_idempotency_idx IS 'The first admission of an idempotency key, per account: idempotency past the hot window (pkg/billinglog).';
+COMMENT ON INDEX usage_events_idempotency_idx IS 'The first admission of an idempotency key, per account: idempotency past the hot window (internal/billinglog).';
 
 -- +goose Down
 DROP INDEX usage_events_idempotency_idx;

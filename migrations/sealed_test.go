@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/invoice"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/migrations"
-	"github.com/metergate/metergate/pkg/invoice"
 )
 
 // sealedBundle is a migrated schema of the test's own with two closed months, as the
@@ -272,7 +272,7 @@ func TestAdjustmentsAreMarkedAppliedOnly(t *testing.T) {
 		prefix := fmt.Sprintf("%s row %d", c.table, c.id)
 		refused(t, b.ctx, b.app, raised, prefix+" is an audit row: UPDATE refused", `update `+c.table+` set reason = 'rewritten' where id = $1`, c.id)
 		refused(t, b.ctx, b.app, raised, prefix+" is an audit row: UPDATE refused", `update `+c.table+` set reason = 'rewritten', applied_at = now(), redis_before = 0, redis_after = 1 where id = $1`, c.id)
-		// What reconcile does (pkg/reconcile/sql/mark_applied.sql, credits.go).
+		// What reconcile does (internal/reconcile/sql/mark_applied.sql, credits.go).
 		_, err := b.app.Exec(b.ctx, `update `+c.table+` set applied_at = now(), redis_before = 0, redis_after = 1 where id = $1 and applied_at is null`, c.id)
 		require.NoError(t, err)
 		refused(t, b.ctx, b.app, raised, prefix+" is applied and sealed: UPDATE refused", `update `+c.table+` set redis_after = 2 where id = $1`, c.id)

@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/invoice"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/migrations"
-	"github.com/metergate/metergate/pkg/invoice"
 )
 
 // Finding 7: sealed books. The services' role cannot rewrite an issued invoice, its lines

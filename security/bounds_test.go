@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/internal/policy"
 )
 
 // Finding 3: every number has a maximum, 10^15 (policy.MaxAmount).

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/metergate/metergate/pkg/api"
+	"github.com/metergate/metergate/internal/api"
 )
 
 // Finding 13: the check's headers, fuzzed.

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/metergate/metergate/pkg/api"
+	"github.com/metergate/metergate/internal/api"
 )
 
 // Finding 8: the gRPC listener: streaming calls need the token and are bounded, messages

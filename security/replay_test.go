@@ -12,7 +12,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/api"
+	"github.com/metergate/metergate/internal/api"
 )
 
 // Finding 1: a replayed idempotency key never passes a second request through a gateway
@@ -189,7 +189,7 @@ func p50(ds []time.Duration) time.Duration {
 
 // idempotencyBucket finds the hot bucket "<prefix>{N}:h:<bucket>" holding the record of key
 // charged to account: its field is 16 bytes of SHA-256(account, 0, key) (lua/admit.lua,
-// pkg/admission/keys.go).
+// internal/admission/keys.go).
 func idempotencyBucket(p *P, s *stack, account, key string) string {
 	p.Helper()
 	sum := sha256.Sum256([]byte(account + "\x00" + key))

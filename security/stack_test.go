@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/gatewaytest"
+	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/keyspace"
 )
 
 const (
@@ -81,7 +81,7 @@ func newStack(t *testing.T) *stack {
 	start(ctx, t, "meter", "http://"+meterAddr, s.with("METER_ADDR="+meterAddr, "METER_GROUP=g-"+name))
 
 	// The slow-client admit: the same deployment, short read deadlines, under both the
-	// names of pkg/config (HTTP_*) and the ADMIT_HTTP_* the issue names.
+	// names of internal/config (HTTP_*) and the ADMIT_HTTP_* the issue names.
 	slowAddr := testenv.FreeAddr(t)
 	s.slow = "http://" + slowAddr
 	rt, rht := readTimeout.String(), readHeaderTimeout.String()

@@ -16,9 +16,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/api/apitest"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/api/apitest"
-	"github.com/metergate/metergate/pkg/topic"
+	"github.com/metergate/metergate/internal/topic"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.MainOrTests(m, main)) }

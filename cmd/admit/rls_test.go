@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/api"
 )
 
 // The admit binary serves Envoy's rate-limit service on ADMIT_GRPC_ADDR: health SERVING

@@ -11,7 +11,7 @@ import (
 // Failpoints of the test build of the meter (go test -c, run as the command with
 // testenv.ReexecEnv); the command itself has none.
 //
-// FailpointEnv "<point>:<n>" (pkg/meter's BeforeWrite or AfterWrite, e.g. after-write:2)
+// FailpointEnv "<point>:<n>" (internal/meter's BeforeWrite or AfterWrite, e.g. after-write:2)
 // stops the meter the n-th time it reaches point: it prints "failpoint <point>:<n> reached"
 // and holds there until the process is killed, so that a test can kill it with SIGKILL at
 // that very point. With FailpointArmEnv set to a path, the count starts once a file exists

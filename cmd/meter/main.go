@@ -1,8 +1,8 @@
 // Command meter consumes usage events from Kafka as a consumer group and writes one exact
 // row per event into PostgreSQL, committing Kafka offsets only after the rows are committed
-// (pkg/meter). On SIGTERM it writes the batches in hand, commits their offsets and exits 0.
+// (internal/meter). On SIGTERM it writes the batches in hand, commits their offsets and exits 0.
 // Unless METER_WEBHOOKS=false it also delivers the usage alerts it records to the webhook
-// endpoints (pkg/webhook), beside any other meter.
+// endpoints (internal/webhook), beside any other meter.
 //
 // Configuration comes from environment variables, each mirrored by a flag (meter -h lists
 // them); -validate checks it and exits; -migrate applies pending database migrations first.
@@ -20,15 +20,15 @@ import (
 	"github.com/segmentio/kafka-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/metergate/metergate/internal/config"
+	"github.com/metergate/metergate/internal/meter"
+	"github.com/metergate/metergate/internal/ops"
+	"github.com/metergate/metergate/internal/topic"
+	"github.com/metergate/metergate/internal/webhook"
 	"github.com/metergate/metergate/migrations"
-	"github.com/metergate/metergate/pkg/config"
-	"github.com/metergate/metergate/pkg/meter"
-	"github.com/metergate/metergate/pkg/ops"
-	"github.com/metergate/metergate/pkg/topic"
-	"github.com/metergate/metergate/pkg/webhook"
 )
 
-// failpoint is called at pkg/meter's failpoints. It is nil in the command; a test build of
+// failpoint is called at internal/meter's failpoints. It is nil in the command; a test build of
 // it sets it (failpoint_test.go), for the chaos suite to kill the meter between a batch's
 // rows and its offsets.
 var failpoint func(point string)

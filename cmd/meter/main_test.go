@@ -15,9 +15,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/period"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/event"
-	"github.com/metergate/metergate/pkg/period"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.MainOrTests(m, main)) }

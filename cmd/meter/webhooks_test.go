@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/webhook"
+	"github.com/metergate/metergate/internal/webhook"
 )
 
 // The meter runs the webhook deliverer by default: it reports it in /readyz, exposes its

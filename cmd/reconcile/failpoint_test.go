@@ -8,7 +8,7 @@ import (
 )
 
 // FailpointEnv names the failpoint of the test build of reconcile (go test -c, run as the
-// command with testenv.ReexecEnv); the command itself has none. "<point>:<n>" (pkg/reconcile's
+// command with testenv.ReexecEnv); the command itself has none. "<point>:<n>" (internal/reconcile's
 // AfterInsert, AfterRedis or AfterMark, e.g. after-redis:3) makes the process kill itself
 // with SIGKILL the n-th time the run reaches point, as kill -9 would.
 const FailpointEnv = testenv.FailpointEnv

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/metergate/metergate/pkg/invoice"
-	"github.com/metergate/metergate/pkg/period"
+	"github.com/metergate/metergate/internal/invoice"
+	"github.com/metergate/metergate/internal/period"
 )
 
 // closePeriod freezes a period and issues its invoices, printing the result; without

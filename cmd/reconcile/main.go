@@ -1,7 +1,7 @@
 // Command reconcile is metergate's run-once job for a cron schedule: it compares Redis
 // quota counters with the billing log in PostgreSQL and records every correction
 // (refund_5xx, refund_void, settle_tokens, period_move, drift_restore) as an adjustments row applied to
-// Redis exactly once (see pkg/reconcile and docs/reconcile.md). It exits non-zero when a
+// Redis exactly once (see internal/reconcile and docs/reconcile.md). It exits non-zero when a
 // run fails or an invariant check after it does (a correction left unapplied, a counter
 // still below its billable total, an issued invoice that no longer ties out).
 //
@@ -37,14 +37,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/metergate/metergate/internal/cli"
+	"github.com/metergate/metergate/internal/config"
+	"github.com/metergate/metergate/internal/keyspace"
+	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/reconcile"
 	"github.com/metergate/metergate/migrations"
-	"github.com/metergate/metergate/pkg/config"
-	"github.com/metergate/metergate/pkg/keyspace"
-	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/reconcile"
 )
 
-// failpoint is called at pkg/reconcile's failpoints. It is nil in the command; a test build
+// failpoint is called at internal/reconcile's failpoints. It is nil in the command; a test build
 // of it sets it (failpoint_test.go), for crash tests to kill a run at a chosen point.
 var failpoint func(point string) error
 

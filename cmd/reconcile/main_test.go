@@ -13,12 +13,12 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/keyspace"
+	"github.com/metergate/metergate/internal/period"
+	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/reconcile"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/migrations"
-	"github.com/metergate/metergate/pkg/keyspace"
-	"github.com/metergate/metergate/pkg/period"
-	"github.com/metergate/metergate/pkg/policy"
-	"github.com/metergate/metergate/pkg/reconcile"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.MainOrTests(m, main)) }

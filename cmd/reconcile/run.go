@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/metergate/metergate/pkg/invoice"
-	"github.com/metergate/metergate/pkg/reconcile"
+	"github.com/metergate/metergate/internal/invoice"
+	"github.com/metergate/metergate/internal/reconcile"
 )
 
 // errDifferences is verify's failure: counters differ from their billable totals.

@@ -13,8 +13,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/metergate/metergate/deploy/gateways"
-	"github.com/metergate/metergate/pkg/api"
-	"github.com/metergate/metergate/pkg/config"
+	"github.com/metergate/metergate/internal/api"
+	"github.com/metergate/metergate/internal/config"
 )
 
 // defaults are admit's settings with no environment: its address and the check's headers.

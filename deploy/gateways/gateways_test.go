@@ -17,11 +17,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/gatewaytest"
+	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/admission"
-	"github.com/metergate/metergate/pkg/api"
-	"github.com/metergate/metergate/pkg/policy"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }

@@ -1,6 +1,6 @@
 // Package cli dispatches a binary's subcommands: the first argument names one, the arguments
 // after it are its own. Flags and environment variables are not its business: each command
-// reads them with pkg/config.
+// reads them with internal/config.
 package cli
 
 import (

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/metergate/metergate/internal/sandbox"
-	"github.com/metergate/metergate/pkg/webhook"
+	"github.com/metergate/metergate/internal/webhook"
 )
 
 // The demo's alert rules (docs/alerts.md): a default of the free plan, 50, 80 and 100 % of

@@ -23,11 +23,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/metergate/metergate/internal/invoice"
+	"github.com/metergate/metergate/internal/reconcile"
 	"github.com/metergate/metergate/internal/sandbox"
+	"github.com/metergate/metergate/internal/topic"
 	"github.com/metergate/metergate/pkg/client"
-	"github.com/metergate/metergate/pkg/invoice"
-	"github.com/metergate/metergate/pkg/reconcile"
-	"github.com/metergate/metergate/pkg/topic"
 )
 
 // Config is what a demo run uses.

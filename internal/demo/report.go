@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/metergate/metergate/pkg/invoice"
+	"github.com/metergate/metergate/internal/invoice"
 )
 
 // Report is what a demo run saw and found.

@@ -8,8 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/sandbox"
-	"github.com/metergate/metergate/pkg/policy"
 )
 
 // account is one node of the demo's account tree, as POST /v1/admin/accounts takes it.

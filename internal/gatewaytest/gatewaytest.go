@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/metergate/metergate/deploy/gateways"
+	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/api"
 )
 
 // Reply is what the Upstream answers every request it gets.

@@ -10,7 +10,7 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 
-	"github.com/metergate/metergate/pkg/topic"
+	"github.com/metergate/metergate/internal/topic"
 )
 
 // KafkaImage is the image testcontainers-go starts when KAFKA_BROKERS is unset. The

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/internal/policy"
 )
 
 // The outbox entry of a usage.admitted event is compact (about 200 bytes against the

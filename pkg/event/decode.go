@@ -9,7 +9,7 @@ import "strconv"
 // each object spelled exactly as in this package and each at most once, and "type" before
 // "data". Anything else (null, an escape, an unknown or repeated member, ...) makes it give
 // up, and the meter falls back on encoding/json. What it accepts it decodes exactly as
-// encoding/json does (pkg/meter's FuzzDecode).
+// encoding/json does (internal/meter's FuzzDecode).
 
 // Decoded is a message decoded: the envelope, and the data of a known type.
 type Decoded struct {

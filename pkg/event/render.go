@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/metergate/metergate/pkg/period"
-	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/internal/period"
+	"github.com/metergate/metergate/internal/policy"
 )
 
 // ErrMalformedEntry is returned by OutboxMessage for an entry it cannot read.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
-	"github.com/metergate/metergate/pkg/policy"
 )
 
 // Grant ids for tests.

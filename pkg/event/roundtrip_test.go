@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/pkg/policy"
+	"github.com/metergate/metergate/internal/policy"
 )
 
 // FuzzRoundTrip: a request's fields written in the compact form (Compact, CompactPolicy),
@@ -33,7 +33,7 @@ func FuzzRoundTrip(f *testing.F) {
 				t.Skip("encoding/json writes invalid UTF-8 as U+FFFD: not the same field back")
 			}
 		}
-		// What pkg/policy lets an account be (one id, one node), and what Redis TIME can be.
+		// What internal/policy lets an account be (one id, one node), and what Redis TIME can be.
 		accounts := []string{org, team, user}
 		for i, a := range accounts {
 			if !policy.ValidID(a) || slices.Contains(accounts[:i], a) {
