@@ -18,7 +18,7 @@ import (
 // second, and the request that crosses a threshold through POST /v1/admit fires it, once.
 func TestAlertAPI(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org, plan := b.id("org"), b.id("plan")
 	r := b.call(t, "POST", "/v1/admin/plans", adminToken, map[string]any{"id": plan, "rank": planRank(),
 		"limits": map[string]any{"tokens": map[string]any{"quota": 1000, "quota_period": "month"}}})
@@ -107,7 +107,7 @@ func TestAlertAPI(t *testing.T) {
 // Bad rules are 400 with a code naming the field, and write nothing.
 func TestAlertAPIRefusesBadRules(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org := b.id("org")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	ok := func(m map[string]any) map[string]any {

@@ -1,12 +1,8 @@
 package api_test
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
@@ -15,16 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/internal/admission"
-	"github.com/metergate/metergate/internal/api"
-	"github.com/metergate/metergate/internal/keyspace"
-	"github.com/metergate/metergate/internal/ops"
-	"github.com/metergate/metergate/internal/outbox"
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/event"
@@ -32,192 +22,11 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
-const (
-	serviceToken = "svc-token-0123456789abcdef"
-	adminToken   = "adm-token-0123456789abcdef"
-)
-
-type testBundle struct {
-	url    string
-	rdb    redis.UniversalClient
-	store  *policy.Store
-	cache  *policy.Cache
-	prefix string               // account-id prefix unique to the test
-	topic  string               // set when a Kafka recorder is wired
-	reg    *prometheus.Registry // the API's metrics
-	srv    *api.Server
-	keys   keyspace.Keys // the admitter's
-}
-
-type options struct {
-	rdb       redis.UniversalClient // defaults to testenv.Redis
-	recorder  bool                  // wire a real Kafka recorder on a test topic
-	deadKafka bool                  // wire a recorder whose broker does not answer
-	// callTimeout bounds the admission script's calls (admission.Options.CallTimeout).
-	callTimeout time.Duration
-	// wrapRecorder, with recorder, wraps the Kafka recorder.
-	wrapRecorder func(api.Recorder) api.Recorder
-	// check names the forward-auth check's headers (api.Config.Check).
-	check api.CheckHeaders
-	// shadow puts every request in shadow mode (api.Config.Shadow, ADMIT_SHADOW).
-	shadow bool
-	// reveal shows end clients at gateways every account id (api.Config.RevealAccounts).
-	reveal bool
-	// maxEstimates bounds the estimates running at once (api.Config.MaxEstimates).
-	maxEstimates int
-}
-
-func setup(t *testing.T, o options) *testBundle {
-	t.Helper()
-	ctx := testenv.Context(t, 2*time.Minute)
-	pool := testenv.Postgres(t)
-	log := slog.New(slog.DiscardHandler)
-	cache := policy.NewCache(pool, log, time.Minute)
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = cache.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	for !cache.Loaded() {
-		select {
-		case <-ctx.Done():
-			t.Fatal("policy cache never loaded")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	rdb := o.rdb
-	if rdb == nil {
-		rdb = testenv.Redis(t)
-	}
-	b := &testBundle{rdb: rdb, store: policy.NewStore(pool), cache: cache, prefix: strings.ReplaceAll(testenv.Name(t), "_", "-"),
-		reg: prometheus.NewRegistry()}
-	adm := admission.New(rdb, admission.Options{KeyPrefix: testenv.Prefix(t) + "mg", LeaseTTL: 5 * time.Second,
-		CallTimeout: o.callTimeout})
-	b.keys = adm.Keys()
-	cfg := api.Config{
-		Log: log, Policies: cache, Admin: b.store, Decider: adm,
-		ServiceToken: serviceToken, AdminToken: adminToken, Source: "test-node", Registerer: b.reg,
-		Check: o.check, Shadow: o.shadow, RevealAccounts: o.reveal, MaxEstimates: o.maxEstimates,
-	}
-	if o.recorder {
-		b.topic = testenv.Topic(t, 1)
-		w := outbox.NewWriter(testenv.KafkaBrokers(t), b.topic)
-		t.Cleanup(func() { _ = w.Close() })
-		cfg.Recorder = w
-		if o.wrapRecorder != nil {
-			cfg.Recorder = o.wrapRecorder(w)
-		}
-	}
-	if o.deadKafka {
-		w := outbox.NewWriter([]string{testenv.FreeAddr(t)}, "nowhere")
-		t.Cleanup(func() { _ = w.Close() })
-		cfg.Recorder = w
-	}
-	// Routed as cmd/admit routes it: the probes beside the API on one mux. Every exchange
-	// with it is checked against the OpenAPI document (contract_test.go).
-	mux := http.NewServeMux()
-	(&ops.Probes{}).Mount(mux, prometheus.NewRegistry())
-	b.srv = api.New(cfg)
-	b.srv.Mount(mux)
-	t.Cleanup(func() { // before the recorder closes: pending voids go to Kafka
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = b.srv.Close(ctx)
-	})
-	b.url = newContractServer(t, mux).URL
-	return b
-}
-
-// onRedisAndCluster runs f against the single Redis server and the 3-master Redis Cluster.
-func onRedisAndCluster(t *testing.T, f func(t *testing.T, o options)) {
-	t.Helper()
-	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) { f(t, options{rdb: rdb}) })
-}
-
-// id makes an account id unique to the test.
-func (b *testBundle) id(name string) string { return b.prefix + "-" + name }
-
-type reply struct {
-	Status int
-	Header http.Header
-	Body   map[string]any
-	Raw    string
-}
-
-func (b *testBundle) call(t *testing.T, method, path, token string, body any) reply {
-	t.Helper()
-	var rd io.Reader
-	switch v := body.(type) {
-	case nil:
-	case string:
-		rd = strings.NewReader(v)
-	default:
-		raw, err := json.Marshal(v)
-		require.NoError(t, err)
-		rd = bytes.NewReader(raw)
-	}
-	req, err := http.NewRequest(method, b.url+path, rd)
-	require.NoError(t, err)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	r := reply{Status: resp.StatusCode, Header: resp.Header, Raw: string(raw)}
-	if len(raw) > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
-		require.NoError(t, json.Unmarshal(raw, &r.Body), string(raw))
-	}
-	return r
-}
-
-func (b *testBundle) account(t *testing.T, body map[string]any) {
-	t.Helper()
-	r := b.call(t, "POST", "/v1/admin/accounts", adminToken, body)
-	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
-}
-
-func (b *testBundle) apiKey(t *testing.T, account string) string {
-	t.Helper()
-	r := b.call(t, "POST", "/v1/admin/api-keys", adminToken, map[string]any{"account": account})
-	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
-	key, _ := r.Body["api_key"].(string)
-	require.NotEmpty(t, key)
-	// The key reaches the admit cache through LISTEN/NOTIFY (< 1 s).
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, _, err := b.cache.Authenticate(key); err == nil {
-			return key
-		}
-		require.True(t, time.Now().Before(deadline), "api key of %s never reached the cache", account)
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// waitResolvable waits until the admit cache knows the account (LISTEN/NOTIFY, < 1 s).
-func (b *testBundle) waitResolvable(t *testing.T, id string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := b.cache.Resolve(id); err == nil {
-			return
-		}
-		require.True(t, time.Now().Before(deadline), "account %s never reached the cache", id)
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func (b *testBundle) admit(t *testing.T, body map[string]any) reply {
-	t.Helper()
-	return b.call(t, "POST", "/v1/admit", serviceToken, body)
-}
-
 // The seeds' tree through the admin API; a request that would take agent-1 past its
 // 25,000 tokens/h is 429 naming agent-1, with the RateLimit fields and Retry-After.
 func TestSeedsTree(t *testing.T) {
 	t.Parallel()
-	onRedisAndCluster(t, func(t *testing.T, o options) {
+	onRedisAndCluster(t, func(t *testing.T, o setupOpts) {
 		b := setup(t, o)
 		tokensPerHour := func(n int) map[string]any {
 			return map[string]any{"tokens": map[string]any{"limit": n, "window_s": 3600}}
@@ -256,7 +65,7 @@ func TestSeedsTree(t *testing.T) {
 // A free key firing 30 requests at once: 20 allowed, 10 get 429 with Retry-After.
 func TestFreeBurst(t *testing.T) {
 	t.Parallel()
-	onRedisAndCluster(t, func(t *testing.T, o options) {
+	onRedisAndCluster(t, func(t *testing.T, o setupOpts) {
 		b := setup(t, o)
 		org := b.id("free")
 		b.account(t, map[string]any{"id": org, "kind": "org", "plan": "free"})
@@ -292,7 +101,7 @@ func TestFreeBurst(t *testing.T) {
 
 func TestClientErrors(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org := b.id("errs")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	key := b.apiKey(t, org)
@@ -404,7 +213,7 @@ func TestClientErrors(t *testing.T) {
 // Idempotency through the API: the same key twice returns the same event id and charges once.
 func TestIdempotentRetryAndUsage(t *testing.T) {
 	t.Parallel()
-	onRedisAndCluster(t, func(t *testing.T, o options) {
+	onRedisAndCluster(t, func(t *testing.T, o setupOpts) {
 		b := setup(t, o)
 		org := b.id("idem")
 		b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro", "limits": map[string]any{"requests": map[string]any{"rate_per_s": 100, "burst": 300, "quota": 10}}})
@@ -442,7 +251,7 @@ func TestIdempotentRetryAndUsage(t *testing.T) {
 // TestPolicyChangeReachesEveryNodeWithinOneSecond.)
 func TestPolicyChangeEnforcedWhenThePutReturns(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org := b.id("upgrade")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "free", "limits": map[string]any{"requests": map[string]any{"quota": 1}}})
 	b.waitResolvable(t, org)
@@ -474,7 +283,7 @@ func effective(t *testing.T, r reply) map[string]any {
 // rate-only accounts fail open, their event written straight to Kafka.
 func TestRedisDown(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{rdb: deadRedis(t), recorder: true})
+	b := setup(t, setupOpts{rdb: deadRedis(t), recorder: true})
 	quota, rateOnly := b.id("quota"), b.id("rate-only")
 	b.account(t, map[string]any{"id": quota, "kind": "org", "plan": "pro"})
 	b.account(t, map[string]any{"id": rateOnly, "kind": "org", "plan": "enterprise"}) // uncapped quota
@@ -527,7 +336,7 @@ func (b *testBundle) recorded(t *testing.T, org string) event.CloudEvent {
 // admission that cannot be recorded is not made.
 func TestRedisAndKafkaDown(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{rdb: deadRedis(t), deadKafka: true})
+	b := setup(t, setupOpts{rdb: deadRedis(t), deadKafka: true})
 	rateOnly := b.id("rate-only")
 	b.account(t, map[string]any{"id": rateOnly, "kind": "org", "plan": "enterprise"})
 	b.waitResolvable(t, rateOnly)
@@ -541,13 +350,7 @@ func TestRedisAndKafkaDown(t *testing.T) {
 // service API with 503 policies_loading and Retry-After, never 401 for a valid key.
 func TestPoliciesNotLoaded(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.EmptySchema(t)
-	srv := newContractServer(t, api.New(api.Config{
-		Policies: policy.NewCache(pool, nil, time.Minute), Admin: policy.NewStore(pool),
-		Decider:      admission.New(testenv.Redis(t), admission.Options{KeyPrefix: testenv.Prefix(t) + "mg"}),
-		ServiceToken: serviceToken, AdminToken: adminToken, Source: "test-node",
-	}))
-	b := &testBundle{url: srv.URL}
+	b := setup(t, setupOpts{unloaded: true})
 	for _, path := range []string{"/v1/admit", "/v1/outcomes"} {
 		r := b.call(t, "POST", path, serviceToken, map[string]any{"api_key": "mg_whatever", "units": map[string]any{"requests": 1}})
 		require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Raw)

@@ -39,7 +39,7 @@ func TestRefusalChangesNothingAtAnyLevel(t *testing.T) {
 		{"concurrency", http.StatusTooManyRequests, "rate_limited", "concurrent-requests"},
 		{"quota", http.StatusPaymentRequired, "quota_exceeded", "tokens"},
 	}
-	onRedisAndCluster(t, func(t *testing.T, o options) {
+	onRedisAndCluster(t, func(t *testing.T, o setupOpts) {
 		for _, lv := range levels {
 			for _, rf := range refusals {
 				t.Run(string(lv)+"_"+rf.name, func(t *testing.T) {

@@ -1,8 +1,6 @@
 package api_test
 
 import (
-	"encoding/json"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -30,27 +28,13 @@ func (b *testBundle) check(t *testing.T, method, path, token string, h map[strin
 	return b.do(t, req)
 }
 
-func (b *testBundle) do(t *testing.T, req *http.Request) reply {
-	t.Helper()
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	r := reply{Status: resp.StatusCode, Header: resp.Header, Raw: string(raw)}
-	if len(raw) > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
-		require.NoError(t, json.Unmarshal(raw, &r.Body), string(raw))
-	}
-	return r
-}
-
 // The check takes the decision of POST /v1/admit from headers: 200 with the event and the
 // RateLimit fields, then 429 with Retry-After and the body repeated in X-Metergate-Reply,
 // 402 for a spent quota, 401 and 403 for keys, whatever the method and for Envoy's
 // appended path; and the usage counts exactly the allowed checks.
 func TestCheckDecides(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org, spent := b.id("gw"), b.id("gw-quota")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro",
 		"limits": map[string]any{"tokens": map[string]any{"limit": 1000, "window_s": 3600}}})
@@ -118,7 +102,7 @@ func TestCheckDecides(t *testing.T) {
 // revoked 403, bad tokens 400, and the service token in its own header only.
 func TestCheckRefusesBadInput(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org := b.id("gw-bad")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	key := b.apiKey(t, org)
@@ -162,7 +146,7 @@ func TestCheckRefusesBadInput(t *testing.T) {
 // and the token header may be Authorization.
 func TestCheckHeaderNames(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{check: api.CheckHeaders{Token: "Authorization", APIKey: "X-Key", Account: "X-Tenant",
+	b := setup(t, setupOpts{check: api.CheckHeaders{Token: "Authorization", APIKey: "X-Key", Account: "X-Tenant",
 		Tokens: "X-Tokens", Tool: "X-Call", IdempotencyKey: "X-Request-Id"}})
 	org := b.id("gw-names")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro",
@@ -201,7 +185,7 @@ func TestCheckHeaderNames(t *testing.T) {
 // A free key's burst of 30 checks: about 20 pass, the rest are 429 with Retry-After.
 func TestCheckFreeBurst(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org := b.id("gw-free")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "free"})
 	key := b.apiKey(t, org)

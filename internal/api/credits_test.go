@@ -1,86 +1,27 @@
 package api_test
 
 import (
-	"context"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/internal/admission"
-	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/credit"
-	"github.com/metergate/metergate/internal/keyspace"
-	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/event"
 )
 
-type creditBundle struct {
-	*testBundle
-	pool *pgxpool.Pool
-	keys keyspace.Keys
-	org  string
-	team string
-}
-
-// setupCredits is setup with a credit store wired, and an org and a team of the test's own.
-func setupCredits(t *testing.T, rdb redis.UniversalClient) *creditBundle {
-	t.Helper()
-	ctx := testenv.Context(t, 2*time.Minute)
-	pool := testenv.Postgres(t)
-	log := slog.New(slog.DiscardHandler)
-	cache := policy.NewCache(pool, log, time.Minute)
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = cache.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	for !cache.Loaded() {
-		select {
-		case <-ctx.Done():
-			t.Fatal("policy cache never loaded")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	adm := admission.New(rdb, admission.Options{KeyPrefix: testenv.Prefix(t) + "mg", LeaseTTL: 5 * time.Second})
-	b := &creditBundle{
-		testBundle: &testBundle{rdb: rdb, store: policy.NewStore(pool), cache: cache,
-			prefix: strings.ReplaceAll(testenv.Name(t), "_", "-"), reg: prometheus.NewRegistry()},
-		pool: pool, keys: adm.Keys(),
-	}
-	b.srv = api.New(api.Config{
-		Log: log, Policies: cache, Admin: b.store, Decider: adm, Credits: credit.NewStore(pool, rdb, adm.Keys(), nil),
-		ServiceToken: serviceToken, AdminToken: adminToken, Source: "test-node", Registerer: b.reg,
-	})
-	mux := http.NewServeMux()
-	(&ops.Probes{}).Mount(mux, prometheus.NewRegistry())
-	b.srv.Mount(mux)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = b.srv.Close(ctx)
-	})
-	b.url = newContractServer(t, mux).URL // every exchange checked against openapi.yaml
-	b.org, b.team = b.id("org"), b.id("team")
-	b.account(t, map[string]any{"id": b.org, "kind": "org", "plan": "pro"})
-	b.account(t, map[string]any{"id": b.team, "kind": "team", "parent": b.org})
-	return b
-}
-
-func (b *creditBundle) grant(t *testing.T, account string, body any) reply {
+func (b *testBundle) grant(t *testing.T, account string, body any) reply {
 	t.Helper()
 	return b.call(t, "POST", "/v1/admin/accounts/"+account+"/grants", adminToken, body)
 }
 
 // written counts account's grants in PostgreSQL and the grants Redis holds of it.
-func (b *creditBundle) written(t *testing.T, account string) (rows, fields int) {
+func (b *testBundle) written(t *testing.T, account string) (rows, fields int) {
 	t.Helper()
 	ctx := testenv.Context(t, 10*time.Second)
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM credit_grants WHERE account = $1`, account).Scan(&rows))
@@ -98,7 +39,7 @@ func (b *creditBundle) written(t *testing.T, account string) (rows, fields int) 
 func TestGrantAPI(t *testing.T) {
 	t.Parallel()
 	testenv.EachRedis(t, func(t *testing.T, rdb redis.UniversalClient) {
-		b := setupCredits(t, rdb)
+		b := setup(t, setupOpts{rdb: rdb, credits: true})
 		ctx := testenv.Context(t, time.Minute)
 		exp := time.Now().Add(30 * 24 * time.Hour).UTC().Truncate(time.Second)
 		body := map[string]any{"unit": "credits", "amount": 1000, "expires_at": exp.Format(time.RFC3339), "priority": 5,
@@ -187,7 +128,7 @@ func TestGrantAPI(t *testing.T) {
 // Every 400 of POST grants writes nothing, in PostgreSQL or Redis.
 func TestGrantAPIRefuses(t *testing.T) {
 	t.Parallel()
-	b := setupCredits(t, testenv.Redis(t))
+	b := setup(t, setupOpts{credits: true})
 	now := time.Now().UTC()
 	at := func(d time.Duration) string { return now.Add(d).Format(time.RFC3339) }
 	ok := func(change map[string]any) map[string]any {
@@ -245,7 +186,7 @@ func TestGrantAPIRefuses(t *testing.T) {
 // id is 400 on the balance.
 func TestGrantAPINotFound(t *testing.T) {
 	t.Parallel()
-	b := setupCredits(t, testenv.Redis(t))
+	b := setup(t, setupOpts{credits: true})
 	nobody := b.id("nobody")
 	r := b.grant(t, nobody, map[string]any{"unit": "credits", "amount": 1, "source": "plan", "idempotency_key": "x"})
 	require.Equal(t, http.StatusNotFound, r.Status, r.Raw)
@@ -281,7 +222,7 @@ func TestGrantAPINotFound(t *testing.T) {
 // (or with an unknown one), 403 with the other API's; nothing is written or voided.
 func TestGrantAPITokens(t *testing.T) {
 	t.Parallel()
-	b := setupCredits(t, testenv.Redis(t))
+	b := setup(t, setupOpts{credits: true})
 	g := b.grant(t, b.org, map[string]any{"unit": "requests", "amount": 10, "source": "purchase"})
 	require.Equal(t, http.StatusCreated, g.Status, g.Raw)
 	id := g.Body["id"].(string)

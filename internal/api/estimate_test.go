@@ -23,7 +23,7 @@ const helloGPT4 = `{"model":"gpt-4","messages":[{"role":"user","content":"hello 
 // tokens used in Redis are one number, on a single Redis and on the Cluster.
 func TestAdmitChargesTheEstimate(t *testing.T) {
 	t.Parallel()
-	onRedisAndCluster(t, func(t *testing.T, o options) {
+	onRedisAndCluster(t, func(t *testing.T, o setupOpts) {
 		b := setup(t, o)
 		org := b.id("est")
 		b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro",
@@ -69,7 +69,7 @@ func TestAdmitChargesTheEstimate(t *testing.T) {
 // service token.
 func TestEstimateErrors(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org := b.id("esterr")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	b.waitResolvable(t, org)
@@ -100,7 +100,7 @@ func TestEstimateErrors(t *testing.T) {
 // pkg/client's Estimate and Admit with an estimate, against the real admit.
 func TestClientEstimate(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org := b.id("estclient")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	b.waitResolvable(t, org)

@@ -24,7 +24,7 @@ import (
 // answers, a replay is 409 idempotency_key_exhausted.
 func TestAdmitReplays(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org := b.id("org")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	b.waitResolvable(t, org)
@@ -48,7 +48,7 @@ func TestAdmitReplays(t *testing.T) {
 // with the 409 of the check, never OK.
 func TestRLSReplayRefused(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	org := b.id("org")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	key := b.apiKey(t, org)
@@ -74,7 +74,7 @@ func TestGatewaysShowOwnAccountOnly(t *testing.T) {
 	for _, reveal := range []bool{false, true} {
 		t.Run("reveal="+strconv.FormatBool(reveal), func(t *testing.T) {
 			t.Parallel()
-			b := setupRLS(t, options{reveal: reveal})
+			b := setup(t, setupOpts{grpc: true, reveal: reveal})
 			org, team, user := b.id("secretorg"), b.id("secretteam"), b.id("user")
 			b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 			b.account(t, map[string]any{"id": team, "kind": "team", "parent": org,
@@ -132,7 +132,7 @@ func TestGatewaysShowOwnAccountOnly(t *testing.T) {
 // Every unit is at most 10^15 at every door: past it, 400 invalid_units naming the field.
 func TestUnitsBounded(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	org := b.id("org")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "enterprise",
 		"limits": map[string]any{"tokens": map[string]any{"quota": -1}}})
@@ -160,7 +160,7 @@ func TestUnitsBounded(t *testing.T) {
 // a slot, then gets 503 busy with Retry-After.
 func TestEstimatesBounded(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{maxEstimates: 1})
+	b := setup(t, setupOpts{maxEstimates: 1})
 	// Straight to the server: the contract checker in front of b.url reads a body whole
 	// before the server sees it.
 	direct := httptest.NewServer(b.srv)
@@ -209,7 +209,7 @@ func TestEstimatesBounded(t *testing.T) {
 // unit (RLS.Unit) counts that unit.
 func TestRLSStreamDoneSettlesCredits(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	org := b.id("org")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	key := b.apiKey(t, org)

@@ -31,7 +31,7 @@ func examplePrice() map[string]any {
 
 func TestPlans(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	id, rank := b.id("gold"), planRank()
 	create := map[string]any{"id": id, "rank": rank, "concurrency": 3, "priority": 70,
 		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 50, "burst": 100, "quota": 1_000_000, "quota_period": "month"}},
@@ -119,7 +119,7 @@ func errCode(r reply) string {
 
 func TestPlanValidation(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	// A closed period, for the version that would take effect in it.
 	_, err := testenv.Postgres(t).Exec(testenv.Context(t, time.Minute),
 		`INSERT INTO periods (period, closed_at, closed_by) VALUES ('2001-01-01', now(), 'api test') ON CONFLICT DO NOTHING`)
@@ -218,7 +218,7 @@ func TestPlanValidation(t *testing.T) {
 // The plan routes take the admin token: none is 401, the service token 403.
 func TestPlansNeedTheAdminToken(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	for _, rt := range []struct{ method, path string }{
 		{"POST", "/v1/admin/plans"}, {"GET", "/v1/admin/plans"}, {"GET", "/v1/admin/plans/pro"}, {"PUT", "/v1/admin/plans/pro"},
 	} {
@@ -236,7 +236,7 @@ func TestPlansNeedTheAdminToken(t *testing.T) {
 // back, replaced by a PUT (left out: none), refused when malformed with nothing written.
 func TestPlanGrants(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	id, rank := b.id("prepaid"), planRank()
 	create := map[string]any{"id": id, "rank": rank, "price": examplePrice(),
 		"grants": map[string]any{"cost_micros": map[string]any{"amount": 5_000_000, "priority": 10}}}
@@ -264,7 +264,7 @@ func TestPlanGrants(t *testing.T) {
 // check holds the document's maximum to the API's on every exchange.
 func TestAdminBounds(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	const most = policy.MaxAmount
 	org, team := b.id("org"), b.id("team")
 	b.account(t, map[string]any{"id": org, "kind": "org", "concurrency": math.MaxInt32,

@@ -3,7 +3,6 @@ package api_test
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -16,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
@@ -27,31 +25,6 @@ import (
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/event"
 )
-
-// rlsBundle is a testBundle whose Server also serves Envoy's rate-limit service over a real
-// gRPC listener, called through Envoy's generated client.
-type rlsBundle struct {
-	*testBundle
-	conn   *grpc.ClientConn
-	client rlsv3.RateLimitServiceClient
-}
-
-func setupRLS(t *testing.T, o options) *rlsBundle {
-	t.Helper()
-	b := setup(t, o)
-	g, hs, err := b.srv.NewGRPCServer(api.DefaultRLS)
-	require.NoError(t, err)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- b.srv.ServeGRPC(ctx, lis, g, hs, 5*time.Second) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-served) })
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	return &rlsBundle{testBundle: b, conn: conn, client: rlsv3.NewRateLimitServiceClient(conn)}
-}
 
 // withToken is ctx carrying the bearer token as gRPC metadata.
 func withToken(ctx context.Context, token string) context.Context {
@@ -76,14 +49,14 @@ func hits(d *commonv3.RateLimitDescriptor, n uint64) *commonv3.RateLimitDescript
 	return d
 }
 
-func (b *rlsBundle) should(t *testing.T, token string, descs ...*commonv3.RateLimitDescriptor) (*rlsv3.RateLimitResponse, error) {
+func (b *testBundle) should(t *testing.T, token string, descs ...*commonv3.RateLimitDescriptor) (*rlsv3.RateLimitResponse, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(withToken(context.Background(), token), 30*time.Second)
 	defer cancel()
 	return b.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "metergate", Descriptors: descs})
 }
 
-func (b *rlsBundle) mustShould(t *testing.T, descs ...*commonv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+func (b *testBundle) mustShould(t *testing.T, descs ...*commonv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
 	t.Helper()
 	resp, err := b.should(t, serviceToken, descs...)
 	require.NoError(t, err)
@@ -128,7 +101,7 @@ func httpStatus(resp *rlsv3.RateLimitResponse) int {
 // body; every OK names its event for the upstream.
 func TestRLSFreeBurst(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	org := b.id("free")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "free"})
 	key := b.apiKey(t, org)
@@ -212,7 +185,7 @@ func assertNoError(t *testing.T, err error) bool {
 // Envoy's failure_mode_deny says.
 func TestRLSQuotaAndCredentials(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	org := b.id("quota")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro", "limits": map[string]any{"requests": map[string]any{"quota": 2}}})
 	b.waitResolvable(t, org)
@@ -255,7 +228,7 @@ func TestRLSQuotaAndCredentials(t *testing.T) {
 // the admin token PermissionDenied.
 func TestRLSServiceToken(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	for _, tc := range []struct {
 		name, token string
 		code        codes.Code
@@ -272,7 +245,7 @@ func TestRLSServiceToken(t *testing.T) {
 }
 
 // usage is GET /v1/usage's used units of account.
-func (b *rlsBundle) usage(t *testing.T, account string) map[string]float64 {
+func (b *testBundle) usage(t *testing.T, account string) map[string]float64 {
 	t.Helper()
 	r := b.call(t, "GET", "/v1/usage/"+account, serviceToken, nil)
 	require.Equal(t, 200, r.Status, r.Raw)
@@ -289,7 +262,7 @@ func (b *rlsBundle) usage(t *testing.T, account string) map[string]float64 {
 // refused.
 func TestRLSDescriptorsAreOneAdmission(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	org := b.id("atomic")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro", "limits": map[string]any{
 		"requests": map[string]any{"quota": 100}, "tokens": map[string]any{"quota": 10_000}, "credits": map[string]any{"quota": 5}}})
@@ -325,7 +298,7 @@ func TestRLSDescriptorsAreOneAdmission(t *testing.T) {
 // outcome with them (in the outbox, for reconcile), and charges nothing.
 func TestRLSStreamDoneRecordsTheOutcome(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	org := b.id("done")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro", "limits": map[string]any{"tokens": map[string]any{"quota": 1_000_000}}})
 	key := b.apiKey(t, org)
@@ -352,7 +325,7 @@ func TestRLSStreamDoneRecordsTheOutcome(t *testing.T) {
 // policies are loaded, and reflection lists the service.
 func TestRLSHealthAndReflection(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	ctx := testenv.Context(t, 30*time.Second)
 	hc := healthpb.NewHealthClient(b.conn)
 	for _, svc := range []string{"", api.RLSService} {
@@ -386,7 +359,7 @@ func TestRLSHealthAndReflection(t *testing.T) {
 // its event written straight to Kafka) and names its event.
 func TestRLSRedisDown(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{rdb: deadRedis(t), recorder: true})
+	b := setup(t, setupOpts{grpc: true, rdb: deadRedis(t), recorder: true})
 	quota, rateOnly := b.id("quota"), b.id("rate-only")
 	b.account(t, map[string]any{"id": quota, "kind": "org", "plan": "pro"})
 	b.account(t, map[string]any{"id": rateOnly, "kind": "org", "plan": "enterprise"})
@@ -414,7 +387,7 @@ func TestRLSRedisDown(t *testing.T) {
 // Bad calls are InvalidArgument with a message naming the problem; nothing is charged.
 func TestRLSBadInput(t *testing.T) {
 	t.Parallel()
-	b := setupRLS(t, options{})
+	b := setup(t, setupOpts{grpc: true})
 	org := b.id("bad")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	b.waitResolvable(t, org)
@@ -473,24 +446,13 @@ func TestRLSMapping(t *testing.T) {
 	m.Ignore = []string{"account"}
 	require.ErrorContains(t, m.Validate(), `the ignored entry "account" is the account entry`)
 
-	b := setupRLS(t, options{})
+	m = api.DefaultRLS
+	m.Account, m.Hits, m.Ignore = "tenant", "cost_micros", []string{"*"}
+	b := setup(t, setupOpts{grpc: true, rls: &m})
 	org := b.id("mapped")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro", "limits": map[string]any{"cost_micros": map[string]any{"quota": 1000}}})
 	b.waitResolvable(t, org)
-	m = api.DefaultRLS
-	m.Account, m.Hits, m.Ignore = "tenant", "cost_micros", []string{"*"}
-	g, hs, err := b.srv.NewGRPCServer(m)
-	require.NoError(t, err)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- b.srv.ServeGRPC(ctx, lis, g, hs, 5*time.Second) }()
-	defer func() { cancel(); require.NoError(t, <-served) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(withToken(testenv.Context(t, 30*time.Second), serviceToken),
+	resp, err := b.client.ShouldRateLimit(withToken(testenv.Context(t, 30*time.Second), serviceToken),
 		&rlsv3.RateLimitRequest{Domain: "d", HitsAddend: 7, Descriptors: []*commonv3.RateLimitDescriptor{desc("tenant", org, "anything", "ignored")}})
 	require.NoError(t, err)
 	require.Equal(t, rlsv3.RateLimitResponse_OK, resp.GetOverallCode(), "%s", resp.GetRawBody())
@@ -502,35 +464,24 @@ func TestRLSMapping(t *testing.T) {
 // answers the next call.
 func TestRLSCallerGoneIsVoided(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{rdb: privateRedis(t), recorder: true})
-	org := b.id("gone")
-	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro",
-		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 100, "burst": 100}}})
-	b.waitResolvable(t, org)
-
 	codesSeen := make(chan codes.Code, 4)
 	record := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		resp, err := h(ctx, req)
 		codesSeen <- status.Code(err)
 		return resp, err
 	}
-	g, hs, err := b.srv.NewGRPCServer(api.DefaultRLS, grpc.UnaryInterceptor(record))
-	require.NoError(t, err)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- b.srv.ServeGRPC(ctx, lis, g, hs, 5*time.Second) }()
-	defer func() { cancel(); require.NoError(t, <-served) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
+	b := setup(t, setupOpts{rdb: privateRedis(t), recorder: true, grpc: true,
+		grpcOptions: []grpc.ServerOption{grpc.UnaryInterceptor(record)}})
+	org := b.id("gone")
+	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro",
+		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 100, "burst": 100}}})
+	b.waitResolvable(t, org)
+	client := b.client
 	req := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*commonv3.RateLimitDescriptor{desc("account", org)}}
 
 	done := b.stall(t, 1500*time.Millisecond)
 	hangUp, stop := context.WithTimeout(withToken(context.Background(), serviceToken), 200*time.Millisecond)
-	_, err = client.ShouldRateLimit(hangUp, req)
+	_, err := client.ShouldRateLimit(hangUp, req)
 	stop()
 	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
 	require.Equal(t, codes.Canceled, <-codesSeen, "the server's answer to a caller gone")

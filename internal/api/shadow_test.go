@@ -38,7 +38,7 @@ func (b *testBundle) shadowEvents(t *testing.T, org string) []string {
 // a flag on its event and a count by level and unit; out of shadow mode, it is refused.
 func TestShadowAccount(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org, team := b.id("org"), b.id("team")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "enterprise"})
 	b.account(t, map[string]any{"id": team, "kind": "team", "parent": org, "shadow": true,
@@ -92,7 +92,7 @@ func TestShadowAccount(t *testing.T) {
 // quota_exceeded.
 func TestShadowEverywhere(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{shadow: true})
+	b := setup(t, setupOpts{shadow: true})
 	org := b.id("org")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "enterprise",
 		"limits": map[string]any{"requests": map[string]any{"quota": 1}}})

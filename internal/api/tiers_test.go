@@ -12,7 +12,7 @@ import (
 // that leaves them out removes them.
 func TestCeilingAndPriorityRoundTrip(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org, team := b.id("org"), b.id("team")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	guarantee := map[string]any{"rate_per_s": 10, "burst": 100, "ceiling": 300}
@@ -52,7 +52,7 @@ func TestCeilingAndPriorityRoundTrip(t *testing.T) {
 // written.
 func TestCeilingAndPriorityInvalid(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
+	b := setup(t, setupOpts{})
 	org, team := b.id("org"), b.id("team")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	b.account(t, map[string]any{"id": team, "kind": "team", "parent": org, "priority": 10})

@@ -191,7 +191,7 @@ func TestTimedOutCallIsVoided(t *testing.T) {
 	proxy := newReplyDropper(t, redisAddr)
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	b := setup(t, options{rdb: rdb})
+	b := setup(t, setupOpts{rdb: rdb})
 	org := b.id("acme")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"}) // a monthly quota: fail closed
 	b.waitResolvable(t, org)
@@ -215,7 +215,7 @@ func TestTimedOutCallIsVoided(t *testing.T) {
 // free) is voided.
 func TestCallerHangingUpIsVoidedNotAnOutage(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{rdb: privateRedis(t), recorder: true})
+	b := setup(t, setupOpts{rdb: privateRedis(t), recorder: true})
 	org := b.id("rates")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro",
 		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 100, "burst": 100}}}) // fail open
@@ -257,7 +257,7 @@ func silentRedis(t *testing.T) *redis.Client {
 // straight to Kafka instead of being lost.
 func TestPendingVoidGoesToKafkaOnClose(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{rdb: silentRedis(t), recorder: true})
+	b := setup(t, setupOpts{rdb: silentRedis(t), recorder: true})
 	org := b.id("quota")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	b.waitResolvable(t, org)
@@ -291,7 +291,7 @@ func (l lateRecorder) Record(ctx context.Context, key string, ev event.CloudEven
 // voided: its event is in Kafka though Redis never saw the request.
 func TestFailOpenCallerGoneIsVoided(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{rdb: deadRedis(t), recorder: true,
+	b := setup(t, setupOpts{rdb: deadRedis(t), recorder: true,
 		wrapRecorder: func(r api.Recorder) api.Recorder { return lateRecorder{r} }})
 	org := b.id("rates")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "enterprise"}) // rate-only: fails open

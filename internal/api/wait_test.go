@@ -5,23 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/internal/admission"
-	"github.com/metergate/metergate/internal/api"
-	"github.com/metergate/metergate/internal/keyspace"
-	"github.com/metergate/metergate/internal/ops"
-	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/pkg/event"
 )
@@ -29,87 +19,22 @@ import (
 // Waiting for capacity through the HTTP API (max_wait_ms; docs/admission.md, "Waiting for
 // capacity"), on two admit nodes sharing one Redis and one policy store.
 
-// waitBundle is two admit nodes, as cmd/admit wires them, with ADMIT_MAX_WAIT set.
-type waitBundle struct {
-	nodes [2]*testBundle
-	keys  keyspace.Keys
-	// errors counts what the nodes logged at error level.
-	errors *atomic.Int64
-}
-
-func setupWaiting(t *testing.T, maxWait time.Duration) *waitBundle {
-	t.Helper()
-	ctx := testenv.Context(t, 2*time.Minute)
-	rdb := testenv.Redis(t)
-	wb := &waitBundle{keys: keyspace.Keys{Prefix: testenv.Prefix(t) + "mg", Shards: keyspace.DefaultShards}, errors: new(atomic.Int64)}
-	log := slog.New(&levelCounter{min: slog.LevelError, n: wb.errors})
-	for i := range wb.nodes {
-		pool := testenv.Postgres(t)
-		cache := policy.NewCache(pool, log, time.Minute)
-		runCtx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = cache.Run(runCtx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		for !cache.Loaded() {
-			select {
-			case <-ctx.Done():
-				t.Fatal("policy cache never loaded")
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-		// A client of its own, as each node has.
-		node := redis.NewClient(rdb.Options())
-		t.Cleanup(func() { _ = node.Close() })
-		adm := admission.New(node, admission.Options{KeyPrefix: wb.keys.Prefix, LeaseTTL: 5 * time.Second})
-		t.Cleanup(adm.Close)
-		b := &testBundle{rdb: rdb, store: policy.NewStore(pool), cache: cache,
-			prefix: strings.ReplaceAll(testenv.Name(t), "_", "-"), reg: prometheus.NewRegistry()}
-		b.srv = api.New(api.Config{Log: log, Policies: cache, Admin: b.store, Decider: adm,
-			ServiceToken: serviceToken, AdminToken: adminToken, Source: "node-" + string(rune('a'+i)),
-			Registerer: b.reg, MaxWait: maxWait})
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = b.srv.Close(ctx)
-		})
-		mux := http.NewServeMux()
-		(&ops.Probes{}).Mount(mux, prometheus.NewRegistry())
-		b.srv.Mount(mux)
-		b.url = newContractServer(t, mux).URL
-		wb.nodes[i] = b
-	}
-	return wb
-}
-
-// accounts creates accounts through the first node and waits until both nodes know them.
-func (wb *waitBundle) accounts(t *testing.T, bodies ...map[string]any) {
-	t.Helper()
-	for _, body := range bodies {
-		wb.nodes[0].account(t, body)
-	}
-	for _, body := range bodies {
-		for _, n := range wb.nodes {
-			n.waitResolvable(t, body["id"].(string))
-		}
-	}
-}
-
 // queue is the queue of org's requests bucket (lua/admit.lua "Queues").
-func (wb *waitBundle) queue(org string) string {
-	return wb.keys.Tag(wb.keys.Shard(org)) + "k:" + org + ":r"
+func (b *testBundle) queue(org string) string {
+	return b.keys.Tag(b.keys.Shard(org)) + "k:" + org + ":r"
 }
 
 // stateHash holds the buckets of org's accounts (lua/admit.lua).
-func (wb *waitBundle) stateHash(org string) string {
-	return wb.keys.Tag(wb.keys.Shard(org)) + "s:" + org
+func (b *testBundle) stateHash(org string) string {
+	return b.keys.Tag(b.keys.Shard(org)) + "s:" + org
 }
 
 // waitQueued polls until queue holds n places.
-func (wb *waitBundle) waitQueued(t *testing.T, queue string, n int64) {
+func (b *testBundle) waitQueued(t *testing.T, queue string, n int64) {
 	t.Helper()
 	ctx := testenv.Context(t, 10*time.Second)
 	for {
-		got, err := wb.nodes[0].rdb.ZCard(ctx, queue).Result()
+		got, err := b.rdb.ZCard(ctx, queue).Result()
 		require.NoError(t, err)
 		if got == n {
 			return
@@ -123,9 +48,9 @@ func (wb *waitBundle) waitQueued(t *testing.T, queue string, n int64) {
 }
 
 // admitted lists the event ids of org's usage.admitted events in its outbox.
-func (wb *waitBundle) admitted(t *testing.T, org string) []string {
+func (b *testBundle) admitted(t *testing.T, org string) []string {
 	t.Helper()
-	entries, err := wb.nodes[0].rdb.XRange(testenv.Context(t, 10*time.Second), wb.keys.Outbox(wb.keys.Shard(org)), "-", "+").Result()
+	entries, err := b.rdb.XRange(testenv.Context(t, 10*time.Second), b.keys.Outbox(b.keys.Shard(org)), "-", "+").Result()
 	require.NoError(t, err)
 	var ids []string
 	for _, e := range entries {
@@ -140,26 +65,12 @@ func (wb *waitBundle) admitted(t *testing.T, org string) []string {
 	return ids
 }
 
-// levelCounter is a slog handler counting the records at min or above.
-type levelCounter struct {
-	min slog.Level
-	n   *atomic.Int64
-}
-
-func (h *levelCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= h.min }
-func (h *levelCounter) Handle(context.Context, slog.Record) error {
-	h.n.Add(1)
-	return nil
-}
-func (h *levelCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *levelCounter) WithGroup(string) slog.Handler      { return h }
-
 // Waiters of two priorities join one org's queue alternately through two nodes while the
 // bucket is held empty; once it refills at 10 a second they are admitted one by one (at
 // least 100 ms apart): priority 50 first, first come first served within a priority.
 func TestWaitersThroughHTTPByPriorityThenArrival(t *testing.T) {
 	t.Parallel()
-	wb := setupWaiting(t, 2*time.Minute)
+	wb := setup(t, setupOpts{nodes: 2, maxWait: 2 * time.Minute})
 	org := wb.nodes[0].id("org")
 	wb.accounts(t,
 		map[string]any{"id": org, "kind": "org", "limits": map[string]any{"requests": map[string]any{"rate_per_s": 10, "burst": 1}}},
@@ -211,7 +122,7 @@ func TestWaitersThroughHTTPByPriorityThenArrival(t *testing.T) {
 // without waiting: 429 naming the limit, with retry_after_ms and Retry-After.
 func TestWaiterOutOfTime(t *testing.T) {
 	t.Parallel()
-	wb := setupWaiting(t, 30*time.Second)
+	wb := setup(t, setupOpts{nodes: 2, maxWait: 30 * time.Second})
 	org := wb.nodes[0].id("org")
 	// A request a second.
 	wb.accounts(t, map[string]any{"id": org, "kind": "org", "limits": map[string]any{"requests": map[string]any{"rate_per_s": 1, "burst": 1}}})
@@ -246,7 +157,7 @@ func TestWaiterOutOfTime(t *testing.T) {
 // nothing (no usage.admitted event) and logs no error.
 func TestWaiterHangsUp(t *testing.T) {
 	t.Parallel()
-	wb := setupWaiting(t, 30*time.Second)
+	wb := setup(t, setupOpts{nodes: 2, maxWait: 30 * time.Second})
 	org := wb.nodes[0].id("org")
 	// A request every 10 s.
 	wb.accounts(t, map[string]any{"id": org, "kind": "org", "limits": map[string]any{"requests": map[string]any{"rate_per_s": 0.1, "burst": 1}}})
@@ -281,7 +192,7 @@ func TestWaiterHangsUp(t *testing.T) {
 // with ADMIT_MAX_WAIT=0 takes only 0.
 func TestInvalidMaxWait(t *testing.T) {
 	t.Parallel()
-	wb := setupWaiting(t, 2*time.Second)
+	wb := setup(t, setupOpts{nodes: 2, maxWait: 2 * time.Second})
 	org := wb.nodes[0].id("org")
 	wb.accounts(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
 	for _, tc := range []struct {
@@ -307,7 +218,7 @@ func TestInvalidMaxWait(t *testing.T) {
 		require.Equal(t, http.StatusOK, r.Status, "%d: %s", ms, r.Raw)
 	}
 
-	off := setupWaiting(t, 0)
+	off := setup(t, setupOpts{nodes: 2})
 	off.nodes[0].waitResolvable(t, org)
 	r := off.nodes[0].admit(t, map[string]any{"account": org, "max_wait_ms": 1})
 	require.Equal(t, http.StatusBadRequest, r.Status, r.Raw)

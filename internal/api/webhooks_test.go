@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,36 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/metergate/metergate/internal/api"
-	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/internal/webhook"
 )
 
-type webhookBundle struct {
-	*testBundle
-	ctx  context.Context
-	pool *pgxpool.Pool
-}
-
-// setupWebhooks serves the admin API with a webhook store (private targets refused unless
-// allowPrivate), every exchange checked against openapi.yaml.
-func setupWebhooks(t *testing.T, allowPrivate bool) *webhookBundle {
-	t.Helper()
-	pool := testenv.Postgres(t)
-	b := &webhookBundle{ctx: testenv.Context(t, time.Minute), pool: pool,
-		testBundle: &testBundle{prefix: strings.ReplaceAll(testenv.Name(t), "_", "-"), reg: prometheus.NewRegistry()}}
-	b.srv = api.New(api.Config{Log: slog.New(slog.DiscardHandler), Webhooks: webhook.NewStore(pool, allowPrivate),
-		ServiceToken: serviceToken, AdminToken: adminToken, Registerer: b.reg})
-	b.url = newContractServer(t, b.srv).URL
-	return b
-}
-
-// org makes an org account of id (an endpoint's account filter names an existing account).
-func (b *webhookBundle) org(t *testing.T, id string) string {
+// addOrg makes an org account of id (an endpoint's account filter names an existing account).
+func (b *testBundle) addOrg(t *testing.T, id string) string {
 	t.Helper()
 	_, err := b.pool.Exec(b.ctx, `INSERT INTO accounts (id, kind, org) VALUES ($1, 'org', $1) ON CONFLICT DO NOTHING`, id)
 	require.NoError(t, err)
@@ -49,7 +25,7 @@ func (b *webhookBundle) org(t *testing.T, id string) string {
 }
 
 // alert inserts a usage_alerts row under path at eventTime, as the meter does.
-func (b *webhookBundle) alert(t *testing.T, name string, path []string, eventTime time.Time) string {
+func (b *testBundle) alert(t *testing.T, name string, path []string, eventTime time.Time) string {
 	t.Helper()
 	id := "alert/" + b.id(name)
 	_, err := b.pool.Exec(b.ctx, `INSERT INTO usage_alerts (id, event_time, org, account, path, unit, kind, threshold,
@@ -66,8 +42,8 @@ func (b *webhookBundle) alert(t *testing.T, name string, path []string, eventTim
 // with its code and an unknown id a 404.
 func TestWebhookEndpointAPI(t *testing.T) {
 	t.Parallel()
-	b := setupWebhooks(t, false)
-	org := b.org(t, b.id("org"))
+	b := setup(t, setupOpts{bare: true, webhooks: true})
+	org := b.addOrg(t, b.id("org"))
 	r := b.call(t, "POST", "/v1/admin/webhooks", adminToken, map[string]any{
 		"url": "https://hooks.example.com/metergate", "event_types": []string{"usage.threshold.v1"}, "account": org})
 	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
@@ -184,13 +160,12 @@ func TestWebhookEndpointAPI(t *testing.T) {
 // server without a webhook store answers 503.
 func TestWebhookAPIPrivateAllowedAndUnconfigured(t *testing.T) {
 	t.Parallel()
-	b := setupWebhooks(t, true)
+	b := setup(t, setupOpts{bare: true, webhooks: true, allowPrivate: true})
 	r := b.call(t, "POST", "/v1/admin/webhooks", adminToken, map[string]any{"url": "http://127.0.0.1:9/h",
-		"event_types": []string{"usage.threshold.v1"}, "account": b.org(t, b.id("org")), "enabled": false}) // no other test's alert reaches it
+		"event_types": []string{"usage.threshold.v1"}, "account": b.addOrg(t, b.id("org")), "enabled": false}) // no other test's alert reaches it
 	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
 
-	none := &testBundle{}
-	none.url = newContractServer(t, api.New(api.Config{Log: slog.New(slog.DiscardHandler), AdminToken: adminToken, ServiceToken: serviceToken})).URL
+	none := setup(t, setupOpts{bare: true})
 	r = none.call(t, "GET", "/v1/admin/webhooks", adminToken, nil)
 	require.Equal(t, http.StatusServiceUnavailable, r.Status, r.Raw)
 	require.Equal(t, "unavailable", r.Body["error"].(map[string]any)["code"])
@@ -202,7 +177,7 @@ func TestWebhookAPIPrivateAllowedAndUnconfigured(t *testing.T) {
 // matching alerts of that time, those from before the endpoint included.
 func TestWebhookDeliveryLogAndReplayAPI(t *testing.T) {
 	t.Parallel()
-	b := setupWebhooks(t, false)
+	b := setup(t, setupOpts{bare: true, webhooks: true})
 	var mu sync.Mutex
 	var secret string
 	got := map[string]int{}
@@ -220,7 +195,7 @@ func TestWebhookDeliveryLogAndReplayAPI(t *testing.T) {
 	t.Cleanup(srv.Close)
 	received := func(id string) int { mu.Lock(); defer mu.Unlock(); return got[id] }
 
-	org := b.org(t, b.id("org"))
+	org := b.addOrg(t, b.id("org"))
 	t0 := time.Now().UTC().Truncate(time.Second)
 	early := b.alert(t, "early", []string{org, "team"}, t0.Add(-time.Hour)) // before the endpoint
 	// A name, not a literal address: the store takes it, the deliverer is allowed to dial it.
