@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	_ "embed"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -80,7 +81,7 @@ func (s *store) ensurePartitions(ctx context.Context, months []time.Time) error 
 		if ok {
 			continue
 		}
-		if _, err := s.pool.Exec(ctx, `SELECT usage_events_partition($1)`, m); err != nil {
+		if _, err := s.pool.Exec(ctx, "select usage_events_partition(@month)", pgx.StrictNamedArgs{"month": m}); err != nil {
 			return fmt.Errorf("create usage_events partition %s: %w", period.MonthLabel(m), err)
 		}
 		s.mu.Lock()
@@ -108,27 +109,21 @@ func aheadMonths(now time.Time) []time.Time {
 // has them. They live as long as the connection, and every commit empties them: creating
 // them in each batch's transaction and dropping them at its commit cost catalog writes (and
 // their vacuuming) on every batch. A batch of admissions alone needs none (see store.write).
-var stagingTables = []string{`
-CREATE TEMP TABLE IF NOT EXISTS meter_usage (
-    event_id text, billing_period date, event_time timestamptz, charged_period date,
-    org text, account text, account_kind text, path text[], api_key_id text, idempotency_key text,
-    plan text, tool text, source text, fail_open boolean,
-    requests bigint, tokens bigint, credits bigint, cost_micros bigint,
-    kafka_partition integer, kafka_offset bigint, shadow_refusal text
-) ON COMMIT DELETE ROWS`, `
-CREATE TEMP TABLE IF NOT EXISTS meter_outcomes (
-    event_id text, status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint,
-    outcome_time timestamptz, source text, kafka_partition integer, kafka_offset bigint
-) ON COMMIT DELETE ROWS`, `
-CREATE TEMP TABLE IF NOT EXISTS meter_borrowings (
-    event_id text, billing_period date, charged_period date, event_time timestamptz, org text,
-    account text, lender text, unit text, units bigint, kafka_partition integer, kafka_offset bigint
-) ON COMMIT DELETE ROWS`, `
-CREATE TEMP TABLE IF NOT EXISTS meter_credits (
-    event_id text, grant_id text, billing_period date, charged_period date, event_time timestamptz, org text,
-    account text, unit text, units bigint, kafka_partition integer, kafka_offset bigint
-) ON COMMIT DELETE ROWS`}
+var stagingTables = []string{createMeterUsageSQL, createMeterOutcomesSQL, createMeterBorrowingsSQL, createMeterCreditsSQL}
 
+var (
+	//go:embed sql/create_meter_usage.sql
+	createMeterUsageSQL string
+	//go:embed sql/create_meter_outcomes.sql
+	createMeterOutcomesSQL string
+	//go:embed sql/create_meter_borrowings.sql
+	createMeterBorrowingsSQL string
+	//go:embed sql/create_meter_credits.sql
+	createMeterCreditsSQL string
+)
+
+// The columns the rows of a batch are copied into, in the order the write functions give
+// their values: of the staging tables (sql/create_meter_*.sql) and of usage_events.
 var (
 	usageColumns = []string{"event_id", "billing_period", "event_time", "charged_period",
 		"org", "account", "account_kind", "path", "api_key_id", "idempotency_key",
@@ -136,70 +131,45 @@ var (
 		"requests", "tokens", "credits", "cost_micros", "kafka_partition", "kafka_offset", "shadow_refusal"}
 	outcomeColumns = []string{"event_id", "status", "requests", "tokens", "credits", "cost_micros",
 		"outcome_time", "source", "kafka_partition", "kafka_offset"}
-	borrowingColumns = []string{"event_id", "billing_period", "charged_period", "event_time", "org",
-		"account", "lender", "unit", "units"}
 	// COPY straight into usage_events writes late as well (see store.write).
 	usageCopy = append(slices.Clip(usageColumns), "late")
-	// The staging table also has the message's position, to keep the first delivery.
-	borrowingStaging = append(slices.Clip(borrowingColumns), "kafka_partition", "kafka_offset")
-	creditColumns    = []string{"event_id", "grant_id", "billing_period", "charged_period", "event_time", "org",
-		"account", "unit", "units"}
-	creditStaging = append(slices.Clip(creditColumns), "kafka_partition", "kafka_offset")
+	// The staging tables also have the message's position, to keep the first delivery.
+	borrowingStaging = []string{"event_id", "billing_period", "charged_period", "event_time", "org",
+		"account", "lender", "unit", "units", "kafka_partition", "kafka_offset"}
+	creditStaging = []string{"event_id", "grant_id", "billing_period", "charged_period", "event_time", "org",
+		"account", "unit", "units", "kafka_partition", "kafka_offset"}
 )
 
-// The ORDER BY makes the first delivery win within a batch, and makes concurrent meters
-// take index locks in one order (fewer deadlocks when their batches overlap).
+// The inserts from staging. Their ORDER BY makes the first delivery win within a batch, and
+// makes concurrent meters take index locks in one order (fewer deadlocks when their batches
+// overlap).
 var (
 	// late: the event's billing period was closed (invoiced) before this batch took its
 	// partition locks; the next invoice bills it (internal/invoice).
-	insertUsage = `INSERT INTO usage_events (` + strings.Join(usageColumns, ", ") + `, late)
-SELECT ` + strings.Join(usageColumns, ", ") + `, EXISTS (SELECT 1 FROM periods p WHERE p.period = m.billing_period)
-FROM meter_usage m
-ORDER BY event_id, kafka_partition, kafka_offset
-ON CONFLICT (event_id, billing_period) DO NOTHING`
-	insertOutcomes = `INSERT INTO usage_outcomes (` + strings.Join(outcomeColumns, ", ") + `)
-SELECT ` + strings.Join(outcomeColumns, ", ") + ` FROM meter_outcomes
-ORDER BY event_id, kafka_partition, kafka_offset
-ON CONFLICT (event_id) DO NOTHING`
+	//go:embed sql/insert_usage.sql
+	insertUsageSQL string
+	//go:embed sql/insert_outcomes.sql
+	insertOutcomesSQL string
 	// A redelivered admission carries the same borrowings: the key keeps them once.
-	insertBorrowings = `INSERT INTO usage_borrowings (` + strings.Join(borrowingColumns, ", ") + `)
-SELECT ` + strings.Join(borrowingColumns, ", ") + ` FROM meter_borrowings
-ORDER BY event_id, account, unit, kafka_partition, kafka_offset
-ON CONFLICT (event_id, account, unit) DO NOTHING`
+	//go:embed sql/insert_borrowings.sql
+	insertBorrowingsSQL string
 	// And the same credit draws: the key keeps them once.
-	insertCredits = `INSERT INTO credit_consumptions (` + strings.Join(creditColumns, ", ") + `)
-SELECT ` + strings.Join(creditColumns, ", ") + ` FROM meter_credits
-ORDER BY event_id, grant_id, kafka_partition, kafka_offset
-ON CONFLICT (event_id, grant_id) DO NOTHING`
+	//go:embed sql/insert_credits.sql
+	insertCreditsSQL string
 )
 
-// closedPeriods are those of the batch's billing periods that are closed (invoiced): its
-// admissions of those months are late.
-const closedPeriods = `SELECT period FROM periods WHERE period = ANY($1::date[])`
-
-// Voids are rare (a request nobody was told the decision of): inserted from arrays, no
-// staging table.
-const insertVoids = `INSERT INTO usage_voids (event_id, attempt, reason, void_time, source, kafka_partition, kafka_offset)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::integer[], $7::bigint[])
-ORDER BY 1, 6, 7
-ON CONFLICT (event_id) DO NOTHING`
-
-// insertAlerts writes usage_alerts rows; a redelivered threshold is its first row. The
-// webhook deliveries of a new row are made by its trigger (migrations 00017), in this
-// transaction.
-const insertAlerts = `INSERT INTO usage_alerts (id, event_time, org, account, path, unit, kind, threshold, at_units,
-	value, period, arming_grant, triggered_by, admitted, payload)
-SELECT a.id, a.t, a.org, a.account, string_to_array(a.path, '/'), a.unit, a.kind, a.threshold, a.at_units,
-	a.value, a.period, nullif(a.arming, ''), a.triggered_by, a.admitted, a.payload::jsonb
-FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
-	$9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], $14::boolean[], $15::text[])
-	AS a(id, t, org, account, path, unit, kind, threshold, at_units, value, period, arming, triggered_by, admitted, payload)
-ORDER BY 1
-ON CONFLICT (id) DO NOTHING`
-
-const insertDeadLetters = `INSERT INTO dead_letters (topic, "partition", "offset", key, value, error)
-SELECT $1, d.p, d.o, d.k, d.v, d.e FROM unnest($2::integer[], $3::bigint[], $4::bytea[], $5::bytea[], $6::text[]) AS d(p, o, k, v, e)
-ON CONFLICT ON CONSTRAINT dead_letters_position_key DO NOTHING`
+var (
+	// Voids are rare (a request nobody was told the decision of): inserted from arrays, no
+	// staging table.
+	//go:embed sql/insert_voids.sql
+	insertVoidsSQL string
+	// A new usage_alerts row's webhook deliveries are made by its trigger (migrations
+	// 00017), in the batch's transaction.
+	//go:embed sql/insert_alerts.sql
+	insertAlertsSQL string
+	//go:embed sql/insert_dead_letters.sql
+	insertDeadLettersSQL string
+)
 
 func nullable(s string) any {
 	if s == "" {
@@ -320,12 +290,12 @@ func (s *store) writeTx(ctx context.Context, r byTable, staged bool) (w written,
 		if !committed && c.PgConn().TxStatus() != 'I' {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_, _ = c.Exec(rctx, "ROLLBACK")
+			_, _ = c.Exec(rctx, "rollback")
 		}
 	}()
 
 	open := &pgx.Batch{}
-	open.Queue("BEGIN")
+	open.Queue("begin")
 	closed := map[time.Time]bool{}
 	if len(r.usage) > 0 {
 		// Lock the batch's partitions before reading which periods are closed. A period
@@ -336,8 +306,11 @@ func (s *store) writeTx(ctx context.Context, r byTable, staged bool) (w written,
 		for i, m := range r.months {
 			parts[i] = pgx.Identifier{"usage_events_" + m.Format("2006_01")}.Sanitize()
 		}
-		open.Queue("LOCK TABLE " + strings.Join(parts, ", ") + " IN ROW EXCLUSIVE MODE")
-		open.Queue(closedPeriods, r.months).Query(func(rows pgx.Rows) error {
+		open.Queue("lock table " + strings.Join(parts, ", ") + " in row exclusive mode")
+		// The batch's billing periods that are closed (invoiced): its admissions of those
+		// months are late.
+		open.Queue("select period from periods where period = any(@months::date[])",
+			pgx.StrictNamedArgs{"months": r.months}).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var m time.Time
 				if err := rows.Scan(&m); err != nil {
@@ -388,7 +361,7 @@ func (s *store) writeTx(ctx context.Context, r byTable, staged bool) (w written,
 			return written{}, err
 		}
 	}
-	tag, err := c.Exec(ctx, "COMMIT")
+	tag, err := c.Exec(ctx, "commit")
 	if err != nil {
 		return written{}, fmt.Errorf("commit: %w", err)
 	}
@@ -414,7 +387,7 @@ func writeUsage(ctx context.Context, c *pgx.Conn, usage []*item, closed map[time
 		if err != nil {
 			return counts{}, fmt.Errorf("copy usage rows: %w", err)
 		}
-		tag, err := c.Exec(ctx, insertUsage)
+		tag, err := c.Exec(ctx, insertUsageSQL)
 		if err != nil {
 			return counts{}, fmt.Errorf("insert usage_events: %w", err)
 		}
@@ -441,7 +414,7 @@ func writeUsage(ctx context.Context, c *pgx.Conn, usage []*item, closed map[time
 }
 
 // copyUsage reads rows of copyData into usage_events, each routed to its month's partition.
-var copyUsage = "COPY usage_events (" + strings.Join(usageCopy, ", ") + ") FROM STDIN (FORMAT binary)"
+var copyUsage = "copy usage_events (" + strings.Join(usageCopy, ", ") + ") from stdin (format binary)"
 
 // copyData is rows in COPY's binary format. Admissions are encoded here rather than by
 // pgx's CopyFrom, which boxes every value of every row in an interface and encodes it
@@ -577,7 +550,7 @@ func writeOutcomes(ctx context.Context, c *pgx.Conn, outcomes []*item) (counts, 
 	if err != nil {
 		return counts{}, fmt.Errorf("copy outcome rows: %w", err)
 	}
-	tag, err := c.Exec(ctx, insertOutcomes)
+	tag, err := c.Exec(ctx, insertOutcomesSQL)
 	if err != nil {
 		return counts{}, fmt.Errorf("insert usage_outcomes: %w", err)
 	}
@@ -596,7 +569,10 @@ func writeVoids(ctx context.Context, c *pgx.Conn, voids []*item) (counts, error)
 		times, sources = append(times, v.VoidTime), append(sources, v.Source)
 		parts, offsets = append(parts, int32(v.Partition)), append(offsets, v.Offset) //nolint:gosec // Kafka partitions are int32
 	}
-	tag, err := c.Exec(ctx, insertVoids, ids, attempts, reasons, times, sources, parts, offsets)
+	tag, err := c.Exec(ctx, insertVoidsSQL, pgx.StrictNamedArgs{
+		"event_ids": ids, "attempts": attempts, "reasons": reasons, "void_times": times, "sources": sources,
+		"kafka_partitions": parts, "kafka_offsets": offsets,
+	})
 	if err != nil {
 		return counts{}, fmt.Errorf("insert usage_voids: %w", err)
 	}
@@ -619,7 +595,9 @@ func writeDeadLetters(ctx context.Context, c *pgx.Conn, topic string, dead []*it
 		}
 		errs[i] = cleanText(it.err.Error())
 	}
-	tag, err := c.Exec(ctx, insertDeadLetters, topic, parts, offsets, keys, values, errs)
+	tag, err := c.Exec(ctx, insertDeadLettersSQL, pgx.StrictNamedArgs{
+		"topic": topic, "partitions": parts, "offsets": offsets, "keys": keys, "values": values, "errors": errs,
+	})
 	if err != nil {
 		return counts{}, fmt.Errorf("insert dead_letters: %w", err)
 	}
@@ -640,8 +618,11 @@ func writeAlerts(ctx context.Context, c *pgx.Conn, alerts []*item) (counts, erro
 		unitNames[i], kinds[i], thresholds[i], ats[i], values[i] = a.Unit, a.Kind, a.Threshold, a.At, a.Value
 		periods[i], grants[i], triggers[i], admitted[i], payloads[i] = a.Period, a.Grant, a.TriggeredBy, a.Admitted, string(a.Payload)
 	}
-	tag, err := c.Exec(ctx, insertAlerts, ids, times, orgs, accounts, paths, unitNames, kinds, thresholds, ats, values,
-		periods, grants, triggers, admitted, payloads)
+	tag, err := c.Exec(ctx, insertAlertsSQL, pgx.StrictNamedArgs{
+		"ids": ids, "event_times": times, "orgs": orgs, "accounts": accounts, "paths": paths, "units": unitNames,
+		"kinds": kinds, "thresholds": thresholds, "at_units": ats, "values": values, "periods": periods,
+		"arming_grants": grants, "triggered_by": triggers, "admitted": admitted, "payloads": payloads,
+	})
 	if err != nil {
 		return counts{}, fmt.Errorf("insert usage_alerts: %w", err)
 	}
@@ -667,7 +648,7 @@ func writeBorrowings(ctx context.Context, c *pgx.Conn, usage []*item) (counts, e
 	if err != nil {
 		return counts{}, fmt.Errorf("copy borrowing rows: %w", err)
 	}
-	tag, err := c.Exec(ctx, insertBorrowings)
+	tag, err := c.Exec(ctx, insertBorrowingsSQL)
 	if err != nil {
 		return counts{}, fmt.Errorf("insert usage_borrowings: %w", err)
 	}
@@ -693,7 +674,7 @@ func writeCredits(ctx context.Context, c *pgx.Conn, usage []*item) (counts, erro
 	if err != nil {
 		return counts{}, fmt.Errorf("copy credit rows: %w", err)
 	}
-	tag, err := c.Exec(ctx, insertCredits)
+	tag, err := c.Exec(ctx, insertCreditsSQL)
 	if err != nil {
 		return counts{}, fmt.Errorf("insert credit_consumptions: %w", err)
 	}
