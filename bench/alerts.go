@@ -40,8 +40,8 @@ func (s *stack) alerts(ctx context.Context, res *Results) error {
 	if rules == 0 {
 		return fmt.Errorf("the bench policy has no quota to watch")
 	}
-	withRules.Memo = new(policy.Memo)
-	pol.Memo = new(policy.Memo)
+	withRules.Stamp = policy.NewStamp()
+	pol.Stamp = policy.NewStamp()
 
 	// Each round takes both in turn, in an order that alternates, so that a drift of the
 	// server (the outbox grows: no relay reads the prefix) falls on both alike.

@@ -32,8 +32,8 @@ func (s *stack) credits(ctx context.Context, res *Results) error {
 	withCredits := pol
 	withCredits.Path = append([]policy.Level(nil), pol.Path...)
 	withCredits.Path[0].Credits = []policy.Unit{policy.Tokens}
-	withCredits.Memo = new(policy.Memo)
-	pol.Memo = new(policy.Memo)
+	withCredits.Stamp = policy.NewStamp()
+	pol.Stamp = policy.NewStamp()
 	keys := adm.Keys()
 	grants := keys.Grants(pol.Org, pol.Org, policy.Tokens)
 	if err := s.rdb.HSet(ctx, grants, "gr_00000000000000000000000000000001", int64(1e15)).Err(); err != nil {

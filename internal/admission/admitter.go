@@ -102,6 +102,7 @@ type Admitter struct {
 	queues                                          []queue
 	metrics                                         *scriptMetrics
 	waiters                                         waiters
+	derived                                         limitCache
 }
 
 // queue holds one shard's decisions waiting for a script call.

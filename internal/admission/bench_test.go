@@ -30,7 +30,7 @@ func benchTree(org string) policy.Resolved {
 	}
 	levels[0].Account = org
 	pol := tree(levels...)
-	pol.Memo = new(policy.Memo) // as the policy cache makes them
+	pol.Stamp = policy.NewStamp() // as the policy cache makes them
 	return pol
 }
 

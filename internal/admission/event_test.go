@@ -12,7 +12,7 @@ import (
 // prefix) deciding with the same policy gets its own keys.
 func TestLimitsArePerAdmitter(t *testing.T) {
 	limit := policy.Limit{Algorithm: policy.TokenBucket, RatePerS: 10, Burst: 20}
-	pol := policy.Resolved{Org: "acme", Memo: new(policy.Memo), Path: []policy.Level{
+	pol := policy.Resolved{Org: "acme", Stamp: policy.NewStamp(), Path: []policy.Level{
 		{Account: "acme", Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{policy.Requests: limit}}}}
 	r := Request{EventID: "e1", Policy: pol, Units: map[policy.Unit]int64{policy.Requests: 1}}
 	for _, prefix := range []string{"one", "two", "one"} {

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 
 // limits is what the script call of a decision needs from its policy, apart from the
 // amounts: each limit's keys and constant arguments, and the program compiled from them. It is
-// derived once per policy and Admitter and kept in the policy's Memo.
+// derived once per policy and Admitter and kept in the Admitter's limitCache.
 type limits struct {
 	a      *Admitter
 	state  string      // the org's state hash
@@ -185,10 +186,8 @@ var unitLetter = map[policy.Unit]string{policy.Requests: "r", policy.Tokens: "t"
 
 // limitsOf returns pol's limits in shard, derived at the first decision of the policy.
 func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
-	if pol.Memo != nil {
-		if l, ok := pol.Memo.Load().(*limits); ok && l.a == a {
-			return l
-		}
+	if l := a.derived.get(pol.Stamp); l != nil {
+		return l
 	}
 	l := &limits{a: a, state: a.keys.State(shard, pol.Org), idTail: a.keys.EventIDTail(shard, pol.Org)}
 	for _, lv := range pol.Path {
@@ -226,10 +225,51 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 	l.buckets, l.tiered = bucketChains(pol, l.checks)
 	l.alertsOf(pol)
 	l.compile(pol)
-	if pol.Memo != nil {
-		pol.Memo.Store(l)
+	a.derived.put(pol.Stamp, l)
+	return l
+}
+
+// limitCache holds the limits derived from the policies of the newest snapshots, by
+// their stamps: each is derived once per snapshot, not once per request. The first policy
+// of a newer snapshot retires the current map to old, and drops the one before it; an
+// entry found in old moves back, so an account's limits outlive a reload only while it
+// is still being decided on with its earlier policy.
+type limitCache struct {
+	mu       sync.RWMutex
+	snapshot uint64
+	cur, old map[policy.Stamp]*limits
+}
+
+// get returns the limits derived from the policy stamped s, or nil.
+func (c *limitCache) get(s policy.Stamp) *limits {
+	if s == 0 {
+		return nil
+	}
+	c.mu.RLock()
+	l, ok := c.cur[s]
+	if !ok {
+		l = c.old[s]
+	}
+	c.mu.RUnlock()
+	if !ok && l != nil {
+		c.put(s, l)
 	}
 	return l
+}
+
+// put keeps l as the limits of the policy stamped s (a policy without a stamp is derived
+// at each decision).
+func (c *limitCache) put(s policy.Stamp, l *limits) {
+	if s == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := s.Snapshot(); n > c.snapshot || c.cur == nil {
+		c.snapshot = max(c.snapshot, n)
+		c.old, c.cur = c.cur, make(map[policy.Stamp]*limits, len(c.cur))
+	}
+	c.cur[s] = l
 }
 
 // bucketArgs fills in c's token bucket: the spare of the level's limit (its limit less its

@@ -15,10 +15,10 @@ import (
 	"github.com/metergate/metergate/internal/testenv"
 )
 
-// memoised returns pol as the policy cache hands it out: with a Memo, so that an Admitter
+// stamped returns pol as the policy cache hands it out: with a stamp, so that an Admitter
 // derives its program once and, having sent it, sends only its version.
-func memoised(pol policy.Resolved) policy.Resolved {
-	pol.Memo = new(policy.Memo)
+func stamped(pol policy.Resolved) policy.Resolved {
+	pol.Stamp = policy.NewStamp()
 	return pol
 }
 
@@ -63,7 +63,7 @@ func TestMirrorLostIsRefilled(t *testing.T) {
 	t.Parallel()
 	forEachRedis(t, options{}, func(t *testing.T, b *testBundle) {
 		ctx := testenv.Context(t, 30*time.Second)
-		pol := memoised(tree(policy.Level{Account: b.org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{
+		pol := stamped(tree(policy.Level{Account: b.org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{
 			policy.Requests: withQuota(bucket(1000, 1000), 3, policy.Month),
 		}}))
 		units := map[policy.Unit]int64{policy.Requests: 1}
@@ -110,7 +110,7 @@ func TestMirrorPolicyChangeAcrossNodes(t *testing.T) {
 	forEachRedis(t, options{}, func(t *testing.T, b *testBundle) {
 		ctx := testenv.Context(t, 30*time.Second)
 		level := func(quota int64) policy.Resolved {
-			return memoised(tree(policy.Level{Account: b.org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{
+			return stamped(tree(policy.Level{Account: b.org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{
 				policy.Requests: withQuota(bucket(1000, 1000), quota, policy.Month),
 			}}))
 		}
@@ -146,7 +146,7 @@ func TestMirrorExpires(t *testing.T) {
 	t.Parallel()
 	forEachRedis(t, options{}, func(t *testing.T, b *testBundle) {
 		ctx := testenv.Context(t, 30*time.Second)
-		pol := memoised(tree(policy.Level{Account: b.org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{
+		pol := stamped(tree(policy.Level{Account: b.org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{
 			policy.Requests: bucket(1000, 1000)}}))
 		b.mustDecide(t, pol, map[policy.Unit]int64{policy.Requests: 1})
 		ttl, err := b.rdb.PTTL(ctx, b.mirrorKey()).Result()

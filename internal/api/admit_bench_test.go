@@ -42,7 +42,7 @@ func (fixedDecider) Usage(context.Context, policy.Resolved) (map[policy.Unit]adm
 func BenchmarkAdmitHandler(b *testing.B) {
 	names := []string{"acme", "eng", "alice", "agent-1"}
 	kinds := []policy.Kind{policy.Org, policy.Team, policy.User, policy.Agent}
-	pol := policy.Resolved{Org: "acme", Plan: "pro", Memo: &policy.Memo{}}
+	pol := policy.Resolved{Org: "acme", Plan: "pro", Stamp: policy.NewStamp()}
 	var limits []admission.LimitState
 	for i, name := range names {
 		pol.Path = append(pol.Path, policy.Level{Account: name, Kind: kinds[i]})

@@ -37,7 +37,7 @@ func BenchmarkAdmitEstimate(b *testing.B) {
 	org := "bench-est"
 	pol := policy.Resolved{Org: org, Plan: "pro", Path: []policy.Level{{Account: org, Kind: policy.Org,
 		Limits: map[policy.Unit]policy.Limit{policy.Tokens: {RatePerS: 1e12, Burst: 1e15, Quota: &quota, QuotaPeriod: policy.Month}}}},
-		Memo: &policy.Memo{}}
+		Stamp: policy.NewStamp()}
 	srv := api.New(api.Config{
 		Log: slog.New(slog.DiscardHandler), Policies: benchPolicies{pol: pol},
 		Decider:      admission.New(testenv.Redis(b), admission.Options{KeyPrefix: testenv.Prefix(b) + "mg", LeaseTTL: 5 * time.Second}),

@@ -367,22 +367,33 @@ type Resolved struct {
 	// Shadow: the account's requests are decided and recorded but never refused, because it,
 	// an account above it, or the plan of one of them is in shadow mode.
 	Shadow bool `json:"shadow,omitempty"`
-	// Memo is this policy's slot for what a consumer derives from it (nil when the policy
-	// was not made by a Cache).
-	Memo *Memo `json:"-"`
+	// Stamp names this policy: one account in one snapshot of a Cache (0 when the policy was
+	// not made by a Cache). A consumer keys what it derives from the policy by it.
+	Stamp Stamp `json:"-"`
 }
 
-// Memo is a slot, one per account of a cache snapshot, where a consumer keeps what it
-// derives from the account's policy, so that it is derived once per snapshot and not once
-// per request (admission keeps the script's keys and arguments for the limits there). A
-// reload makes new policies with empty slots: nothing derived outlives its policy.
-type Memo struct{ v atomic.Value }
+// Stamp names one account's policy in one snapshot of a Cache, so that a consumer derives
+// what it needs from the policy once per snapshot and not once per request (admission
+// compiles the limits into the script's program). A reload stamps every policy anew:
+// nothing derived outlives its policy.
+type Stamp uint64
 
-// Load returns what was stored, or nil.
-func (m *Memo) Load() any { return m.v.Load() }
+// stamps counts the snapshots resolved, and (in snapshot 0) the stamps NewStamp gave.
+var stamps, looseStamps atomic.Uint64
 
-// Store keeps v; every Store of a Memo must use the same concrete type.
-func (m *Memo) Store(v any) { m.v.Store(v) }
+// Snapshot is the number of the snapshot the stamp's policy belongs to, increasing with
+// each resolution in the process; 0 for NewStamp's.
+func (s Stamp) Snapshot() uint64 { return uint64(s) >> 32 }
+
+// NewStamp returns a stamp of snapshot 0, unique in the process, for a policy made
+// outside a Cache (tests, benchmarks).
+func NewStamp() Stamp { return Stamp(looseStamps.Add(1) & math.MaxUint32) }
+
+// snapshotStamps returns the stamp of the i-th account of a new snapshot.
+func snapshotStamps() func(i int) Stamp {
+	base := stamps.Add(1) << 32
+	return func(i int) Stamp { return Stamp(base | uint64(uint32(i+1))) }
+}
 
 // Account is the node the policy was resolved for.
 func (r Resolved) Account() string { return r.Path[len(r.Path)-1].Account }

@@ -187,6 +187,7 @@ func appendLevelKey(key []byte, plan string, limits []unitLimit) []byte {
 // refused rather than admitted with fewer limits than intended.
 func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad map[string]error) {
 	resolved = make(map[string]Resolved, len(nodes))
+	stamp := snapshotStamps()
 	bad = make(map[string]error)
 	b := newLevelBuilder(plans)
 	reserved := reservations(nodes, b)
@@ -244,7 +245,7 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 			priority[n.id] = prio
 			sh := shadow[n.parent] || n.shadow || lv.Plan != "" && plans.clamp(lv.Plan).Shadow
 			shadow[n.id] = sh
-			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path, Priority: prio, Shadow: sh, Memo: new(Memo)}
+			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path, Priority: prio, Shadow: sh, Stamp: stamp(len(resolved))}
 		}
 	}
 	return resolved, bad
