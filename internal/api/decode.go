@@ -14,6 +14,7 @@ import (
 
 	"github.com/metergate/metergate/internal/estimate"
 	"github.com/metergate/metergate/internal/gate"
+	"github.com/metergate/metergate/internal/jsonscan"
 	"github.com/metergate/metergate/internal/policy"
 )
 
@@ -482,155 +483,54 @@ func parseOutcome(body io.Reader) (eventID string, status int, units map[policy.
 // member, null, an escape, a fraction, an estimate, ...) returns false, and decodeRaw
 // decides as it always did. What it takes decodeRaw decodes the same way (FuzzParseAdmit).
 func decodeAdmitFast(raw []byte) (admitBody, bool) {
-	d := fastJSON{b: raw, s: string(raw)}
+	d := jsonscan.New(raw)
 	var b admitBody
 	var seen uint
-	if !d.take('{') {
-		return admitBody{}, false
-	}
-	if d.take('}') {
-		return b, d.end()
-	}
-	for {
-		key, ok := d.str()
-		if !ok || !d.take(':') {
-			return admitBody{}, false
-		}
+	ok := d.Object(func(key string) bool {
 		var bit uint
+		var ok bool
 		switch key {
 		case "api_key":
 			bit = 1 << 0
-			b.APIKey, ok = d.str()
+			b.APIKey, ok = d.String()
 		case "account":
 			bit = 1 << 1
-			b.Account, ok = d.str()
+			b.Account, ok = d.String()
 		case "idempotency_key":
 			bit = 1 << 2
-			b.IdempotencyKey, ok = d.str()
+			b.IdempotencyKey, ok = d.String()
 		case "tool":
 			bit = 1 << 3
-			b.Tool, ok = d.str()
+			b.Tool, ok = d.String()
 		case "units":
 			bit = 1 << 4
-			b.Units, ok = d.units()
+			b.Units, ok = units(&d)
 		case "max_wait_ms":
 			bit = 1 << 5
-			b.MaxWaitMS, ok = d.int()
+			b.MaxWaitMS, ok = d.Int()
 		}
 		if bit == 0 || !ok || seen&bit != 0 {
-			return admitBody{}, false
+			return false
 		}
 		seen |= bit
-		if d.take('}') {
-			return b, d.end()
-		}
-		if !d.take(',') {
-			return admitBody{}, false
-		}
-	}
-}
-
-// fastJSON reads the subset of JSON decodeAdmitFast takes; the strings it returns are
-// slices of s, the numbers slices of b.
-type fastJSON struct {
-	b []byte
-	s string // b as a string
-	i int
-}
-
-// take skips whitespace, then c if it is next.
-func (d *fastJSON) take(c byte) bool {
-	d.space()
-	if d.i < len(d.s) && d.s[d.i] == c {
-		d.i++
 		return true
+	})
+	if !ok || !d.End() {
+		return admitBody{}, false
 	}
-	return false
-}
-
-// end reports whether nothing but whitespace is left.
-func (d *fastJSON) end() bool {
-	d.space()
-	return d.i == len(d.s)
-}
-
-func (d *fastJSON) space() {
-	for d.i < len(d.s) {
-		switch d.s[d.i] {
-		case ' ', '\t', '\n', '\r':
-			d.i++
-		default:
-			return
-		}
-	}
-}
-
-// str reads a string of printable ASCII without escapes.
-func (d *fastJSON) str() (string, bool) {
-	if !d.take('"') {
-		return "", false
-	}
-	start := d.i
-	for ; d.i < len(d.s); d.i++ {
-		switch c := d.s[d.i]; {
-		case c == '"':
-			d.i++
-			return d.s[start : d.i-1], true
-		case c < ' ' || c > '~' || c == '\\':
-			return "", false
-		}
-	}
-	return "", false
-}
-
-// int reads an integer as JSON writes one (no fraction or exponent), as its text.
-func (d *fastJSON) int() (json.RawMessage, bool) {
-	d.space()
-	start := d.i
-	if d.i < len(d.s) && d.s[d.i] == '-' {
-		d.i++
-	}
-	switch {
-	case d.i < len(d.s) && d.s[d.i] == '0':
-		d.i++
-	case d.i < len(d.s) && d.s[d.i] >= '1' && d.s[d.i] <= '9':
-		for d.i < len(d.s) && d.s[d.i] >= '0' && d.s[d.i] <= '9' {
-			d.i++
-		}
-	default:
-		return nil, false
-	}
-	if d.i < len(d.s) && (d.s[d.i] == '.' || d.s[d.i] == 'e' || d.s[d.i] == 'E' || d.s[d.i] >= '0' && d.s[d.i] <= '9') {
-		return nil, false // a fraction, an exponent, or a leading zero: encoding/json's to judge
-	}
-	return json.RawMessage(d.b[start:d.i:d.i]), true
+	return b, true
 }
 
 // units reads an object of the four units' integers, each at most once.
-func (d *fastJSON) units() (map[string]json.RawMessage, bool) {
-	if !d.take('{') {
-		return nil, false
-	}
+func units(d *jsonscan.Scanner) (map[string]json.RawMessage, bool) {
 	u := make(map[string]json.RawMessage, len(policy.Units))
-	if d.take('}') {
-		return u, true
-	}
-	for {
-		name, ok := d.str()
-		if !ok || !policy.Unit(name).Valid() || !d.take(':') {
-			return nil, false
+	ok := d.Object(func(name string) bool {
+		if _, dup := u[name]; dup || !policy.Unit(name).Valid() {
+			return false
 		}
-		if _, dup := u[name]; dup {
-			return nil, false
-		}
-		if u[name], ok = d.int(); !ok {
-			return nil, false
-		}
-		if d.take('}') {
-			return u, true
-		}
-		if !d.take(',') {
-			return nil, false
-		}
-	}
+		n, ok := d.Int()
+		u[name] = n
+		return ok
+	})
+	return u, ok
 }
