@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"crypto/rand"
+	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -112,8 +113,27 @@ func (r *AlertRule) check() error {
 // ErrAlertExists is returned when the owner has a rule of that kind, unit and period already.
 var ErrAlertExists = errors.New("alert rule exists for that owner, kind, unit and period")
 
-const alertColumns = `id, coalesce(account, ''), coalesce(plan, ''), kind, unit, period, thresholds, created_at, updated_at`
+// The statements of the alert rules. Each selects or returns a rule's columns in
+// scanAlert's order.
+var (
+	//go:embed sql/insert_alert.sql
+	insertAlertSQL string
+	//go:embed sql/update_alert.sql
+	updateAlertSQL string
+	//go:embed sql/read_alert.sql
+	readAlertSQL string
+	//go:embed sql/list_alerts.sql
+	listAlertsSQL string
+	//go:embed sql/list_account_alerts.sql
+	listAccountAlertsSQL string
+	//go:embed sql/list_plan_alerts.sql
+	listPlanAlertsSQL string
+	//go:embed sql/load_alerts.sql
+	loadAlertsSQL string
+)
 
+// scanAlert reads a rule from its columns in this order: id, account (” for none), plan
+// (” for none), kind, unit, period, thresholds, created_at, updated_at.
 func scanAlert(row pgx.Row) (AlertRule, error) {
 	var r AlertRule
 	err := row.Scan(&r.ID, &r.Account, &r.Plan, &r.Kind, &r.Unit, &r.Period, &r.Thresholds, &r.CreatedAt, &r.UpdatedAt)
@@ -130,10 +150,10 @@ func (s *Store) CreateAlert(ctx context.Context, r AlertRule) (AlertRule, error)
 	var raw [16]byte
 	_, _ = rand.Read(raw[:])
 	r.ID = "al_" + hex.EncodeToString(raw[:])
-	out, err := scanAlert(s.pool.QueryRow(ctx, `
-		INSERT INTO alert_rules (id, account, plan, kind, unit, period, thresholds)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)
-		RETURNING `+alertColumns, r.ID, nullString(r.Account), nullString(r.Plan), r.Kind, r.Unit, r.Period, r.Thresholds))
+	out, err := scanAlert(s.pool.QueryRow(ctx, insertAlertSQL, pgx.StrictNamedArgs{
+		"id": r.ID, "account": nullString(r.Account), "plan": nullString(r.Plan),
+		"kind": r.Kind, "unit": r.Unit, "period": r.Period, "thresholds": r.Thresholds,
+	}))
 	if err != nil {
 		return AlertRule{}, alertDBError(err)
 	}
@@ -151,10 +171,9 @@ func (s *Store) UpdateAlert(ctx context.Context, r AlertRule) (AlertRule, error)
 	if err := r.check(); err != nil {
 		return AlertRule{}, err
 	}
-	out, err := scanAlert(s.pool.QueryRow(ctx, `
-		UPDATE alert_rules SET kind = $2, unit = $3, period = $4, thresholds = $5, updated_at = now()
-		WHERE id = $1
-		RETURNING `+alertColumns, r.ID, r.Kind, r.Unit, r.Period, r.Thresholds))
+	out, err := scanAlert(s.pool.QueryRow(ctx, updateAlertSQL, pgx.StrictNamedArgs{
+		"id": r.ID, "kind": r.Kind, "unit": r.Unit, "period": r.Period, "thresholds": r.Thresholds,
+	}))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return AlertRule{}, fmt.Errorf("alert rule %q: %w", r.ID, ErrNotFound)
 	}
@@ -169,7 +188,7 @@ func (s *Store) GetAlert(ctx context.Context, id string) (AlertRule, error) {
 	if !ValidID(id) {
 		return AlertRule{}, fmt.Errorf("alert rule %q: %w", id, ErrNotFound)
 	}
-	r, err := scanAlert(s.pool.QueryRow(ctx, `SELECT `+alertColumns+` FROM alert_rules WHERE id = $1`, id))
+	r, err := scanAlert(s.pool.QueryRow(ctx, readAlertSQL, pgx.StrictNamedArgs{"id": id}))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return AlertRule{}, fmt.Errorf("alert rule %q: %w", id, ErrNotFound)
 	}
@@ -181,8 +200,21 @@ func (s *Store) GetAlert(ctx context.Context, id string) (AlertRule, error) {
 
 // Alerts lists the rules of an account or a plan (both empty: every rule), oldest first.
 func (s *Store) Alerts(ctx context.Context, account, plan string) ([]AlertRule, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+alertColumns+` FROM alert_rules
-		WHERE ($1 = '' OR account = $1) AND ($2 = '' OR plan = $2) ORDER BY created_at, id`, account, plan)
+	var (
+		query string
+		args  pgx.StrictNamedArgs
+	)
+	switch {
+	case account != "" && plan != "":
+		return []AlertRule{}, nil // a rule has one owner (alert_rules_owner): none has both
+	case account != "":
+		query, args = listAccountAlertsSQL, pgx.StrictNamedArgs{"account": account}
+	case plan != "":
+		query, args = listPlanAlertsSQL, pgx.StrictNamedArgs{"plan": plan}
+	default:
+		query = listAlertsSQL
+	}
+	rows, err := s.pool.Query(ctx, query, args)
 	if err != nil {
 		return nil, fmt.Errorf("read alert rules: %w", err)
 	}
@@ -206,7 +238,7 @@ func (s *Store) DeleteAlert(ctx context.Context, id string) error {
 	if !ValidID(id) {
 		return fmt.Errorf("alert rule %q: %w", id, ErrNotFound)
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM alert_rules WHERE id = $1`, id)
+	tag, err := s.pool.Exec(ctx, `delete from alert_rules where id = @id`, pgx.StrictNamedArgs{"id": id})
 	if err != nil {
 		return fmt.Errorf("delete alert rule: %w", err)
 	}
@@ -236,7 +268,7 @@ type alertSet struct {
 
 func loadAlerts(ctx context.Context, tx pgx.Tx) (alertSet, error) {
 	set := alertSet{byAccount: map[string][]Alert{}, byPlan: map[string][]Alert{}}
-	rows, err := tx.Query(ctx, `SELECT `+alertColumns+` FROM alert_rules ORDER BY kind, unit, period`)
+	rows, err := tx.Query(ctx, loadAlertsSQL)
 	if err != nil {
 		return set, fmt.Errorf("read alert rules: %w", err)
 	}

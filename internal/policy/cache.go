@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"crypto/sha256"
+	_ "embed"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -160,6 +161,18 @@ func (c *Cache) Reload(ctx context.Context) error {
 	return nil
 }
 
+// The statements of the cache's load (the plans': loadPlans).
+var (
+	//go:embed sql/load_accounts.sql
+	loadAccountsSQL string
+	//go:embed sql/load_account_limits.sql
+	loadAccountLimitsSQL string
+	//go:embed sql/load_credit_grants.sql
+	loadCreditGrantsSQL string
+	//go:embed sql/load_api_keys.sql
+	loadAPIKeysSQL string
+)
+
 func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 	byID, err := loadPlans(ctx, tx)
 	if err != nil {
@@ -171,12 +184,12 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 	}
 
 	var count int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM accounts`).Scan(&count); err != nil {
+	if err := tx.QueryRow(ctx, `select count(*) from accounts`).Scan(&count); err != nil {
 		return nil, fmt.Errorf("count accounts: %w", err)
 	}
 	nodes := make([]node, 0, count)
 	index := make(map[string]int, count)
-	rows, err := tx.Query(ctx, `SELECT id, kind, coalesce(parent, ''), org, coalesce(plan, ''), concurrency, priority, shadow FROM accounts`)
+	rows, err := tx.Query(ctx, loadAccountsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read accounts: %w", err)
 	}
@@ -194,7 +207,7 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 		return nil, fmt.Errorf("read accounts: %w", err)
 	}
 
-	rows, err = tx.Query(ctx, `SELECT account, unit, `+limitColumns+` FROM account_limits`)
+	rows, err = tx.Query(ctx, loadAccountLimitsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read overrides: %w", err)
 	}
@@ -222,9 +235,7 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 	// Accounts with a credit grant of a unit (spent, expired or voided ones too: an
 	// account that has had credit is drawn from, and refused at zero), and the units of
 	// its grants neither voided nor expired (BalancePercent's 100 %), in one read.
-	rows, err = tx.Query(ctx, `SELECT account, unit,
-		coalesce(sum(amount) FILTER (WHERE voided_at IS NULL AND (expires_at IS NULL OR expires_at > now())), 0)::bigint
-		FROM credit_grants GROUP BY account, unit ORDER BY account, unit`)
+	rows, err = tx.Query(ctx, loadCreditGrantsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read credit grants: %w", err)
 	}
@@ -277,7 +288,7 @@ func (c *Cache) load(ctx context.Context, tx pgx.Tx) (*snapshot, error) {
 	}
 
 	keys := make(map[[sha256.Size]byte]APIKey)
-	rows, err = tx.Query(ctx, `SELECT id, account, hash, created_at, revoked_at FROM api_keys`)
+	rows, err = tx.Query(ctx, loadAPIKeysSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read api keys: %w", err)
 	}

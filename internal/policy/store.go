@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	_ "embed"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -128,6 +129,14 @@ type Store struct {
 // NewStore returns a store over pool, whose schema has the migrations applied.
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
+// The statements of CreateAccount.
+var (
+	//go:embed sql/read_parent.sql
+	readParentSQL string
+	//go:embed sql/insert_account.sql
+	insertAccountSQL string
+)
+
 // CreateAccount creates a node of the account tree and returns it as stored, with Org set
 // from its parent's. It returns an *InvalidError for bad input, including a parent that does
 // not exist (a 400 for the caller, not a 404: the missing thing is part of the input), and
@@ -175,8 +184,8 @@ func (s *Store) CreateAccount(ctx context.Context, a Account) (Account, error) {
 				parentKind Kind
 				parentOrg  string
 			)
-			// FOR KEY SHARE: the parent cannot go away before this insert commits.
-			err := tx.QueryRow(ctx, `SELECT kind, org FROM accounts WHERE id = $1 FOR KEY SHARE`, a.Parent).Scan(&parentKind, &parentOrg)
+			// Key-share locked (read_parent.sql): the parent cannot go away before this insert commits.
+			err := tx.QueryRow(ctx, readParentSQL, pgx.StrictNamedArgs{"id": a.Parent}).Scan(&parentKind, &parentOrg)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return invalid("parent", "account %q does not exist", a.Parent)
 			}
@@ -196,12 +205,10 @@ func (s *Store) CreateAccount(ctx context.Context, a Account) (Account, error) {
 		if a.Parent != "" {
 			parent = &a.Parent
 		}
-		err := tx.QueryRow(ctx, `
-			INSERT INTO accounts (id, kind, parent, org, plan, concurrency, priority, shadow)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-			ON CONFLICT (id) DO NOTHING
-			RETURNING created_at, updated_at`,
-			a.ID, string(a.Kind), parent, a.Org, nullString(a.Plan), a.Concurrency, a.Priority, a.Shadow).Scan(&a.CreatedAt, &a.UpdatedAt)
+		err := tx.QueryRow(ctx, insertAccountSQL, pgx.StrictNamedArgs{
+			"id": a.ID, "kind": string(a.Kind), "parent": parent, "org": a.Org, "plan": nullString(a.Plan),
+			"concurrency": a.Concurrency, "priority": a.Priority, "shadow": a.Shadow,
+		}).Scan(&a.CreatedAt, &a.UpdatedAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("account %q: %w", a.ID, ErrExists)
 		}
@@ -215,6 +222,9 @@ func (s *Store) CreateAccount(ctx context.Context, a Account) (Account, error) {
 	}
 	return a, nil
 }
+
+//go:embed sql/update_account.sql
+var updateAccountSQL string
 
 // UpdateAccount replaces the plan, overrides, concurrency and priority of an existing
 // account and returns it as stored. Kind and parent cannot change: an *InvalidError if a differs in
@@ -255,14 +265,13 @@ func (s *Store) UpdateAccount(ctx context.Context, a Account) (Account, error) {
 		}
 		out = cur
 		out.Plan, out.Limits, out.Concurrency, out.Priority, out.Shadow = a.Plan, limits, a.Concurrency, a.Priority, a.Shadow
-		err = tx.QueryRow(ctx, `
-			UPDATE accounts SET plan = $2, concurrency = $3, priority = $4, shadow = $5, updated_at = now()
-			WHERE id = $1 RETURNING updated_at`,
-			a.ID, nullString(a.Plan), a.Concurrency, a.Priority, a.Shadow).Scan(&out.UpdatedAt)
+		err = tx.QueryRow(ctx, updateAccountSQL, pgx.StrictNamedArgs{
+			"id": a.ID, "plan": nullString(a.Plan), "concurrency": a.Concurrency, "priority": a.Priority, "shadow": a.Shadow,
+		}).Scan(&out.UpdatedAt)
 		if err != nil {
 			return fmt.Errorf("update account %q: %w", a.ID, err)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM account_limits WHERE account = $1`, a.ID); err != nil {
+		if _, err := tx.Exec(ctx, `delete from account_limits where account = @account`, pgx.StrictNamedArgs{"account": a.ID}); err != nil {
 			return fmt.Errorf("delete overrides of %q: %w", a.ID, err)
 		}
 		return insertOverrides(ctx, tx, a.ID, limits)
@@ -328,6 +337,9 @@ func (s *Store) GetPlan(ctx context.Context, id string) (Plan, error) {
 	return p, err
 }
 
+//go:embed sql/insert_plan.sql
+var insertPlanSQL string
+
 // CreatePlan creates a plan (id, rank, limits, concurrency, priority) and, when price is
 // not nil, the first version of its price, which prices every period (its EffectivePeriod
 // must be zero). It returns the plan as stored, an *InvalidError for bad input (a rank
@@ -352,9 +364,9 @@ func (s *Store) CreatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 		if err := checkRank(ctx, tx, p); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `
-			INSERT INTO plans (id, rank, concurrency, priority, shadow) VALUES ($1, $2, $3, $4, $5)
-			ON CONFLICT (id) DO NOTHING`, p.ID, p.Rank, p.Concurrency, p.Priority, p.Shadow)
+		tag, err := tx.Exec(ctx, insertPlanSQL, pgx.StrictNamedArgs{
+			"id": p.ID, "rank": p.Rank, "concurrency": p.Concurrency, "priority": p.Priority, "shadow": p.Shadow,
+		})
 		if err != nil {
 			return fmt.Errorf("insert plan %q: %w", p.ID, err)
 		}
@@ -372,6 +384,14 @@ func (s *Store) CreatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 	}
 	return out, nil
 }
+
+// The statements of UpdatePlan.
+var (
+	//go:embed sql/lock_plan.sql
+	lockPlanSQL string
+	//go:embed sql/update_plan.sql
+	updatePlanSQL string
+)
 
 // UpdatePlan replaces the rank, limits, concurrency and priority of an existing plan and,
 // when price is not nil, adds a version of its price (invoice.AddPriceVersion: effective
@@ -392,7 +412,7 @@ func (s *Store) UpdatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 	var out Plan
 	err = pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		var id string
-		err := tx.QueryRow(ctx, `SELECT id FROM plans WHERE id = $1 FOR UPDATE`, p.ID).Scan(&id)
+		err := tx.QueryRow(ctx, lockPlanSQL, pgx.StrictNamedArgs{"id": p.ID}).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("plan %q: %w", p.ID, ErrNotFound)
 		}
@@ -402,11 +422,12 @@ func (s *Store) UpdatePlan(ctx context.Context, p Plan, price *invoice.Plan) (Pl
 		if err := checkRank(ctx, tx, p); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE plans SET rank = $2, concurrency = $3, priority = $4, shadow = $5 WHERE id = $1`,
-			p.ID, p.Rank, p.Concurrency, p.Priority, p.Shadow); err != nil {
+		if _, err := tx.Exec(ctx, updatePlanSQL, pgx.StrictNamedArgs{
+			"id": p.ID, "rank": p.Rank, "concurrency": p.Concurrency, "priority": p.Priority, "shadow": p.Shadow,
+		}); err != nil {
 			return fmt.Errorf("update plan %q: %w", p.ID, err)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM plan_limits WHERE plan = $1`, p.ID); err != nil {
+		if _, err := tx.Exec(ctx, `delete from plan_limits where plan = @plan`, pgx.StrictNamedArgs{"plan": p.ID}); err != nil {
 			return fmt.Errorf("delete limits of plan %q: %w", p.ID, err)
 		}
 		if err := writePlanRest(ctx, tx, p.ID, limits, p.Grants, price); err != nil {
@@ -487,11 +508,14 @@ func checkPriceBounds(p *invoice.Plan) error {
 	return nil
 }
 
+//go:embed sql/plan_with_rank.sql
+var planWithRankSQL string
+
 // checkRank refuses a rank another plan has: ranks order the plans, the lowest is the
 // smallest.
 func checkRank(ctx context.Context, tx pgx.Tx, p Plan) error {
 	var other string
-	err := tx.QueryRow(ctx, `SELECT id FROM plans WHERE rank = $1 AND id <> $2`, p.Rank, p.ID).Scan(&other)
+	err := tx.QueryRow(ctx, planWithRankSQL, pgx.StrictNamedArgs{"rank": p.Rank, "id": p.ID}).Scan(&other)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil
@@ -501,26 +525,34 @@ func checkRank(ctx context.Context, tx pgx.Tx, p Plan) error {
 	return invalid("rank", "rank %d is plan %q's: ranks are unique (the lowest is the smallest plan)", p.Rank, other)
 }
 
+// The statements of writePlanRest.
+var (
+	//go:embed sql/insert_plan_grant.sql
+	insertPlanGrantSQL string
+	//go:embed sql/insert_plan_limit.sql
+	insertPlanLimitSQL string
+	//go:embed sql/smallest_plan.sql
+	smallestPlanSQL string
+)
+
 // writePlanRest writes a plan's limits and, if any, a price version, then checks that the
 // smallest plan has a price (invoices of orgs on unknown or unpriced plans use it).
 func writePlanRest(ctx context.Context, tx pgx.Tx, plan string, limits map[Unit]Limit, grants map[Unit]PlanGrant, price *invoice.Plan) error {
-	if _, err := tx.Exec(ctx, `DELETE FROM plan_grants WHERE plan = $1`, plan); err != nil {
+	if _, err := tx.Exec(ctx, `delete from plan_grants where plan = @plan`, pgx.StrictNamedArgs{"plan": plan}); err != nil {
 		return fmt.Errorf("delete grants of plan %q: %w", plan, err)
 	}
 	for _, u := range sortedUnits(grants) {
 		g := grants[u]
-		if _, err := tx.Exec(ctx, `INSERT INTO plan_grants (plan, unit, amount, priority) VALUES ($1, $2, $3, $4)`,
-			plan, string(u), g.Amount, g.Priority); err != nil {
+		if _, err := tx.Exec(ctx, insertPlanGrantSQL, pgx.StrictNamedArgs{
+			"plan": plan, "unit": string(u), "amount": g.Amount, "priority": g.Priority,
+		}); err != nil {
 			return fmt.Errorf("insert grant %s of plan %q: %w", u, plan, err)
 		}
 	}
 	for _, u := range sortedUnits(limits) {
-		l := limits[u]
-		_, err := tx.Exec(ctx, `
-			INSERT INTO plan_limits (plan, unit, algorithm, rate_per_s, burst, "limit", window_s, quota, quota_period, ceiling)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-			plan, string(u), string(l.Algorithm), l.RatePerS, l.Burst, l.Limit, l.WindowS, l.Quota, nullString(string(l.QuotaPeriod)), l.Ceiling)
-		if err != nil {
+		args := limitArgs(u, limits[u])
+		args["plan"] = plan
+		if _, err := tx.Exec(ctx, insertPlanLimitSQL, args); err != nil {
 			return fmt.Errorf("insert limit %s of plan %q: %w", u, plan, err)
 		}
 	}
@@ -539,9 +571,7 @@ func writePlanRest(ctx context.Context, tx pgx.Tx, plan string, limits map[Unit]
 		smallest string
 		priced   bool
 	)
-	if err := tx.QueryRow(ctx, `
-		SELECT p.id, EXISTS (SELECT 1 FROM plan_prices pp WHERE pp.plan = p.id)
-		FROM plans p ORDER BY p.rank LIMIT 1`).Scan(&smallest, &priced); err != nil {
+	if err := tx.QueryRow(ctx, smallestPlanSQL).Scan(&smallest, &priced); err != nil {
 		return fmt.Errorf("read the smallest plan: %w", err)
 	}
 	if smallest == plan && !priced {
@@ -550,17 +580,27 @@ func writePlanRest(ctx context.Context, tx pgx.Tx, plan string, limits map[Unit]
 	return nil
 }
 
+// The statements of getPlan.
+var (
+	//go:embed sql/read_plan.sql
+	readPlanSQL string
+	//go:embed sql/read_plan_limits.sql
+	readPlanLimitsSQL string
+	//go:embed sql/read_plan_grants.sql
+	readPlanGrantsSQL string
+)
+
 // getPlan reads one plan with its limits and price versions.
 func getPlan(ctx context.Context, tx pgx.Tx, id string) (Plan, error) {
 	p := Plan{ID: id, Limits: make(map[Unit]Limit)}
-	err := tx.QueryRow(ctx, `SELECT rank, concurrency, priority, shadow FROM plans WHERE id = $1`, id).Scan(&p.Rank, &p.Concurrency, &p.Priority, &p.Shadow)
+	err := tx.QueryRow(ctx, readPlanSQL, pgx.StrictNamedArgs{"id": id}).Scan(&p.Rank, &p.Concurrency, &p.Priority, &p.Shadow)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Plan{}, fmt.Errorf("plan %q: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return Plan{}, fmt.Errorf("read plan %q: %w", id, err)
 	}
-	limits, err := readLimits(ctx, tx, `SELECT unit, `+limitColumns+` FROM plan_limits WHERE plan = $1`, id)
+	limits, err := readLimits(ctx, tx, readPlanLimitsSQL, pgx.StrictNamedArgs{"plan": id})
 	if err != nil {
 		return Plan{}, fmt.Errorf("read limits of plan %q: %w", id, err)
 	}
@@ -570,7 +610,7 @@ func getPlan(ctx context.Context, tx pgx.Tx, id string) (Plan, error) {
 	if p.Prices, err = invoice.PriceVersions(ctx, tx, id); err != nil {
 		return Plan{}, err
 	}
-	grows, err := tx.Query(ctx, `SELECT unit, amount, priority FROM plan_grants WHERE plan = $1`, id)
+	grows, err := tx.Query(ctx, readPlanGrantsSQL, pgx.StrictNamedArgs{"plan": id})
 	if err != nil {
 		return Plan{}, fmt.Errorf("read grants of plan %q: %w", id, err)
 	}
@@ -616,6 +656,9 @@ func planDBError(err error) error {
 	return err
 }
 
+//go:embed sql/insert_api_key.sql
+var insertAPIKeySQL string
+
 // CreateAPIKey makes a key for an existing account and returns it with its secret, which
 // is not stored (only its hash) and cannot be shown again. ErrNotFound if the account does
 // not exist.
@@ -629,10 +672,9 @@ func (s *Store) CreateAPIKey(ctx context.Context, account string) (APIKey, strin
 	var idRaw [8]byte
 	_, _ = rand.Read(idRaw[:])
 	key := APIKey{ID: "key_" + hex.EncodeToString(idRaw[:]), Account: account}
-	err := s.pool.QueryRow(ctx, `
-		INSERT INTO api_keys (id, account, hash)
-		SELECT $1, id, $3 FROM accounts WHERE id = $2
-		RETURNING created_at`, key.ID, account, HashKey(secret)).Scan(&key.CreatedAt)
+	err := s.pool.QueryRow(ctx, insertAPIKeySQL, pgx.StrictNamedArgs{
+		"id": key.ID, "account": account, "hash": HashKey(secret),
+	}).Scan(&key.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return APIKey{}, "", fmt.Errorf("account %q: %w", account, ErrNotFound)
 	}
@@ -642,13 +684,16 @@ func (s *Store) CreateAPIKey(ctx context.Context, account string) (APIKey, strin
 	return key, secret, nil
 }
 
+//go:embed sql/revoke_api_key.sql
+var revokeAPIKeySQL string
+
 // RevokeAPIKey revokes a key for good; revoking it again keeps the first revocation time.
 // ErrNotFound if there is no such key.
 func (s *Store) RevokeAPIKey(ctx context.Context, id string) error {
 	if !ValidID(id) { // key ids are ids; anything else (a NUL, invalid UTF-8) names no key
 		return fmt.Errorf("api key %q: %w", id, ErrNotFound)
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id)
+	tag, err := s.pool.Exec(ctx, revokeAPIKeySQL, pgx.StrictNamedArgs{"id": id})
 	if err != nil {
 		return fmt.Errorf("revoke api key %q: %w", id, err)
 	}
@@ -746,12 +791,15 @@ func sortedUnits[V any](m map[Unit]V) []Unit {
 	return us
 }
 
+//go:embed sql/read_plan_ids.sql
+var readPlanIDsSQL string
+
 func checkPlan(ctx context.Context, tx pgx.Tx, plan string) error {
 	if plan == "" {
 		return nil
 	}
 	var known []string
-	err := tx.QueryRow(ctx, `SELECT coalesce(array_agg(id ORDER BY rank), '{}') FROM plans`).Scan(&known)
+	err := tx.QueryRow(ctx, readPlanIDsSQL).Scan(&known)
 	if err != nil {
 		return fmt.Errorf("read plans: %w", err)
 	}
@@ -763,43 +811,55 @@ func checkPlan(ctx context.Context, tx pgx.Tx, plan string) error {
 	return invalid("plan", "unknown plan %q (known: %s)", plan, strings.Join(known, ", "))
 }
 
+//go:embed sql/insert_account_limit.sql
+var insertAccountLimitSQL string
+
 func insertOverrides(ctx context.Context, tx pgx.Tx, account string, limits map[Unit]Limit) error {
 	for _, u := range sortedUnits(limits) {
-		l := limits[u]
-		_, err := tx.Exec(ctx, `
-			INSERT INTO account_limits (account, unit, algorithm, rate_per_s, burst, "limit", window_s, quota, quota_period, ceiling)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-			account, string(u), string(l.Algorithm), l.RatePerS, l.Burst, l.Limit, l.WindowS, l.Quota, nullString(string(l.QuotaPeriod)), l.Ceiling)
-		if err != nil {
+		args := limitArgs(u, limits[u])
+		args["account"] = account
+		if _, err := tx.Exec(ctx, insertAccountLimitSQL, args); err != nil {
 			return fmt.Errorf("insert override %s of %q: %w", u, account, err)
 		}
 	}
 	return nil
 }
 
+// The statements of getAccount: reading an account, or reading and locking it, are two
+// queries chosen in Go.
+var (
+	//go:embed sql/read_account.sql
+	readAccountSQL string
+	//go:embed sql/lock_account.sql
+	lockAccountSQL string
+	//go:embed sql/read_account_limits.sql
+	readAccountLimitsSQL string
+)
+
 func getAccount(ctx context.Context, tx pgx.Tx, id string, forUpdate bool) (Account, error) {
-	q := `SELECT id, kind, coalesce(parent, ''), org, coalesce(plan, ''), concurrency, priority, shadow, created_at, updated_at FROM accounts WHERE id = $1`
+	q := readAccountSQL
 	if forUpdate {
-		q += ` FOR UPDATE`
+		q = lockAccountSQL
 	}
 	var a Account
-	err := tx.QueryRow(ctx, q, id).Scan(&a.ID, &a.Kind, &a.Parent, &a.Org, &a.Plan, &a.Concurrency, &a.Priority, &a.Shadow, &a.CreatedAt, &a.UpdatedAt)
+	err := tx.QueryRow(ctx, q, pgx.StrictNamedArgs{"id": id}).Scan(&a.ID, &a.Kind, &a.Parent, &a.Org, &a.Plan, &a.Concurrency, &a.Priority, &a.Shadow, &a.CreatedAt, &a.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Account{}, fmt.Errorf("account %q: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return Account{}, fmt.Errorf("read account %q: %w", id, err)
 	}
-	if a.Limits, err = readLimits(ctx, tx, `SELECT unit, `+limitColumns+` FROM account_limits WHERE account = $1`, id); err != nil {
+	if a.Limits, err = readLimits(ctx, tx, readAccountLimitsSQL, pgx.StrictNamedArgs{"account": id}); err != nil {
 		return Account{}, fmt.Errorf("read overrides of %q: %w", id, err)
 	}
 	return a, nil
 }
 
-// readLimits reads the limits of one plan or account: query selects the unit and
-// limitColumns of id's rows. nil when it has none.
-func readLimits(ctx context.Context, tx pgx.Tx, query, id string) (map[Unit]Limit, error) {
-	rows, err := tx.Query(ctx, query, id)
+// readLimits reads the limits of one plan or account: query (read_plan_limits.sql or
+// read_account_limits.sql) selects the unit and the limit's columns of its rows. nil when
+// it has none.
+func readLimits(ctx context.Context, tx pgx.Tx, query string, args pgx.StrictNamedArgs) (map[Unit]Limit, error) {
+	rows, err := tx.Query(ctx, query, args)
 	if err != nil {
 		return nil, err
 	}
@@ -837,6 +897,9 @@ type limitRow struct {
 	ceiling     int64
 }
 
+// dest returns where to scan a limit's columns of plan_limits or account_limits, which every
+// query reading limits selects in this order: algorithm, rate_per_s, burst, "limit",
+// window_s, quota, quota_period, ceiling.
 func (r *limitRow) dest() []any {
 	return []any{&r.algorithm, &r.ratePerS, &r.burst, &r.limit, &r.windowS, &r.quota, &r.quotaPeriod, &r.ceiling}
 }
@@ -847,6 +910,16 @@ func (r *limitRow) toLimit() Limit {
 		l.QuotaPeriod = QuotaPeriod(*r.quotaPeriod)
 	}
 	return l.Normalize()
+}
+
+// limitArgs are the arguments of limit l of unit u in insert_plan_limit.sql and
+// insert_account_limit.sql; the caller adds the plan or the account.
+func limitArgs(u Unit, l Limit) pgx.StrictNamedArgs {
+	return pgx.StrictNamedArgs{
+		"unit": string(u), "algorithm": string(l.Algorithm), "rate_per_s": l.RatePerS, "burst": l.Burst,
+		"limit": l.Limit, "window_s": l.WindowS, "quota": l.Quota, "quota_period": nullString(string(l.QuotaPeriod)),
+		"ceiling": l.Ceiling,
+	}
 }
 
 func nullString(s string) *string {
