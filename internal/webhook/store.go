@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"crypto/rand"
+	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -179,8 +180,28 @@ func NewStore(pool *pgxpool.Pool, allowPrivate bool) *Store {
 	return &Store{pool: pool, allowPrivate: allowPrivate}
 }
 
-const endpointColumns = `id, url, event_types, coalesce(account, ''), enabled, coalesce(disabled_reason, ''),
-	consecutive_failures, created_at, updated_at`
+// The queries of endpoints and secrets. Those that return an endpoint return the columns
+// scanEndpoint scans.
+var (
+	//go:embed sql/insert_endpoint.sql
+	insertEndpointSQL string
+	//go:embed sql/insert_secret.sql
+	insertSecretSQL string
+	//go:embed sql/update_endpoint.sql
+	updateEndpointSQL string
+	//go:embed sql/update_and_enable_endpoint.sql
+	updateAndEnableEndpointSQL string
+	//go:embed sql/update_and_disable_endpoint.sql
+	updateAndDisableEndpointSQL string
+	//go:embed sql/endpoint.sql
+	endpointSQL string
+	//go:embed sql/endpoints.sql
+	endpointsSQL string
+	//go:embed sql/touch_endpoint.sql
+	touchEndpointSQL string
+	//go:embed sql/expire_secret.sql
+	expireSecretSQL string
+)
 
 func scanEndpoint(row pgx.Row) (Endpoint, error) {
 	var e Endpoint
@@ -210,7 +231,7 @@ func checkAccount(ctx context.Context, tx pgx.Tx, account string) error {
 		return nil
 	}
 	var found bool
-	err := tx.QueryRow(ctx, `SELECT true FROM accounts WHERE id = $1 FOR KEY SHARE`, account).Scan(&found)
+	err := tx.QueryRow(ctx, "select true from accounts where id = @id for key share", pgx.StrictNamedArgs{"id": account}).Scan(&found)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("account %q: %w", account, ErrUnknownAccount)
 	}
@@ -248,14 +269,14 @@ func (s *Store) CreateEndpoint(ctx context.Context, r EndpointRequest) (Endpoint
 			return err
 		}
 		var err error
-		e, err = scanEndpoint(tx.QueryRow(ctx, `
-			INSERT INTO webhook_endpoints (id, url, event_types, account, enabled, disabled_reason)
-			VALUES ($1, $2, $3, $4, $5, $6) RETURNING `+endpointColumns,
-			newID("wh_"), r.URL, r.EventTypes, nullable(r.Account), enabled, reason))
+		e, err = scanEndpoint(tx.QueryRow(ctx, insertEndpointSQL, pgx.StrictNamedArgs{
+			"id": newID("wh_"), "url": r.URL, "event_types": r.EventTypes, "account": nullable(r.Account),
+			"enabled": enabled, "disabled_reason": reason,
+		}))
 		if err != nil {
 			return fmt.Errorf("insert webhook endpoint: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO webhook_secrets (endpoint, secret) VALUES ($1, $2)`, e.ID, secret); err != nil {
+		if _, err := tx.Exec(ctx, insertSecretSQL, pgx.StrictNamedArgs{"endpoint": e.ID, "secret": secret}); err != nil {
 			return fmt.Errorf("insert webhook secret: %w", err)
 		}
 		return nil
@@ -279,19 +300,25 @@ func (s *Store) UpdateEndpoint(ctx context.Context, id string, r EndpointRequest
 	if err := s.check(r); err != nil {
 		return Endpoint{}, err
 	}
+	// Leaving the endpoint enabled or disabled, enabling it and disabling it are three
+	// queries, chosen here.
+	query, args := updateEndpointSQL, pgx.StrictNamedArgs{
+		"id": id, "url": r.URL, "event_types": r.EventTypes, "account": nullable(r.Account),
+	}
+	switch {
+	case r.Enabled == nil: // as it is
+	case *r.Enabled:
+		query = updateAndEnableEndpointSQL
+	default:
+		query, args["reason"] = updateAndDisableEndpointSQL, reasonAdmin
+	}
 	var e Endpoint
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if err := checkAccount(ctx, tx, r.Account); err != nil {
 			return err
 		}
 		var err error
-		e, err = scanEndpoint(tx.QueryRow(ctx, `
-			UPDATE webhook_endpoints SET url = $2, event_types = $3, account = $4, updated_at = now(),
-				enabled = coalesce($5, enabled),
-				disabled_reason = CASE WHEN $5 IS NULL THEN disabled_reason WHEN $5 THEN NULL ELSE coalesce(disabled_reason, $6) END,
-				consecutive_failures = CASE WHEN $5 AND NOT enabled THEN 0 ELSE consecutive_failures END
-			WHERE id = $1 RETURNING `+endpointColumns,
-			id, r.URL, r.EventTypes, nullable(r.Account), r.Enabled, reasonAdmin))
+		e, err = scanEndpoint(tx.QueryRow(ctx, query, args))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
 		}
@@ -311,7 +338,7 @@ func (s *Store) Endpoint(ctx context.Context, id string) (Endpoint, error) {
 	if !validEndpointID(id) {
 		return Endpoint{}, fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
 	}
-	e, err := scanEndpoint(s.pool.QueryRow(ctx, `SELECT `+endpointColumns+` FROM webhook_endpoints WHERE id = $1`, id))
+	e, err := scanEndpoint(s.pool.QueryRow(ctx, endpointSQL, pgx.StrictNamedArgs{"id": id}))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
 	}
@@ -323,7 +350,7 @@ func (s *Store) Endpoint(ctx context.Context, id string) (Endpoint, error) {
 
 // Endpoints returns every endpoint, oldest first.
 func (s *Store) Endpoints(ctx context.Context) ([]Endpoint, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+endpointColumns+` FROM webhook_endpoints ORDER BY created_at, id`)
+	rows, err := s.pool.Query(ctx, endpointsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("list webhook endpoints: %w", err)
 	}
@@ -347,7 +374,7 @@ func (s *Store) DeleteEndpoint(ctx context.Context, id string) error {
 	if !validEndpointID(id) {
 		return fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM webhook_endpoints WHERE id = $1`, id)
+	tag, err := s.pool.Exec(ctx, "delete from webhook_endpoints where id = @id", pgx.StrictNamedArgs{"id": id})
 	if err != nil {
 		return fmt.Errorf("delete webhook endpoint: %w", err)
 	}
@@ -374,21 +401,21 @@ func (s *Store) Rotate(ctx context.Context, id string, overlap time.Duration) (E
 	var e Endpoint
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
-		e, err = scanEndpoint(tx.QueryRow(ctx, `UPDATE webhook_endpoints SET updated_at = now() WHERE id = $1 RETURNING `+endpointColumns, id))
+		e, err = scanEndpoint(tx.QueryRow(ctx, touchEndpointSQL, pgx.StrictNamedArgs{"id": id}))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("endpoint %q: %w", id, ErrNotFound)
 		}
 		if err != nil {
 			return fmt.Errorf("rotate webhook secret: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM webhook_secrets WHERE endpoint = $1 AND expires_at <= now()`, id); err != nil {
+		if _, err := tx.Exec(ctx, "delete from webhook_secrets where endpoint = @endpoint and expires_at <= now()",
+			pgx.StrictNamedArgs{"endpoint": id}); err != nil {
 			return fmt.Errorf("drop expired webhook secrets: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE webhook_secrets SET expires_at = now() + make_interval(secs => $2)
-			WHERE endpoint = $1 AND expires_at IS NULL`, id, overlap.Seconds()); err != nil {
+		if _, err := tx.Exec(ctx, expireSecretSQL, pgx.StrictNamedArgs{"endpoint": id, "overlap_s": overlap.Seconds()}); err != nil {
 			return fmt.Errorf("expire webhook secret: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO webhook_secrets (endpoint, secret) VALUES ($1, $2)`, id, secret); err != nil {
+		if _, err := tx.Exec(ctx, insertSecretSQL, pgx.StrictNamedArgs{"endpoint": id, "secret": secret}); err != nil {
 			return fmt.Errorf("insert webhook secret: %w", err)
 		}
 		return nil
@@ -399,9 +426,20 @@ func (s *Store) Rotate(ctx context.Context, id string, overlap time.Duration) (E
 	return e, secret, nil
 }
 
-const deliveryColumns = `id, endpoint, alert, status, attempts,
-	CASE WHEN status = 'pending' THEN next_attempt_at END, first_attempt_at, delivered_at,
-	last_status, coalesce(last_error, ''), created_at`
+// The queries of deliveries. Those that return a delivery return the columns scanDelivery
+// scans.
+var (
+	//go:embed sql/deliveries.sql
+	deliveriesSQL string
+	//go:embed sql/deliveries_of_status.sql
+	deliveriesOfStatusSQL string
+	//go:embed sql/delivery.sql
+	deliverySQL string
+	//go:embed sql/attempts.sql
+	attemptsSQL string
+	//go:embed sql/replay.sql
+	replaySQL string
+)
 
 func scanDelivery(row pgx.Row) (Delivery, error) {
 	var d Delivery
@@ -431,8 +469,11 @@ func (s *Store) Deliveries(ctx context.Context, endpoint, status string, limit i
 	if limit < 1 || limit > MaxList {
 		return nil, invalid("limit", "limit must be 1-%d", MaxList)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries
-		WHERE endpoint = $1 AND ($2 = '' OR status = $2) ORDER BY id DESC LIMIT $3`, endpoint, status, limit)
+	query, args := deliveriesSQL, pgx.StrictNamedArgs{"endpoint": endpoint, "limit": limit}
+	if status != "" {
+		query, args["status"] = deliveriesOfStatusSQL, status
+	}
+	rows, err := s.pool.Query(ctx, query, args)
 	if err != nil {
 		return nil, fmt.Errorf("list webhook deliveries: %w", err)
 	}
@@ -456,15 +497,14 @@ func (s *Store) Delivery(ctx context.Context, endpoint string, id int64) (Delive
 	if !validEndpointID(endpoint) {
 		return Delivery{}, fmt.Errorf("endpoint %q: %w", endpoint, ErrNotFound)
 	}
-	d, err := scanDelivery(s.pool.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries WHERE id = $1 AND endpoint = $2`, id, endpoint))
+	d, err := scanDelivery(s.pool.QueryRow(ctx, deliverySQL, pgx.StrictNamedArgs{"id": id, "endpoint": endpoint}))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Delivery{}, fmt.Errorf("delivery %d of endpoint %q: %w", id, endpoint, ErrNotFound)
 	}
 	if err != nil {
 		return Delivery{}, fmt.Errorf("read webhook delivery: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT started_at, latency_us, http_status, coalesce(error, ''), outcome
-		FROM webhook_attempts WHERE delivery = $1 ORDER BY id`, id)
+	rows, err := s.pool.Query(ctx, attemptsSQL, pgx.StrictNamedArgs{"delivery": id})
 	if err != nil {
 		return Delivery{}, fmt.Errorf("read webhook attempts: %w", err)
 	}
@@ -487,10 +527,7 @@ func (s *Store) Replay(ctx context.Context, endpoint string, id int64) (Delivery
 	if !validEndpointID(endpoint) {
 		return Delivery{}, fmt.Errorf("endpoint %q: %w", endpoint, ErrNotFound)
 	}
-	d, err := scanDelivery(s.pool.QueryRow(ctx, `
-		UPDATE webhook_deliveries SET status = 'pending', next_attempt_at = now(), lease_until = NULL,
-			first_attempt_at = NULL, delivered_at = NULL, updated_at = now()
-		WHERE id = $1 AND endpoint = $2 RETURNING `+deliveryColumns, id, endpoint))
+	d, err := scanDelivery(s.pool.QueryRow(ctx, replaySQL, pgx.StrictNamedArgs{"id": id, "endpoint": endpoint}))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Delivery{}, fmt.Errorf("delivery %d of endpoint %q: %w", id, endpoint, ErrNotFound)
 	}
@@ -512,7 +549,7 @@ func (s *Store) ReplayRange(ctx context.Context, endpoint string, from, to time.
 	if _, err := s.Endpoint(ctx, endpoint); err != nil {
 		return 0, err
 	}
-	tag, err := s.pool.Exec(ctx, replayRangeSQL, pgx.NamedArgs{"endpoint": endpoint, "from": from, "to": to})
+	tag, err := s.pool.Exec(ctx, replayRangeSQL, pgx.StrictNamedArgs{"endpoint": endpoint, "from": from, "to": to})
 	if err != nil {
 		return 0, fmt.Errorf("replay webhook deliveries: %w", err)
 	}
@@ -522,5 +559,5 @@ func (s *Store) ReplayRange(ctx context.Context, endpoint string, from, to time.
 
 // notify wakes the deliverers listening (a missed wake-up only waits for their poll).
 func (s *Store) notify(ctx context.Context) {
-	_, _ = s.pool.Exec(ctx, `SELECT pg_notify('webhook_deliveries', '')`)
+	_, _ = s.pool.Exec(ctx, "select pg_notify('webhook_deliveries', '')")
 }

@@ -1,0 +1,8 @@
+-- @endpoint's latest deliveries of @status, newest first, at most @limit.
+select id, endpoint, alert, status, attempts,
+  case when status = 'pending' then next_attempt_at end, first_attempt_at, delivered_at,
+  last_status, coalesce(last_error, ''), created_at
+from webhook_deliveries
+where endpoint = @endpoint and status = @status
+order by id desc
+limit @limit
