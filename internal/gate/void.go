@@ -11,12 +11,12 @@ import (
 	"github.com/metergate/metergate/pkg/event"
 )
 
-// Voiding a request nobody was told the decision of (DESIGN.md, failure policy) happens in
-// Redis, where the decision was taken: void.lua orders it with the decision's other
-// requests (replays by its idempotency key), so a void never unbills a decision that a
-// replay answered with 200, whichever runs first. While Redis cannot take it, the void is
-// retried in the background; only when admit stops (or after voidRetryFor) does a void
-// still pending go straight to Kafka, where it voids the request's own event id.
+// Voiding a request nobody was told the decision of (docs/guarantees.md: nothing is billed that
+// was not answered 200) happens in Redis, where the decision was taken: void.lua orders it with
+// the decision's other requests (replays by its idempotency key), so a void never unbills a
+// decision that a replay answered with 200, whichever runs first. While Redis cannot take it,
+// the void is retried in the background; only when admit stops (or after voidRetryFor) does a
+// void still pending go straight to Kafka, where it voids the request's own event id.
 const (
 	// voidTimeout bounds one script call of a void (the Redis client's timeouts apply too).
 	voidTimeout = 2 * time.Second
