@@ -2,77 +2,11 @@ package api
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
-	"github.com/metergate/metergate/internal/admission"
-	"github.com/metergate/metergate/internal/keyspace"
-	"github.com/metergate/metergate/internal/period"
 	"github.com/metergate/metergate/internal/policy"
 )
-
-func (s *Server) outcome(w http.ResponseWriter, r *http.Request) {
-	id, status, units, e := parseOutcome(r.Body)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	err := s.cfg.Decider.Outcome(r.Context(), admission.Outcome{EventID: id, Status: status, Units: units, Source: s.cfg.Source})
-	switch {
-	case errors.Is(err, keyspace.ErrUnknownEvent):
-		writeError(w, badRequest("invalid_event_id", "event_id %q was not issued by admit", id))
-	case err != nil:
-		s.cfg.Log.Warn("record outcome", "event_id", id, "err", err)
-		w.Header().Set("Retry-After", retryAfterSeconds(s.cfg.RedisDownRetryAfter))
-		writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "the outcome cannot be recorded right now; retry later"})
-	default:
-		writeJSON(w, http.StatusAccepted, map[string]string{"status": "accepted", "event_id": id})
-	}
-}
-
-type usageReply struct {
-	Account string                      `json:"account"`
-	Org     string                      `json:"org"`
-	Period  string                      `json:"period"`
-	Units   map[policy.Unit]usageOfUnit `json:"units"`
-}
-
-type usageOfUnit struct {
-	Used      int64  `json:"used"`
-	Quota     int64  `json:"quota"`
-	Remaining int64  `json:"remaining"`
-	Period    string `json:"period"`
-}
-
-func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("account")
-	if !policy.ValidID(id) {
-		writeError(w, badRequest("invalid_account", "account must be 1-64 of [A-Za-z0-9._-], starting with a letter or digit"))
-		return
-	}
-	pol, err := s.cfg.Policies.Resolve(id)
-	if err != nil {
-		writeError(w, &Error{Status: 404, Code: "not_found", Message: "account " + id + " does not exist"})
-		return
-	}
-	used, err := s.cfg.Decider.Usage(r.Context(), pol)
-	if err != nil {
-		s.cfg.Log.Warn("read usage", "account", id, "err", err)
-		w.Header().Set("Retry-After", retryAfterSeconds(s.cfg.RedisDownRetryAfter))
-		writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "usage cannot be read right now; retry later"})
-		return
-	}
-	reply := usageReply{Account: id, Org: pol.Org, Units: make(map[policy.Unit]usageOfUnit, len(used))}
-	for u, v := range used {
-		reply.Units[u] = usageOfUnit{Used: v.Used, Quota: v.Quota, Remaining: v.Remaining, Period: v.Period}
-		reply.Period = v.Period[:len(period.MonthLayout)] // the billing month, also of daily quotas
-	}
-	if reply.Period == "" {
-		reply.Period = period.MonthLabel(s.cfg.Clock.Now())
-	}
-	writeJSON(w, http.StatusOK, reply)
-}
 
 // accountBody is the body of POST and PUT /v1/admin/accounts.
 type accountBody struct {
