@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	_ "embed"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -297,10 +298,18 @@ func reservations(nodes []node, b *levelBuilder) map[string]map[Unit]Reservation
 // maxDepth is the number of kinds, the longest possible path: org, team, user, agent.
 const maxDepth = 4
 
+// The statements of loadPlans.
+var (
+	//go:embed sql/load_plans.sql
+	loadPlansSQL string
+	//go:embed sql/load_plan_limits.sql
+	loadPlanLimitsSQL string
+)
+
 // loadPlans reads every plan with its limits and priority.
 func loadPlans(ctx context.Context, tx pgx.Tx) (map[string]*Plan, error) {
 	byID := make(map[string]*Plan)
-	rows, err := tx.Query(ctx, `SELECT id, rank, concurrency, priority, shadow FROM plans`)
+	rows, err := tx.Query(ctx, loadPlansSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read plans: %w", err)
 	}
@@ -317,7 +326,7 @@ func loadPlans(ctx context.Context, tx pgx.Tx) (map[string]*Plan, error) {
 		return nil, fmt.Errorf("read plans: %w", err)
 	}
 
-	rows, err = tx.Query(ctx, `SELECT plan, unit, `+limitColumns+` FROM plan_limits`)
+	rows, err = tx.Query(ctx, loadPlanLimitsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read plan limits: %w", err)
 	}

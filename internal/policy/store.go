@@ -881,10 +881,6 @@ func readLimits(ctx context.Context, tx pgx.Tx, query string, args pgx.StrictNam
 	return out, rows.Err()
 }
 
-// limitColumns are the columns of a limit in plan_limits and account_limits, in the
-// order limitRow.dest scans them.
-const limitColumns = `algorithm, rate_per_s, burst, "limit", window_s, quota, quota_period, ceiling`
-
 // limitRow is a limit as scanned from the database.
 type limitRow struct {
 	algorithm   string
