@@ -2,6 +2,7 @@ package invoice
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"regexp"
@@ -10,6 +11,24 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/metergate/metergate/internal/period"
+)
+
+// The statements that add and read price versions.
+var (
+	//go:embed sql/last_version.sql
+	lastVersionSQL string
+	//go:embed sql/insert_price.sql
+	insertPriceSQL string
+	//go:embed sql/insert_tier.sql
+	insertTierSQL string
+	//go:embed sql/price_versions.sql
+	priceVersionsSQL string
+	//go:embed sql/plan_price_versions.sql
+	planPriceVersionsSQL string
+	//go:embed sql/price_units.sql
+	priceUnitsSQL string
+	//go:embed sql/plan_price_units.sql
+	planPriceUnitsSQL string
 )
 
 // InvalidPriceError is a price version that cannot be stored. Field names the part at
@@ -85,10 +104,7 @@ func AddPriceVersion(ctx context.Context, tx pgx.Tx, p Plan) (Plan, error) {
 		lastClosed *time.Time
 	)
 	// FOR UPDATE on the plan: versions of one plan are numbered one at a time.
-	err := tx.QueryRow(ctx, `
-		select coalesce((select max(version) from plan_prices where plan = p.id), 0),
-		       (select max(period) from periods)
-		from plans p where p.id = $1 for update`, p.ID).Scan(&last, &lastClosed)
+	err := tx.QueryRow(ctx, lastVersionSQL, pgx.StrictNamedArgs{"plan": p.ID}).Scan(&last, &lastClosed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Plan{}, invalidPrice("plan", "plan %q does not exist", p.ID)
 	}
@@ -105,10 +121,10 @@ func AddPriceVersion(ctx context.Context, tx pgx.Tx, p Plan) (Plan, error) {
 			period.MonthLabel(p.EffectivePeriod), period.MonthLabel(*lastClosed), period.MonthLabel(lastClosed.AddDate(0, 1, 0)))
 	}
 	p.Version = last + 1
-	if err := tx.QueryRow(ctx, `
-		insert into plan_prices (plan, version, effective_period, currency, base_fee_minor)
-		values ($1, $2, $3, $4, $5) returning created_at`,
-		p.ID, p.Version, p.EffectivePeriod, p.Currency, p.BaseFeeMinor).Scan(&p.CreatedAt); err != nil {
+	if err := tx.QueryRow(ctx, insertPriceSQL, pgx.StrictNamedArgs{
+		"plan": p.ID, "version": p.Version, "effective_period": p.EffectivePeriod,
+		"currency": p.Currency, "base_fee_minor": p.BaseFeeMinor,
+	}).Scan(&p.CreatedAt); err != nil {
 		return Plan{}, fmt.Errorf("insert price version %d of %s: %w", p.Version, p.ID, err)
 	}
 	for _, up := range p.Units {
@@ -121,10 +137,10 @@ func AddPriceVersion(ctx context.Context, tx pgx.Tx, p Plan) (Plan, error) {
 			if t.UpTo != 0 {
 				upTo = &t.UpTo
 			}
-			if _, err := tx.Exec(ctx, `
-				insert into plan_price_tiers (plan, version, unit, from_units, up_to_units, price_minor, per_units)
-				values ($1, $2, $3, $4, $5, $6, $7)`,
-				p.ID, p.Version, up.Unit, t.From, upTo, t.PriceMinor, t.PerUnits); err != nil {
+			if _, err := tx.Exec(ctx, insertTierSQL, pgx.StrictNamedArgs{
+				"plan": p.ID, "version": p.Version, "unit": up.Unit, "from_units": t.From,
+				"up_to_units": upTo, "price_minor": t.PriceMinor, "per_units": t.PerUnits,
+			}); err != nil {
 				return Plan{}, fmt.Errorf("insert tier of %s, version %d of %s: %w", up.Unit, p.Version, p.ID, err)
 			}
 		}
@@ -174,10 +190,11 @@ func loadPrices(ctx context.Context, q querier, plan string) ([]Plan, error) {
 // readPrices reads the price versions of plan (all plans when empty), by plan and version,
 // and the versions that do not validate (stored behind AddPriceVersion's back) with why.
 func readPrices(ctx context.Context, q querier, plan string) ([]Plan, map[priceKey]error, error) {
-	rows, err := q.Query(ctx, `
-		select plan, version, effective_period, currency, base_fee_minor, created_at
-		from plan_prices where $1 = '' or plan = $1
-		order by plan, version`, plan)
+	versionsSQL, unitsSQL, args := priceVersionsSQL, priceUnitsSQL, pgx.StrictNamedArgs{}
+	if plan != "" {
+		versionsSQL, unitsSQL, args = planPriceVersionsSQL, planPriceUnitsSQL, pgx.StrictNamedArgs{"plan": plan}
+	}
+	rows, err := q.Query(ctx, versionsSQL, args)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read plan prices: %w", err)
 	}
@@ -194,17 +211,7 @@ func readPrices(ctx context.Context, q querier, plan string) ([]Plan, map[priceK
 	for i, p := range out {
 		index[priceKey{p.ID, p.Version}] = i
 	}
-	rows, err = q.Query(ctx, `
-		select u.plan, u.version, u.unit, u.included_units,
-		       coalesce(array_agg(t.from_units order by t.from_units) filter (where t.plan is not null), '{}'),
-		       coalesce(array_agg(coalesce(t.up_to_units, 0) order by t.from_units) filter (where t.plan is not null), '{}'),
-		       coalesce(array_agg(t.price_minor order by t.from_units) filter (where t.plan is not null), '{}'),
-		       coalesce(array_agg(t.per_units order by t.from_units) filter (where t.plan is not null), '{}')
-		from plan_price_units u
-		left join plan_price_tiers t on t.plan = u.plan and t.version = u.version and t.unit = u.unit
-		where $1 = '' or u.plan = $1
-		group by u.plan, u.version, u.unit
-		order by u.plan, u.version, u.unit`, plan)
+	rows, err = q.Query(ctx, unitsSQL, args)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read plan units: %w", err)
 	}
@@ -231,3 +238,4 @@ func readPrices(ctx context.Context, q querier, plan string) ([]Plan, map[priceK
 	}
 	return out, invalid, nil
 }
+

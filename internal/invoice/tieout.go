@@ -2,6 +2,7 @@ package invoice
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"time"
 
@@ -10,6 +11,9 @@ import (
 
 	"github.com/metergate/metergate/internal/period"
 )
+
+//go:embed sql/tieout.sql
+var tieoutSQL string
 
 // TieOutDifference is one failed check of the finance_invoice_tieout view: an issued
 // invoice whose total, lines and the priced usage it covers do not agree.
@@ -35,8 +39,7 @@ func (d TieOutDifference) String() string {
 // TieOut returns every difference the finance_invoice_tieout view lists: none when every
 // invoice ties out.
 func TieOut(ctx context.Context, pool *pgxpool.Pool) ([]TieOutDifference, error) {
-	rows, err := pool.Query(ctx, `SELECT invoice_id, org, period, "check", unit, expected::text, actual::text
-FROM finance_invoice_tieout ORDER BY invoice_id, "check", unit`)
+	rows, err := pool.Query(ctx, tieoutSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read the invoice tie-out: %w", err)
 	}
