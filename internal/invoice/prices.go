@@ -239,3 +239,62 @@ func readPrices(ctx context.Context, q querier, plan string) ([]Plan, map[priceK
 	return out, invalid, nil
 }
 
+// priceKey names one price version of a plan.
+type priceKey struct {
+	plan    string
+	version int
+}
+
+// prices are the price versions a close prices with.
+type prices struct {
+	plans    map[string]Plan   // per plan, the version that prices the period
+	versions map[priceKey]Plan // every version
+	invalid  map[priceKey]error
+	smallest string // the plan of an org with an unknown or missing plan
+}
+
+// plan is the version of plan id that prices the period, or why there is none to use.
+func (p prices) plan(id string) (Plan, error) {
+	v, ok := p.plans[id]
+	if !ok {
+		return Plan{}, fmt.Errorf("plan %s has no price for the period", id)
+	}
+	if err := p.invalid[priceKey{v.ID, v.Version}]; err != nil {
+		return Plan{}, err
+	}
+	return v, nil
+}
+
+// version is price version k, or why it cannot be used.
+func (p prices) version(k priceKey) (Plan, error) {
+	v, ok := p.versions[k]
+	if !ok {
+		return Plan{}, fmt.Errorf("price version %d of plan %s is gone", k.version, k.plan)
+	}
+	if err := p.invalid[k]; err != nil {
+		return Plan{}, err
+	}
+	return v, nil
+}
+
+// loadPlans reads every price version and, per plan, the version that prices period (plans
+// without one are unpriced for the period), and the smallest plan (lowest rank), which an
+// org with an unknown or missing plan is billed on, as admit clamps it. A version that does
+// not validate is kept with its error: only the orgs priced with it fail.
+func loadPlans(ctx context.Context, tx pgx.Tx, period time.Time) (prices, error) {
+	all, invalid, err := readPrices(ctx, tx, "")
+	if err != nil {
+		return prices{}, err
+	}
+	pr := prices{plans: map[string]Plan{}, versions: make(map[priceKey]Plan, len(all)), invalid: invalid}
+	for _, p := range all { // by plan and version: the last effective one wins
+		pr.versions[priceKey{p.ID, p.Version}] = p
+		if !p.EffectivePeriod.After(period) {
+			pr.plans[p.ID] = p
+		}
+	}
+	if err := tx.QueryRow(ctx, `select id from plans order by rank limit 1`).Scan(&pr.smallest); err != nil {
+		return prices{}, fmt.Errorf("read the smallest plan: %w", err)
+	}
+	return pr, nil
+}
