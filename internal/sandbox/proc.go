@@ -1,6 +1,7 @@
 // Package sandbox runs metergate's binaries on the local stack in a space of their own: a
 // fresh database (or schema), a Redis key prefix and Kafka topics, with the binaries as
-// child processes whose output goes to log files. make demo and make bench use it.
+// child processes whose output goes to log files. make demo and make bench use it, and
+// Proc, the one process runner, serves the tests too (internal/testenv).
 package sandbox
 
 import (
@@ -14,19 +15,43 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
 
-// Proc is a child process (admit, meter) with its output in a log file.
+// Proc is a child process (admit, meter, a test binary, a private redis-server) with its
+// output in a log file. It is the one way metergate's tools and tests run a process that
+// outlives a call: make demo and make bench through Start, tests through testenv.Start
+// and their private servers through StartCommand.
 type Proc struct {
 	name    string
 	addr    string // host:port it serves on
 	logPath string
+	group   bool // the process leads a process group of its own, killed whole
 	cmd     *exec.Cmd
-	logFile *os.File
 	done    chan struct{}
 	err     error
+}
+
+// Command says how StartCommand starts a process.
+type Command struct {
+	// Name names the process in errors ("meter", "redis-server").
+	Name string
+	// Path is the program; Args its arguments.
+	Path string
+	Args []string
+	// Env is added to this process's environment ("K=V").
+	Env []string
+	// Addr is the host:port it serves on (URL, WaitReady); "" for none.
+	Addr string
+	// Log is the file its stdout and stderr go to: created (emptied), or appended to with
+	// AppendLog, which keeps the output of the runs before a restart.
+	Log       string
+	AppendLog bool
+	// Group starts the process as the leader of a process group of its own, which Kill
+	// ends whole: what it started goes with it (a JVM's children, say).
+	Group bool
 }
 
 // Start starts binDir/name with env on top of this process's environment, its stdout
@@ -38,19 +63,31 @@ func Start(binDir, logDir, name, addr string, env []string, args ...string) (*Pr
 // StartAs is Start with a name of its own for the process and its log (logDir/name.log),
 // for a binary run in more than one role ("relay": admit relay).
 func StartAs(binDir, logDir, bin, name, addr string, env []string, args ...string) (*Proc, error) {
-	logPath := filepath.Join(logDir, name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("%s log: %w", name, err)
+	return StartCommand(Command{Name: name, Path: filepath.Join(binDir, bin), Args: args, Env: env, Addr: addr,
+		Log: filepath.Join(logDir, name+".log")})
+}
+
+// StartCommand starts c.
+func StartCommand(c Command) (*Proc, error) {
+	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+	if c.AppendLog {
+		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
 	}
-	cmd := exec.Command(filepath.Join(binDir, bin), args...)
-	cmd.Env = append(os.Environ(), env...)
+	f, err := os.OpenFile(c.Log, flags, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("%s log: %w", c.Name, err)
+	}
+	cmd := exec.Command(c.Path, c.Args...)
+	cmd.Env = append(os.Environ(), c.Env...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if c.Group {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
+		return nil, fmt.Errorf("start %s: %w", c.Name, err)
 	}
-	p := &Proc{name: name, addr: addr, logPath: logPath, cmd: cmd, logFile: f, done: make(chan struct{})}
+	p := &Proc{name: c.Name, addr: c.Addr, logPath: c.Log, group: c.Group, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		f.Close()
@@ -105,13 +142,33 @@ func (p *Proc) WaitReady(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
+// Signal sends sig to the process (not to its group).
+func (p *Proc) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Wait waits up to d for the process to exit and returns its exit code.
+func (p *Proc) Wait(d time.Duration) (int, error) {
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		return -1, fmt.Errorf("process still running after %s", d)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode(), nil
+	}
+	if p.err != nil {
+		return -1, p.err
+	}
+	return 0, nil
+}
+
 // Stop sends SIGTERM and waits up to timeout for a clean exit (status 0); past it the
 // process is killed and stop fails.
 func (p *Proc) Stop(timeout time.Duration) error {
 	if p.Exited() {
 		return p.exitError()
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
 		return p.exitError()
@@ -128,22 +185,30 @@ func (p *Proc) exitError() error {
 	return nil
 }
 
-// Kill ends the process at once (after a failure) and waits for it.
+// Kill ends the process at once with SIGKILL (its whole group with Command.Group) and
+// waits for it.
 func (p *Proc) Kill() {
-	if p.Exited() {
-		return
+	switch {
+	case p.group: // even when the leader is gone: what it started may not be
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	case !p.Exited():
+		_ = p.cmd.Process.Kill()
 	}
-	_ = p.cmd.Process.Kill()
 	<-p.done
 }
 
-// Tail returns the last n lines of the process's log.
-func (p *Proc) Tail(n int) string {
+// Output returns what the process wrote to stdout and stderr so far (its log).
+func (p *Proc) Output() string {
 	b, err := os.ReadFile(p.logPath)
 	if err != nil {
 		return "(" + err.Error() + ")"
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return string(b)
+}
+
+// Tail returns the last n lines of the process's log.
+func (p *Proc) Tail(n int) string {
+	lines := strings.Split(strings.TrimRight(p.Output(), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
@@ -175,14 +240,32 @@ func RunTool(ctx context.Context, binDir, logDir, name string, env []string, arg
 	return stdout.String(), nil
 }
 
-// FreeAddr returns a loopback address whose port was free a moment ago.
+// given holds the addresses FreeAddr handed out in this process: the kernel may offer a
+// port again as soon as it is closed, and two servers of one run (a broker's listener and
+// its controller) must not get the same one.
+var given = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
+// FreeAddr returns a loopback address with a port that was free a moment ago, and that no
+// earlier call of this process returned.
 func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	given.Lock()
+	defer given.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		if !given.addrs[addr] {
+			given.addrs[addr] = true
+			return addr, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return "", errors.New("no free port that was not handed out already")
 }
 
 // exitErr is a process' exit as an error: cmd.Wait's, or one for an exit status 0.

@@ -8,11 +8,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/metergate/metergate/internal/sandbox"
 )
 
 // Broker is an Apache Kafka broker (one KRaft node) of one test alone, run from the jars
@@ -24,9 +25,8 @@ type Broker struct {
 	dir  string
 	java []string
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
-	log *os.File
+	mu   sync.Mutex
+	proc *sandbox.Proc // nil while stopped
 }
 
 // StartBroker starts a private broker and returns once it answers. It is killed when the
@@ -90,20 +90,16 @@ func (b *Broker) Start() {
 	b.tb.Helper()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.cmd != nil {
+	if b.proc != nil {
 		b.tb.Fatal("broker already running")
 	}
-	log, err := os.OpenFile(filepath.Join(b.dir, "kafka.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := sandbox.StartCommand(sandbox.Command{Name: "kafka", Path: b.java[0],
+		Args: append(b.java[1:], "kafka.Kafka", filepath.Join(b.dir, "server.properties")), Addr: b.addr,
+		Log: filepath.Join(b.dir, "kafka.log"), AppendLog: true, Group: true})
 	if err != nil {
 		b.tb.Fatal(err)
 	}
-	cmd := exec.Command(b.java[0], append(b.java[1:], "kafka.Kafka", filepath.Join(b.dir, "server.properties"))...)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		b.tb.Fatalf("start kafka: %v", err)
-	}
-	b.cmd, b.log = cmd, log
+	b.proc = p
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(b.addr), Timeout: 2 * time.Second}
@@ -112,8 +108,7 @@ func (b *Broker) Start() {
 			return
 		}
 		if ctx.Err() != nil {
-			out, _ := os.ReadFile(filepath.Join(b.dir, "kafka.log"))
-			b.tb.Fatalf("private kafka did not start within 2 minutes:\n%s", tail(string(out), 3000))
+			b.tb.Fatalf("private kafka did not start within 2 minutes:\n%s", tail(p.Output(), 3000))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -124,30 +119,19 @@ func (b *Broker) Stop() {
 	b.tb.Helper()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.cmd == nil {
+	if b.proc == nil {
 		return
 	}
-	_ = b.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = b.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(time.Minute):
-		_ = syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	}
-	_ = b.log.Close()
-	b.cmd = nil
+	_ = b.proc.Stop(time.Minute) // killed, group and all, past the minute
+	b.proc = nil
 }
 
 func (b *Broker) kill() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.cmd != nil {
-		_ = syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
-		_ = b.cmd.Wait()
-		_ = b.log.Close()
-		b.cmd = nil
+	if b.proc != nil {
+		b.proc.Kill()
+		b.proc = nil
 	}
 }
 

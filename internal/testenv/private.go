@@ -19,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/metergate/metergate/internal/sandbox"
 )
 
 // RedisServer is a redis-server process of one test alone, on a loopback port of its own
@@ -36,11 +38,8 @@ type RedisServer struct {
 	// extra are more redis-server arguments, such as a cluster node's.
 	extra []string
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
-	out *SyncBuffer
-	// exited is closed when cmd has been waited for.
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *sandbox.Proc // nil while stopped
 }
 
 // StartRedis starts a private Redis (no RDB snapshots, no AOF) and returns once it answers
@@ -89,7 +88,7 @@ func (r *RedisServer) Start() {
 	r.tb.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.cmd != nil {
+	if r.proc != nil {
 		r.tb.Fatal("private redis already running")
 	}
 	_, port, _ := net.SplitHostPort(r.addr)
@@ -100,16 +99,12 @@ func (r *RedisServer) Start() {
 	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
 		"--save", "", "--daemonize", "no", "--protected-mode", "no"}, aof...)
 	args = append(args, r.extra...)
-	cmd := exec.Command(r.path, args...)
-	out := &SyncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		r.tb.Fatalf("start redis-server: %v", err)
+	p, err := sandbox.StartCommand(sandbox.Command{Name: "redis-server", Path: r.path, Args: args, Addr: r.addr,
+		Log: filepath.Join(r.dir, "redis-server.log"), Group: true})
+	if err != nil {
+		r.tb.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	r.cmd, r.out, r.exited = cmd, out, exited
+	r.proc = p
 
 	c := redis.NewClient(&redis.Options{Addr: r.addr, DialTimeout: time.Second, MaxRetries: -1})
 	defer c.Close()
@@ -121,14 +116,12 @@ func (r *RedisServer) Start() {
 		if err == nil {
 			return
 		}
-		select {
-		case <-exited:
-			r.cmd = nil
-			r.tb.Fatalf("private redis on %s exited at start: %v\n%s", r.addr, err, tail(out.String(), 3000))
-		default:
+		if p.Exited() {
+			r.proc = nil
+			r.tb.Fatalf("private redis on %s exited at start: %v\n%s", r.addr, err, tail(p.Output(), 3000))
 		}
 		if time.Now().After(deadline) {
-			r.tb.Fatalf("private redis on %s did not answer PING within a minute: %v\n%s", r.addr, err, tail(out.String(), 3000))
+			r.tb.Fatalf("private redis on %s did not answer PING within a minute: %v\n%s", r.addr, err, tail(p.Output(), 3000))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -153,12 +146,11 @@ func (r *RedisServer) kill() {
 }
 
 func (r *RedisServer) killLocked() {
-	if r.cmd == nil {
+	if r.proc == nil {
 		return
 	}
-	_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
-	<-r.exited
-	r.cmd = nil
+	r.proc.Kill()
+	r.proc = nil
 }
 
 // waitRefused polls addr until a TCP connection to it is refused.

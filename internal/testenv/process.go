@@ -3,9 +3,7 @@ package testenv
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -14,9 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/metergate/metergate/internal/sandbox"
 )
 
 // BuildBinaries builds the main packages pkgs (as `go build` takes them, relative to the
@@ -83,16 +82,11 @@ func MainOrTests(m *testing.M, main func()) int {
 	return Run(m)
 }
 
-// Process is a command's main running in a child process.
-type Process struct {
-	cmd  *exec.Cmd
-	out  *SyncBuffer
-	done chan struct{}
-	err  error
-}
+// Process is a child process started by Start or StartMain: sandbox's runner.
+type Process = sandbox.Proc
 
-// SyncBuffer is a bytes.Buffer that goroutines may write to while another reads it (a
-// child process's output, logs written in the background).
+// SyncBuffer is a bytes.Buffer that goroutines may write to while another reads it (logs
+// written in the background).
 type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -124,79 +118,29 @@ func StartMain(tb testing.TB, env []string, args ...string) *Process {
 // runs, and its output is logged if the test failed.
 func Start(tb testing.TB, path string, env []string, args ...string) *Process {
 	tb.Helper()
-	cmd := exec.Command(path, args...)
-	cmd.Env = append(append(os.Environ(), env...), migrateEnv(env)...)
-	p := &Process{cmd: cmd, out: &SyncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	if err := cmd.Start(); err != nil {
+	p, err := sandbox.StartCommand(sandbox.Command{Name: filepath.Base(path), Path: path, Args: args,
+		Env: append(append([]string(nil), env...), migrateEnv(env)...), Log: filepath.Join(tb.TempDir(), "output.log")})
+	if err != nil {
 		tb.Fatalf("start %s: %v", path, err)
 	}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
 	tb.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
+		p.Kill()
 		if tb.Failed() {
-			tb.Logf("output of %s %v:\n%s", filepath.Base(path), args, p.out.String())
+			tb.Logf("output of %s %v:\n%s", filepath.Base(path), args, p.Output())
 		}
 	})
 	return p
 }
 
-// Output is what the process wrote to stdout and stderr so far.
-func (p *Process) Output() string { return p.out.String() }
-
-// Signal sends sig to the process.
-func (p *Process) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
-
-// Wait waits up to d for the process to exit and returns its exit code.
-func (p *Process) Wait(d time.Duration) (int, error) {
-	select {
-	case <-p.done:
-	case <-time.After(d):
-		return -1, fmt.Errorf("process still running after %s", d)
-	}
-	var ee *exec.ExitError
-	if errors.As(p.err, &ee) {
-		return ee.ExitCode(), nil
-	}
-	if p.err != nil {
-		return -1, p.err
-	}
-	return 0, nil
-}
-
-// given holds the addresses FreeAddr handed out in this process: the kernel may offer a
-// port again as soon as it is closed, and two servers of one test (a broker's listener and
-// its controller) must not get the same one.
-var given = struct {
-	sync.Mutex
-	addrs map[string]bool
-}{addrs: map[string]bool{}}
-
 // FreeAddr returns a loopback address with a port that was free a moment ago, and that no
-// earlier call of this process returned.
+// earlier call of this process returned (sandbox.FreeAddr).
 func FreeAddr(tb testing.TB) string {
 	tb.Helper()
-	given.Lock()
-	defer given.Unlock()
-	for range 100 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatalf("listen: %v", err)
-		}
-		addr := ln.Addr().String()
-		_ = ln.Close()
-		if !given.addrs[addr] {
-			given.addrs[addr] = true
-			return addr
-		}
+	addr, err := sandbox.FreeAddr()
+	if err != nil {
+		tb.Fatalf("free address: %v", err)
 	}
-	tb.Fatal("no free port that was not handed out already")
-	return ""
+	return addr
 }
 
 // WaitHTTP polls url until it answers with status want or ctx ends, and returns the body.

@@ -171,7 +171,7 @@ func (c *Cluster) live() []string {
 	for _, a := range c.addrs {
 		r := c.nodes[a]
 		r.mu.Lock()
-		up := r.cmd != nil
+		up := r.proc != nil
 		r.mu.Unlock()
 		if up {
 			out = append(out, a)
