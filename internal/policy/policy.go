@@ -389,10 +389,14 @@ func (s Stamp) Snapshot() uint64 { return uint64(s) >> 32 }
 // outside a Cache (tests, benchmarks).
 func NewStamp() Stamp { return Stamp(looseStamps.Add(1) & math.MaxUint32) }
 
-// snapshotStamps returns the stamp of the i-th account of a new snapshot.
-func snapshotStamps() func(i int) Stamp {
-	base := stamps.Add(1) << 32
-	return func(i int) Stamp { return Stamp(base | uint64(uint32(i+1))) }
+// snapshotStamps starts a new snapshot and returns what stamps its accounts, one after
+// the other (2^32 of them at most).
+func snapshotStamps() func() Stamp {
+	last := stamps.Add(1) << 32
+	return func() Stamp {
+		last++
+		return Stamp(last)
+	}
 }
 
 // Account is the node the policy was resolved for.

@@ -246,7 +246,7 @@ func resolveAll(nodes []node, plans planSet) (resolved map[string]Resolved, bad 
 			priority[n.id] = prio
 			sh := shadow[n.parent] || n.shadow || lv.Plan != "" && plans.clamp(lv.Plan).Shadow
 			shadow[n.id] = sh
-			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path, Priority: prio, Shadow: sh, Stamp: stamp(len(resolved))}
+			resolved[n.id] = Resolved{Org: path[0].Account, Plan: path[0].Plan, Path: path, Priority: prio, Shadow: sh, Stamp: stamp()}
 		}
 	}
 	return resolved, bad
