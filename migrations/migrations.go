@@ -1,5 +1,7 @@
 // Package migrations holds metergate's PostgreSQL schema as goose SQL migrations, embedded
-// in the binaries. An applied migration is never edited: a change is a new file.
+// in the binaries. An applied migration is never edited: a change is a new file. The
+// schema they make, views included, is in schema.sql (generated, kept true by
+// TestSchemaSnapshot; not embedded).
 package migrations
 
 import (
@@ -15,7 +17,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 )
 
-//go:embed *.sql
+//go:embed 0*.sql
 var files embed.FS
 
 // FS is the folder of migrations, for goose.NewProvider.
