@@ -30,6 +30,8 @@ const (
 	// per call against 5, about a fifth less Redis CPU per decision and a fifth more
 	// decisions per second, for a longer p99 close to saturation.
 	DefaultPipeline = 2
+	// DefaultMaxBatch is the most decisions of one shard per script call.
+	DefaultMaxBatch = 16
 )
 
 // Options configure an Admitter. Zero values take the defaults named.
@@ -145,13 +147,13 @@ func New(rdb redis.UniversalClient, o Options) *Admitter {
 		o.QuotaRetention = keyspace.DefaultQuotaRetention
 	}
 	if o.MaxBatch <= 0 {
-		o.MaxBatch = 16
+		o.MaxBatch = DefaultMaxBatch
 	}
 	if o.Pipeline <= 0 {
 		o.Pipeline = DefaultPipeline
 	}
 	if o.WaitTimeout <= 0 {
-		o.WaitTimeout = 100 * time.Millisecond
+		o.WaitTimeout = keyspace.DefaultWaitTimeout
 	}
 	if o.CallTimeout <= 0 {
 		o.CallTimeout = 5 * time.Second

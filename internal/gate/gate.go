@@ -49,6 +49,13 @@ const (
 	FailClosed FailPolicy = "closed"
 )
 
+// The fail policies while Redis is unavailable unless configured otherwise: rate-only
+// accounts are admitted, quota-bearing accounts refused.
+const (
+	DefaultRedisDownRateOnly = FailOpen
+	DefaultRedisDownQuota    = FailClosed
+)
+
 // Config assembles a Gate.
 type Config struct {
 	Log      *slog.Logger
@@ -135,10 +142,10 @@ func New(cfg Config) *Gate {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.RedisDownRateOnly == "" {
-		cfg.RedisDownRateOnly = FailOpen
+		cfg.RedisDownRateOnly = DefaultRedisDownRateOnly
 	}
 	if cfg.RedisDownQuota == "" {
-		cfg.RedisDownQuota = FailClosed
+		cfg.RedisDownQuota = DefaultRedisDownQuota
 	}
 	if cfg.RedisDownRetryAfter <= 0 {
 		cfg.RedisDownRetryAfter = time.Second

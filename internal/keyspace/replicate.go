@@ -15,6 +15,10 @@ import (
 // and the decision voided), the relay produces nothing it read.
 var ErrNotReplicated = errors.New("redis: writes not acknowledged by enough replicas")
 
+// DefaultWaitTimeout is the longest WaitReplicated of the admission engine and the relay
+// (ADMIT_REDIS_WAIT_TIMEOUT).
+const DefaultWaitTimeout = 100 * time.Millisecond
+
 // WaitReplicated returns once n replicas hold every write the primary holding key took
 // before the call, waiting at most timeout: it writes a key of key's slot (key + ":fence")
 // and sends WAIT in the same pipeline. Short of n it returns ErrNotReplicated. The relay

@@ -31,6 +31,19 @@ import (
 	"github.com/metergate/metergate/internal/period"
 )
 
+// The meter's defaults.
+const (
+	// DefaultGroup is the Kafka consumer group of the meters unless configured otherwise
+	// (Options.Group has no default: it is required).
+	DefaultGroup = "metergate-meter"
+	// DefaultBatchSize is the most messages per batch.
+	DefaultBatchSize = 1000
+	// DefaultBatchWait is how long a batch waits to fill once its first message is in.
+	DefaultBatchWait = 200 * time.Millisecond
+	// DefaultSessionTimeout is how long the group coordinator waits for a silent meter.
+	DefaultSessionTimeout = 30 * time.Second
+)
+
 // Options configure a Meter. Brokers, Topic and Group are required; zero values of the
 // others take the defaults named.
 type Options struct {
@@ -108,10 +121,10 @@ func New(pool *pgxpool.Pool, opts Options) (*Meter, error) {
 	if opts.Writers < 0 {
 		return nil, fmt.Errorf("meter: writers %d: want at least 1", opts.Writers)
 	}
-	setDefault(&opts.BatchSize, 1000)
-	setDefault(&opts.BatchWait, 200*time.Millisecond)
+	setDefault(&opts.BatchSize, DefaultBatchSize)
+	setDefault(&opts.BatchWait, DefaultBatchWait)
 	setDefault(&opts.Writers, 3)
-	setDefault(&opts.SessionTimeout, 30*time.Second)
+	setDefault(&opts.SessionTimeout, DefaultSessionTimeout)
 	setDefault(&opts.FlushTimeout, 10*time.Second)
 	setDefault(&opts.RetryMin, 100*time.Millisecond)
 	setDefault(&opts.RetryMax, 5*time.Second)

@@ -18,6 +18,9 @@ import (
 	"github.com/metergate/metergate/lua"
 )
 
+// DefaultMarkEvery is the time between two passes of a Marker.
+const DefaultMarkEvery = 10 * time.Second
+
 // MarkOptions configure a Marker. Zero values take the defaults named.
 type MarkOptions struct {
 	// Keys names the marks, hot buckets and outbox streams (admit's).
@@ -94,7 +97,7 @@ func NewMarker(rdb redis.UniversalClient, o MarkOptions) *Marker {
 		o.TTL = keyspace.DefaultIdempotencyTTL
 	}
 	if o.Every <= 0 {
-		o.Every = 10 * time.Second
+		o.Every = DefaultMarkEvery
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Second

@@ -25,6 +25,15 @@ type Producer interface {
 	Produce(ctx context.Context, msgs []kafka.Message) error
 }
 
+// The relay's defaults.
+const (
+	// DefaultRelayBatch is the most entries produced per Kafka write.
+	DefaultRelayBatch = 500
+	// DefaultClaimAfter is how long an entry read by another relay stays unacknowledged
+	// before this one takes it over.
+	DefaultClaimAfter = 30 * time.Second
+)
+
 // RelayOptions configure a Relay. Zero values take the defaults named.
 type RelayOptions struct {
 	// Keys names the outbox streams (one per shard).
@@ -80,7 +89,7 @@ func NewRelay(rdb redis.UniversalClient, out Producer, o RelayOptions) *Relay {
 		o.Consumer = "relay"
 	}
 	if o.Batch <= 0 {
-		o.Batch = 500
+		o.Batch = DefaultRelayBatch
 	}
 	if o.Block <= 0 {
 		o.Block = time.Second
@@ -89,13 +98,13 @@ func NewRelay(rdb redis.UniversalClient, out Producer, o RelayOptions) *Relay {
 		o.ForgetAfter = time.Hour
 	}
 	if o.ClaimAfter <= 0 {
-		o.ClaimAfter = 30 * time.Second
+		o.ClaimAfter = DefaultClaimAfter
 	}
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = 5 * time.Second
 	}
 	if o.WaitTimeout <= 0 {
-		o.WaitTimeout = 100 * time.Millisecond
+		o.WaitTimeout = keyspace.DefaultWaitTimeout
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)

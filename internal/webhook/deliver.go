@@ -24,6 +24,23 @@ var (
 	replayRangeSQL string
 )
 
+// The deliverer's defaults (DelivererOptions).
+const (
+	// DefaultTimeout bounds one delivery attempt.
+	DefaultTimeout = 10 * time.Second
+	// DefaultPoll is how often due deliveries are looked for.
+	DefaultPoll = time.Second
+	// DefaultConcurrency is the most attempts in flight.
+	DefaultConcurrency = 8
+	// DefaultBackoffBase and DefaultBackoffCap bound the delay before a retry.
+	DefaultBackoffBase = 5 * time.Second
+	DefaultBackoffCap  = time.Hour
+	// DefaultRetryFor is how long after its first attempt a delivery is retried.
+	DefaultRetryFor = 24 * time.Hour
+	// DefaultDisableAfter is the run of failed attempts that disables an endpoint.
+	DefaultDisableAfter = 50
+)
+
 // DelivererOptions configure a Deliverer; zero values take the defaults.
 type DelivererOptions struct {
 	Logger     *slog.Logger
@@ -67,17 +84,17 @@ func (o *DelivererOptions) defaults() {
 			*d = v
 		}
 	}
-	set(&o.Timeout, 10*time.Second)
+	set(&o.Timeout, DefaultTimeout)
 	set(&o.LeaseMargin, 5*time.Second)
-	set(&o.Poll, time.Second)
-	set(&o.BackoffBase, 5*time.Second)
-	set(&o.BackoffCap, time.Hour)
-	set(&o.RetryFor, 24*time.Hour)
+	set(&o.Poll, DefaultPoll)
+	set(&o.BackoffBase, DefaultBackoffBase)
+	set(&o.BackoffCap, DefaultBackoffCap)
+	set(&o.RetryFor, DefaultRetryFor)
 	if o.Concurrency <= 0 {
-		o.Concurrency = 8
+		o.Concurrency = DefaultConcurrency
 	}
 	if o.DisableAfter <= 0 {
-		o.DisableAfter = 50
+		o.DisableAfter = DefaultDisableAfter
 	}
 	if o.UserAgent == "" {
 		o.UserAgent = "metergate-webhooks/1"
