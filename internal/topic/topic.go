@@ -103,3 +103,17 @@ func EnsureRetry(ctx context.Context, log *slog.Logger, brokers []string, spec S
 		}
 	}
 }
+
+// EnsureThen returns a task for an errgroup that makes sure of the topic (EnsureRetry) and
+// then, unless run is nil, runs run(ctx): for a service that must not wait for the broker
+// to start (run nil: admit, whose outbox absorbs a Kafka outage) or that needs the topic
+// first (the meter). A ctx that ends before the topic is there ends the task with nil: a
+// shutdown, not a failure.
+func EnsureThen(ctx context.Context, log *slog.Logger, brokers []string, spec Spec, run func(context.Context) error) func() error {
+	return func() error {
+		if err := EnsureRetry(ctx, log, brokers, spec); err != nil || run == nil {
+			return nil // EnsureRetry ends only with ctx
+		}
+		return run(ctx)
+	}
+}

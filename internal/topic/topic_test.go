@@ -1,7 +1,10 @@
 package topic_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -25,6 +28,28 @@ func TestEnsureIsIdempotent(t *testing.T) {
 	parts, err := conn.ReadPartitions(name)
 	require.NoError(t, err)
 	require.Len(t, parts, 3)
+}
+
+// EnsureThen runs its task once the topic is there, and ends with nil, without running
+// it, when its context ends first (a broker that never answers).
+func TestEnsureThen(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.KafkaBrokers(t)
+	ctx := testenv.Context(t, time.Minute)
+	log := slog.New(slog.DiscardHandler)
+	name := testenv.Topic(t, 2)
+	errRun := errors.New("ran")
+	run := func(context.Context) error { return errRun }
+	require.ErrorIs(t, topic.EnsureThen(ctx, log, brokers, topic.Spec{Name: name, Partitions: 2, ReplicationFactor: 1}, run)(), errRun)
+	require.NoError(t, topic.EnsureThen(ctx, log, brokers, topic.Spec{Name: name, Partitions: 2, ReplicationFactor: 1}, nil)())
+
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	ran := false
+	task := topic.EnsureThen(short, log, []string{"127.0.0.1:1"}, topic.Spec{Name: name, Partitions: 1, ReplicationFactor: 1},
+		func(context.Context) error { ran = true; return nil })
+	require.NoError(t, task())
+	require.False(t, ran)
 }
 
 // A produce/consume round trip through the broker: acks from every in-sync replica, a
