@@ -1,0 +1,62 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/metergate/metergate/internal/invoice"
+	"github.com/metergate/metergate/internal/keyspace"
+)
+
+// Reconcile is the configuration of cmd/reconcile, a run-once job.
+type Reconcile struct {
+	Log      Log
+	Redis    Redis
+	Postgres Postgres
+	// KeyPrefix and Shards name the quota counters: they must be admit's (the same
+	// variables, ADMIT_KEY_PREFIX and ADMIT_SHARDS).
+	KeyPrefix string
+	Shards    int
+	Migrate   bool
+	// DryRun (-dry-run) prints the plan and changes nothing; JSON (-json) prints the summary
+	// as one JSON object. Flags only: they describe one invocation, not a deployment.
+	DryRun bool
+	JSON   bool
+	// Period (-period YYYY-MM), Force (-force), Grace (-grace), Org (-org) and Format
+	// (-format csv|json) are the flags of `reconcile close` and `reconcile invoice`.
+	Period string
+	Force  bool
+	Grace  time.Duration
+	Org    string
+	Format string
+}
+
+// Register adds every setting of reconcile to l.
+func (c *Reconcile) Register(l *Loader) {
+	c.Log.Register(l)
+	c.Redis.Register(l)
+	c.Postgres.Register(l)
+	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", keyspace.DefaultKeyPrefix, "start of every Redis key: admit's value")
+	l.Int(&c.Shards, "ADMIT_SHARDS", keyspace.DefaultShards, "Redis hash-tag shards: admit's value")
+	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
+	l.fs.BoolVar(&c.DryRun, "dry-run", false, "print the corrections a run would make and change nothing")
+	l.fs.BoolVar(&c.JSON, "json", false, "print the run's summary (or verify's differences) as one JSON object")
+	l.fs.StringVar(&c.Period, "period", "", "close, invoice: the billing period, YYYY-MM (close: default the last month whose end plus the grace has passed)")
+	l.fs.BoolVar(&c.Force, "force", false, "close: close before the period's end plus the grace")
+	l.fs.DurationVar(&c.Grace, "grace", invoice.DefaultGrace, "close: how long after the period's end late events are still awaited")
+	l.fs.StringVar(&c.Org, "org", "", "invoice: the org whose invoice to export")
+	l.fs.StringVar(&c.Format, "format", "json", "invoice: csv or json")
+}
+
+// Validate reports every problem of the configuration, one per line, prefixed by section.
+func (c Reconcile) Validate() error {
+	var errs []error
+	if !keyPrefix.MatchString(c.KeyPrefix) {
+		errs = append(errs, fmt.Errorf("ADMIT_KEY_PREFIX=%q: want 1-64 of [A-Za-z0-9:._-]", c.KeyPrefix))
+	}
+	if c.Shards < 1 || c.Shards > 1024 {
+		errs = append(errs, fmt.Errorf("ADMIT_SHARDS=%d: want 1-1024", c.Shards))
+	}
+	return errors.Join(c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), prefix("reconcile", errs))
+}
