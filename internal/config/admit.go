@@ -1,18 +1,26 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/estimate"
+	"github.com/metergate/metergate/internal/gate"
 	"github.com/metergate/metergate/internal/keyspace"
+	"github.com/metergate/metergate/internal/meter"
 	"github.com/metergate/metergate/internal/ops"
+	"github.com/metergate/metergate/internal/outbox"
+	"github.com/metergate/metergate/internal/policy"
 )
 
 // Admit is the configuration of cmd/admit.
@@ -31,16 +39,13 @@ type Admit struct {
 	Migrate bool
 }
 
-// keyPrefix keeps the Redis keys free of hash-tag braces and spaces.
-var keyPrefix = regexp.MustCompile(`^[A-Za-z0-9:._-]{1,64}$`)
-
 // Admission is how admit decides and whom it serves.
 type Admission struct {
-	ServiceToken   string
-	AdminToken     string
-	Node           string
-	KeyPrefix      string
-	Shards         int
+	ServiceToken string
+	AdminToken   string
+	Node         string
+	// Keyspace names the Redis keys (ADMIT_KEY_PREFIX, ADMIT_SHARDS).
+	Keyspace
 	IdempotencyTTL time.Duration
 	// IdempotencyLegacy also looks up idempotency records of the one-key-per-record
 	// layout of earlier versions (for the 24 h after an upgrade).
@@ -92,17 +97,12 @@ type Admission struct {
 	// disables waiting.
 	MaxWait time.Duration
 	// Check names the headers of the forward-auth check, GET /v1/check (docs/gateways.md).
-	Check CheckHeaders
+	Check api.CheckHeaders
 	// RevealAccounts shows end clients behind a gateway every account id of their path
 	// (api.Config.RevealAccounts); off, they see their own only.
 	RevealAccounts bool
 	// MaxEstimates bounds the token estimates of large bodies running at once.
 	MaxEstimates int
-}
-
-// CheckHeaders are the header names of the forward-auth check (api.CheckHeaders).
-type CheckHeaders struct {
-	Token, APIKey, Account, Tokens, Tool, IdempotencyKey string
 }
 
 // headerName is an HTTP field name (RFC 9110 token).
@@ -124,37 +124,37 @@ func (c *Admission) Register(l *Loader) {
 	l.String(&c.ServiceToken, "ADMIT_SERVICE_TOKEN", "", "bearer token of calling services (at least 16 characters)")
 	l.String(&c.AdminToken, "ADMIT_ADMIN_TOKEN", "", "bearer token of the admin API (at least 16 characters, not the service token)")
 	l.String(&c.Node, "ADMIT_NODE", host, "this node's name: the CloudEvents source of its events")
-	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", keyspace.DefaultKeyPrefix, "start of every Redis key (several deployments, or tests, on one Redis)")
-	l.Int(&c.Shards, "ADMIT_SHARDS", keyspace.DefaultShards, "Redis hash-tag shards; fixed for the life of a deployment")
+	c.registerKeyspace(l)
 	l.Duration(&c.IdempotencyTTL, "ADMIT_IDEMPOTENCY_TTL", keyspace.DefaultIdempotencyTTL, "idempotency TTL: a retry within it is charged once (at least 1m); without the billing log (ADMIT_IDEMPOTENCY_HOT=0) one between TTL and 2 TTL may be charged again")
 	l.Bool(&c.IdempotencyLegacy, "ADMIT_IDEMPOTENCY_LEGACY", true, "also honour idempotency records written by versions before the bucket layout (turn off 24h after the upgrade)")
 	l.Duration(&c.IdempotencyHot, "ADMIT_IDEMPOTENCY_HOT", keyspace.DefaultIdempotencyHot, "hot window H: Redis holds idempotency records exactly for H (and until their events are in PostgreSQL), older keys are answered from the billing log; 0: every record in Redis for the TTL")
 	l.Int(&c.IdempotencyFilterBits, "ADMIT_IDEMPOTENCY_FILTER_BITS", admission.DefaultIdempotencyFilterBits, "bits of one idempotency filter (per shard and half TTL): about 9.6 per key admitted with a key in that time for 1% of lookups in the billing log")
-	l.Duration(&c.IdempotencyMarkEvery, "ADMIT_IDEMPOTENCY_MARK_EVERY", 10*time.Second, "how often the relay's janitor moves each shard's idempotency mark (what is in PostgreSQL) and deletes the hot buckets it passed")
-	l.String(&c.MeterGroup, "METER_GROUP", "metergate-meter", "Kafka consumer group of the meters")
+	l.Duration(&c.IdempotencyMarkEvery, "ADMIT_IDEMPOTENCY_MARK_EVERY", outbox.DefaultMarkEvery, "how often the relay's janitor moves each shard's idempotency mark (what is in PostgreSQL) and deletes the hot buckets it passed")
+	registerMeterGroup(l, &c.MeterGroup)
 	l.Duration(&c.LeaseTTL, "ADMIT_LEASE_TTL", admission.DefaultLeaseTTL, "how long a concurrency slot is held when no outcome releases it")
 	l.Duration(&c.PolicyReload, "ADMIT_POLICY_RELOAD", 30*time.Second, "full policy reload period (changes arrive sooner through LISTEN/NOTIFY)")
-	l.String(&c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_RATE_ONLY", "open", "while Redis is down, accounts without quotas: open (admit, record straight to Kafka) or closed (503)")
-	l.String(&c.RedisDownQuota, "ADMIT_REDIS_DOWN_QUOTA", "closed", "while Redis is down, accounts with quotas: closed (503) or open")
+	l.String(&c.RedisDownRateOnly, "ADMIT_REDIS_DOWN_RATE_ONLY", string(gate.DefaultRedisDownRateOnly), "while Redis is down, accounts without quotas: open (admit, record straight to Kafka) or closed (503)")
+	l.String(&c.RedisDownQuota, "ADMIT_REDIS_DOWN_QUOTA", string(gate.DefaultRedisDownQuota), "while Redis is down, accounts with quotas: closed (503) or open")
 	l.Bool(&c.Relay, "ADMIT_RELAY", true, "run the outbox relay (Redis → Kafka) in this process")
-	l.Int(&c.RelayBatch, "ADMIT_RELAY_BATCH", 500, "most outbox entries per Kafka write")
-	l.Duration(&c.RelayClaimAfter, "ADMIT_RELAY_CLAIM_AFTER", 30*time.Second, "how long entries read and not acknowledged by another relay wait before this one takes them over")
+	l.Int(&c.RelayBatch, "ADMIT_RELAY_BATCH", outbox.DefaultRelayBatch, "most outbox entries per Kafka write")
+	l.Duration(&c.RelayClaimAfter, "ADMIT_RELAY_CLAIM_AFTER", outbox.DefaultClaimAfter, "how long entries read and not acknowledged by another relay wait before this one takes them over")
 	l.Duration(&c.OutboxMaxAge, "ADMIT_OUTBOX_MAX_AGE", time.Minute, "age of the oldest unrelayed event past which /readyz reports the outbox degraded")
 	l.Int(&c.WaitReplicas, "ADMIT_REDIS_WAIT_REPLICAS", 0, "replicas that must acknowledge a decision's writes (Redis WAIT) before it is answered; 1 with Sentinel or a Cluster with replicas")
-	l.Duration(&c.WaitTimeout, "ADMIT_REDIS_WAIT_TIMEOUT", 100*time.Millisecond, "longest WAIT for ADMIT_REDIS_WAIT_REPLICAS; short of them the decision is answered 503 and voided")
-	l.Int(&c.MaxBatch, "ADMIT_MAX_BATCH", 16, "most decisions of one shard per script call (1 = no grouping)")
+	l.Duration(&c.WaitTimeout, "ADMIT_REDIS_WAIT_TIMEOUT", keyspace.DefaultWaitTimeout, "longest WAIT for ADMIT_REDIS_WAIT_REPLICAS; short of them the decision is answered 503 and voided")
+	l.Int(&c.MaxBatch, "ADMIT_MAX_BATCH", admission.DefaultMaxBatch, "most decisions of one shard per script call (1 = no grouping)")
 	l.Int(&c.Pipeline, "ADMIT_PIPELINE", admission.DefaultPipeline, "most script calls in flight per shard")
-	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", []string{"web_search=1", "llm_call=3", "code_execute=5", "image_generate=10"}, "credits per tool call, name=credits,...")
+	l.List(&c.toolsRaw, "ADMIT_TOOL_CREDITS", toolCredits(policy.ToolCredits), "credits per tool call, name=credits,...")
 	l.Duration(&c.MaxWait, "ADMIT_MAX_WAIT", 30*time.Second, "longest max_wait_ms a request may give to wait for capacity (0 disables waiting; at most 10m)")
 	l.Bool(&c.Shadow, "ADMIT_SHADOW", false, "shadow mode for every account: decide and record, count refusals, never refuse")
 	l.Bool(&c.RevealAccounts, "ADMIT_GATEWAY_REVEAL_ACCOUNTS", false, "show end clients behind a gateway (the check, the rate-limit service) the ids of every account of their path; off: their own account's id only, the others by their kind (org, team, ...)")
 	l.Int(&c.MaxEstimates, "ADMIT_MAX_ESTIMATES", 0, "most token estimates of large bodies (POST /v1/estimate, POST /v1/admit with an estimate) running at once; one more waits up to 1 s, then gets 503 busy (0: 2 × GOMAXPROCS)")
-	l.String(&c.Check.Token, "ADMIT_CHECK_TOKEN_HEADER", "X-Metergate-Token", "header of GET /v1/check carrying the service token (Authorization takes \"Bearer <token>\")")
-	l.String(&c.Check.APIKey, "ADMIT_CHECK_API_KEY_HEADER", "X-Api-Key", "header of GET /v1/check carrying the end customer's API key")
-	l.String(&c.Check.Account, "ADMIT_CHECK_ACCOUNT_HEADER", "", "header of GET /v1/check naming the account, for gateways that authenticate clients and overwrite it (empty: off)")
-	l.String(&c.Check.Tokens, "ADMIT_CHECK_TOKENS_HEADER", "X-Estimated-Tokens", "header of GET /v1/check carrying the request's estimated tokens")
-	l.String(&c.Check.Tool, "ADMIT_CHECK_TOOL_HEADER", "X-Tool", "header of GET /v1/check naming the tool called")
-	l.String(&c.Check.IdempotencyKey, "ADMIT_CHECK_IDEMPOTENCY_HEADER", "Idempotency-Key", "header of GET /v1/check carrying the idempotency key")
+	h := api.DefaultCheckHeaders
+	l.String(&c.Check.Token, "ADMIT_CHECK_TOKEN_HEADER", h.Token, "header of GET /v1/check carrying the service token (Authorization takes \"Bearer <token>\")")
+	l.String(&c.Check.APIKey, "ADMIT_CHECK_API_KEY_HEADER", h.APIKey, "header of GET /v1/check carrying the end customer's API key")
+	l.String(&c.Check.Account, "ADMIT_CHECK_ACCOUNT_HEADER", h.Account, "header of GET /v1/check naming the account, for gateways that authenticate clients and overwrite it (empty: off)")
+	l.String(&c.Check.Tokens, "ADMIT_CHECK_TOKENS_HEADER", h.Tokens, "header of GET /v1/check carrying the request's estimated tokens")
+	l.String(&c.Check.Tool, "ADMIT_CHECK_TOOL_HEADER", h.Tool, "header of GET /v1/check naming the tool called")
+	l.String(&c.Check.IdempotencyKey, "ADMIT_CHECK_IDEMPOTENCY_HEADER", h.IdempotencyKey, "header of GET /v1/check carrying the idempotency key")
 	l.Int(&c.EstimateDefaultOutput, "ADMIT_ESTIMATE_DEFAULT_OUTPUT", estimate.DefaultOutput, "output tokens an estimate assumes for an OpenAI request without max_tokens or max_completion_tokens")
 }
 
@@ -176,12 +176,7 @@ func (c *Admission) Validate() error {
 	if c.Node == "" {
 		errs = append(errs, errors.New("ADMIT_NODE: must not be empty"))
 	}
-	if !keyPrefix.MatchString(c.KeyPrefix) {
-		errs = append(errs, fmt.Errorf("ADMIT_KEY_PREFIX=%q: want 1-64 of [A-Za-z0-9:._-]", c.KeyPrefix))
-	}
-	if c.Shards < 1 || c.Shards > 1024 {
-		errs = append(errs, fmt.Errorf("ADMIT_SHARDS=%d: want 1-1024", c.Shards))
-	}
+	errs = append(errs, c.validateKeyspace()...)
 	if c.IdempotencyTTL < keyspace.MinIdempotencyTTL {
 		errs = append(errs, fmt.Errorf("ADMIT_IDEMPOTENCY_TTL=%s: want at least %s", c.IdempotencyTTL, keyspace.MinIdempotencyTTL))
 	}
@@ -243,6 +238,61 @@ func (c *Admission) Validate() error {
 	return prefix("admission", errs)
 }
 
+// toolCredits writes prices as ADMIT_TOOL_CREDITS does, cheapest first.
+func toolCredits(prices map[string]int64) []string {
+	names := slices.Collect(maps.Keys(prices))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(prices[a], prices[b]), strings.Compare(a, b)) })
+	items := make([]string, len(names))
+	for i, name := range names {
+		items[i] = name + "=" + strconv.FormatInt(prices[name], 10)
+	}
+	return items
+}
+
+// registerMeterGroup adds METER_GROUP, which admit's idempotency janitor reads too.
+func registerMeterGroup(l *Loader, p *string) {
+	l.String(p, "METER_GROUP", meter.DefaultGroup, "Kafka consumer group of the meters")
+}
+
+// UsesBillingLog reports whether idempotency keys past the hot window are answered from
+// the billing log (ADMIT_IDEMPOTENCY_HOT above 0), which needs the relay's janitor.
+func (c Admission) UsesBillingLog() bool { return c.IdempotencyHot > 0 }
+
+// AdmitterOptions returns o, which carries the admitter's dependencies, with the decision
+// settings. o.IdempotencyLog is dropped unless UsesBillingLog: every record then stays in
+// Redis for the TTL.
+func (c Admission) AdmitterOptions(o admission.Options) admission.Options {
+	if !c.UsesBillingLog() {
+		o.IdempotencyLog = nil
+	}
+	o.KeyPrefix, o.Shards = c.KeyPrefix, c.Shards
+	o.IdempotencyTTL, o.IdempotencyLegacy, o.IdempotencyHot = c.IdempotencyTTL, c.IdempotencyLegacy, c.IdempotencyHot
+	o.IdempotencyFilterBits = uint64(c.IdempotencyFilterBits) //nolint:gosec // validated: 2^13-2^32
+	o.LeaseTTL, o.MaxBatch, o.Pipeline = c.LeaseTTL, c.MaxBatch, c.Pipeline
+	o.WaitReplicas, o.WaitTimeout = c.WaitReplicas, c.WaitTimeout
+	return o
+}
+
+// APIConfig returns o, which carries the API's dependencies, with the settings of whom
+// admit serves and how.
+func (c Admission) APIConfig(o api.Config) api.Config {
+	o.ServiceToken, o.AdminToken, o.Source, o.Tools = c.ServiceToken, c.AdminToken, c.Node, c.ToolCredits
+	o.RedisDownRateOnly, o.RedisDownQuota = api.FailPolicy(c.RedisDownRateOnly), api.FailPolicy(c.RedisDownQuota)
+	o.Estimate = estimate.Options{DefaultOutput: int64(c.EstimateDefaultOutput)}
+	o.MaxWait, o.Shadow, o.Check = c.MaxWait, c.Shadow, c.Check
+	o.RevealAccounts, o.MaxEstimates = c.RevealAccounts, c.MaxEstimates
+	return o
+}
+
+// RelayOptions returns o, which carries the relay's logger and registerer, with the relay
+// settings: this node's name is its consumer name.
+func (c Admission) RelayOptions(o outbox.RelayOptions) outbox.RelayOptions {
+	o.Keys, o.Consumer = c.Keys(), c.Node
+	o.Batch, o.ClaimAfter = c.RelayBatch, c.RelayClaimAfter
+	o.WaitReplicas, o.WaitTimeout = c.WaitReplicas, c.WaitTimeout
+	return o
+}
+
 // Register adds every setting of admit to l.
 func (c *Admit) Register(l *Loader) {
 	c.Server.register(l, "ADMIT_ADDR", "127.0.0.1:8080")
@@ -281,4 +331,13 @@ func (c *Admit) GRPC() ops.GRPC {
 	g := c.RLS.Limits
 	g.MaxHeaderBytes = c.Server.MaxHeaderBytes
 	return g
+}
+
+// MarkOptions returns o, which carries the idempotency janitor's logger and registerer,
+// with the settings of the marks it moves and of the meters it watches.
+func (c Admit) MarkOptions(o outbox.MarkOptions) outbox.MarkOptions {
+	a := c.Admission
+	o.Keys, o.Hot, o.TTL, o.Every = a.Keys(), a.IdempotencyHot, a.IdempotencyTTL, a.IdempotencyMarkEvery
+	o.Brokers, o.Topic, o.Group = c.Kafka.Brokers, c.Kafka.Topic, a.MeterGroup
+	return o
 }

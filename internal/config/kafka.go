@@ -6,6 +6,7 @@ import (
 	"net"
 	"regexp"
 
+	"github.com/metergate/metergate/internal/outbox"
 	"github.com/metergate/metergate/internal/topic"
 )
 
@@ -54,3 +55,6 @@ func (c Kafka) Validate() error {
 func (c Kafka) Spec() topic.Spec {
 	return topic.Spec{Name: c.Topic, Partitions: c.Partitions, ReplicationFactor: c.ReplicationFactor}
 }
+
+// Writer returns a writer of the usage topic (internal/outbox). It does not dial.
+func (c Kafka) Writer() *outbox.Writer { return outbox.NewWriter(c.Brokers, c.Topic) }

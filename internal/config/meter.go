@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/metergate/metergate/internal/meter"
+	"github.com/metergate/metergate/internal/webhook"
 )
 
 // Meter is the configuration of cmd/meter.
@@ -47,13 +50,13 @@ func (c *Webhooks) registerAllowPrivate(l *Loader) {
 // Register adds the WEBHOOK_* settings of the deliverer.
 func (c *Webhooks) Register(l *Loader) {
 	c.registerAllowPrivate(l)
-	l.Duration(&c.Timeout, "WEBHOOK_TIMEOUT", 10*time.Second, "bound of one delivery attempt, connection to the end of the reply")
-	l.Duration(&c.Poll, "WEBHOOK_POLL", time.Second, "how often due deliveries are looked for (a queued alert wakes the deliverer sooner through LISTEN/NOTIFY)")
-	l.Int(&c.Concurrency, "WEBHOOK_CONCURRENCY", 8, "most delivery attempts in flight per meter")
-	l.Duration(&c.BackoffBase, "WEBHOOK_BACKOFF_BASE", 5*time.Second, "retry n waits a random time up to min(WEBHOOK_BACKOFF_CAP, base·2^(n-1))")
-	l.Duration(&c.BackoffCap, "WEBHOOK_BACKOFF_CAP", time.Hour, "longest wait between two attempts of a delivery")
-	l.Duration(&c.RetryFor, "WEBHOOK_RETRY_FOR", 24*time.Hour, "how long after its first attempt a delivery is retried before it is failed")
-	l.Int(&c.DisableAfter, "WEBHOOK_DISABLE_AFTER", 50, "failed attempts in a row, across an endpoint's deliveries, that disable it")
+	l.Duration(&c.Timeout, "WEBHOOK_TIMEOUT", webhook.DefaultTimeout, "bound of one delivery attempt, connection to the end of the reply")
+	l.Duration(&c.Poll, "WEBHOOK_POLL", webhook.DefaultPoll, "how often due deliveries are looked for (a queued alert wakes the deliverer sooner through LISTEN/NOTIFY)")
+	l.Int(&c.Concurrency, "WEBHOOK_CONCURRENCY", webhook.DefaultConcurrency, "most delivery attempts in flight per meter")
+	l.Duration(&c.BackoffBase, "WEBHOOK_BACKOFF_BASE", webhook.DefaultBackoffBase, "retry n waits a random time up to min(WEBHOOK_BACKOFF_CAP, base·2^(n-1))")
+	l.Duration(&c.BackoffCap, "WEBHOOK_BACKOFF_CAP", webhook.DefaultBackoffCap, "longest wait between two attempts of a delivery")
+	l.Duration(&c.RetryFor, "WEBHOOK_RETRY_FOR", webhook.DefaultRetryFor, "how long after its first attempt a delivery is retried before it is failed")
+	l.Int(&c.DisableAfter, "WEBHOOK_DISABLE_AFTER", webhook.DefaultDisableAfter, "failed attempts in a row, across an endpoint's deliveries, that disable it")
 }
 
 // Validate reports every bad deliverer setting.
@@ -83,10 +86,10 @@ func (c *Meter) Register(l *Loader) {
 	c.Log.Register(l)
 	c.Postgres.Register(l)
 	c.Kafka.Register(l)
-	l.String(&c.Group, "METER_GROUP", "metergate-meter", "Kafka consumer group of the meters")
-	l.Int(&c.BatchSize, "METER_BATCH_SIZE", 1000, "most messages per batch (one PostgreSQL transaction, then one offset commit)")
-	l.Duration(&c.BatchWait, "METER_BATCH_WAIT", 200*time.Millisecond, "how long a batch waits to fill once its first message is in")
-	l.Duration(&c.SessionTimeout, "METER_SESSION_TIMEOUT", 30*time.Second, "how long the consumer group waits for a silent meter before giving its partitions to the others (within the broker's group.min/max.session.timeout.ms)")
+	registerMeterGroup(l, &c.Group)
+	l.Int(&c.BatchSize, "METER_BATCH_SIZE", meter.DefaultBatchSize, "most messages per batch (one PostgreSQL transaction, then one offset commit)")
+	l.Duration(&c.BatchWait, "METER_BATCH_WAIT", meter.DefaultBatchWait, "how long a batch waits to fill once its first message is in")
+	l.Duration(&c.SessionTimeout, "METER_SESSION_TIMEOUT", meter.DefaultSessionTimeout, "how long the consumer group waits for a silent meter before giving its partitions to the others (within the broker's group.min/max.session.timeout.ms)")
 	l.Bool(&c.DeliverWebhooks, "METER_WEBHOOKS", true, "run the webhook deliverer in this process (docs/webhooks.md)")
 	c.Webhooks.Register(l)
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
@@ -108,4 +111,22 @@ func (c Meter) Validate() error {
 		errs = append(errs, fmt.Errorf("METER_SESSION_TIMEOUT=%s: want 1s-30m", c.SessionTimeout))
 	}
 	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Postgres.Validate(), c.Kafka.Validate(), prefix("meter", errs), c.Webhooks.Validate())
+}
+
+// MeterOptions returns o, which carries the meter's logger, registerer and failpoint, with
+// the meter's settings: a shutdown writes the batch in hand within SHUTDOWN_TIMEOUT.
+func (c Meter) MeterOptions(o meter.Options) meter.Options {
+	o.Brokers, o.Topic, o.Group = c.Kafka.Brokers, c.Kafka.Topic, c.Group
+	o.BatchSize, o.BatchWait, o.SessionTimeout = c.BatchSize, c.BatchWait, c.SessionTimeout
+	o.FlushTimeout = c.Server.ShutdownTimeout
+	return o
+}
+
+// DelivererOptions returns o, which carries the deliverer's logger and registerer, with
+// the delivery settings. An endpoint that answers 410 Gone is disabled at once.
+func (c Webhooks) DelivererOptions(o webhook.DelivererOptions) webhook.DelivererOptions {
+	o.AllowPrivate, o.Timeout, o.Poll, o.Concurrency = c.AllowPrivate, c.Timeout, c.Poll, c.Concurrency
+	o.BackoffBase, o.BackoffCap, o.RetryFor = c.BackoffBase, c.BackoffCap, c.RetryFor
+	o.DisableAfter, o.DisableOnGone = c.DisableAfter, true
+	return o
 }

@@ -3,8 +3,12 @@ package config
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/migrations"
 )
 
 // Postgres locates the billing database.
@@ -60,4 +64,36 @@ func (c Postgres) Open(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("open postgres pool: %w", err)
 	}
 	return pool, nil
+}
+
+// OpenMigrated is Open and, with migrate (-migrate), first checks that PostgreSQL answers
+// (within 10 s) and then applies the pending migrations through MigrationURL, logging the
+// versions applied.
+func (c Postgres) OpenMigrated(ctx context.Context, migrate bool, log *slog.Logger) (*pgxpool.Pool, error) {
+	pool, err := c.Open(ctx)
+	if err != nil || !migrate {
+		return pool, err
+	}
+	if err := Ping(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	applied, err := migrations.UpURL(ctx, c.MigrationURL())
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	log.Info("migrations applied", "versions", applied)
+	return pool, nil
+}
+
+// Ping checks that PostgreSQL answers through pool, within 10 s: for a run-once command,
+// which fails at once rather than halfway when the database is not there.
+func Ping(ctx context.Context, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	return nil
 }

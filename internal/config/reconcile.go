@@ -2,11 +2,10 @@ package config
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/metergate/metergate/internal/invoice"
-	"github.com/metergate/metergate/internal/keyspace"
+	"github.com/metergate/metergate/internal/reconcile"
 )
 
 // Reconcile is the configuration of cmd/reconcile, a run-once job.
@@ -14,11 +13,10 @@ type Reconcile struct {
 	Log      Log
 	Redis    Redis
 	Postgres Postgres
-	// KeyPrefix and Shards name the quota counters: they must be admit's (the same
-	// variables, ADMIT_KEY_PREFIX and ADMIT_SHARDS).
-	KeyPrefix string
-	Shards    int
-	Migrate   bool
+	// Keyspace names the quota counters: admit's (the same variables, ADMIT_KEY_PREFIX
+	// and ADMIT_SHARDS).
+	Keyspace
+	Migrate bool
 	// DryRun (-dry-run) prints the plan and changes nothing; JSON (-json) prints the summary
 	// as one JSON object. Flags only: they describe one invocation, not a deployment.
 	DryRun bool
@@ -37,8 +35,7 @@ func (c *Reconcile) Register(l *Loader) {
 	c.Log.Register(l)
 	c.Redis.Register(l)
 	c.Postgres.Register(l)
-	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", keyspace.DefaultKeyPrefix, "start of every Redis key: admit's value")
-	l.Int(&c.Shards, "ADMIT_SHARDS", keyspace.DefaultShards, "Redis hash-tag shards: admit's value")
+	c.registerKeyspace(l)
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 	l.fs.BoolVar(&c.DryRun, "dry-run", false, "print the corrections a run would make and change nothing")
 	l.fs.BoolVar(&c.JSON, "json", false, "print the run's summary (or verify's differences) as one JSON object")
@@ -51,12 +48,18 @@ func (c *Reconcile) Register(l *Loader) {
 
 // Validate reports every problem of the configuration, one per line, prefixed by section.
 func (c Reconcile) Validate() error {
-	var errs []error
-	if !keyPrefix.MatchString(c.KeyPrefix) {
-		errs = append(errs, fmt.Errorf("ADMIT_KEY_PREFIX=%q: want 1-64 of [A-Za-z0-9:._-]", c.KeyPrefix))
-	}
-	if c.Shards < 1 || c.Shards > 1024 {
-		errs = append(errs, fmt.Errorf("ADMIT_SHARDS=%d: want 1-1024", c.Shards))
-	}
-	return errors.Join(c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), prefix("reconcile", errs))
+	return errors.Join(c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), prefix("reconcile", c.validateKeyspace()))
+}
+
+// ReconcileOptions returns o, which carries a run's dependencies (PostgreSQL, Redis, the
+// policies, the logger), with the counters' keys and -dry-run.
+func (c Reconcile) ReconcileOptions(o reconcile.Options) reconcile.Options {
+	o.Keys, o.DryRun = c.Keys(), c.DryRun
+	return o
+}
+
+// InvoiceOptions returns o, which carries the logger and who closes, with -force and -grace.
+func (c Reconcile) InvoiceOptions(o invoice.Options) invoice.Options {
+	o.Force, o.Grace = c.Force, c.Grace
+	return o
 }

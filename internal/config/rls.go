@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"time"
 
+	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/policy"
 )
@@ -33,15 +35,16 @@ var descriptorKey = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 // register adds ADMIT_GRPC_ADDR and the ADMIT_RLS_* settings.
 func (c *RLS) register(l *Loader) {
 	l.String(&c.Addr, "ADMIT_GRPC_ADDR", "", "gRPC listen address of Envoy's rate-limit service, health checking and reflection (empty: off)")
-	l.String(&c.APIKey, "ADMIT_RLS_KEY_ENTRY", "api_key", "descriptor entry carrying the end customer's API key")
-	l.String(&c.Account, "ADMIT_RLS_ACCOUNT_ENTRY", "account", "descriptor entry naming the account (trusted gateways)")
-	l.String(&c.Tool, "ADMIT_RLS_TOOL_ENTRY", "tool", "descriptor entry naming the tool called")
-	l.String(&c.IdempotencyKey, "ADMIT_RLS_IDEMPOTENCY_ENTRY", "idempotency_key", "descriptor entry carrying the idempotency key")
-	l.String(&c.Event, "ADMIT_RLS_EVENT_ENTRY", "event_id", "descriptor entry of the stream-done call carrying the admitted event id (the call is then an outcome)")
-	l.String(&c.Status, "ADMIT_RLS_STATUS_ENTRY", "status", "descriptor entry of the stream-done call carrying the upstream's HTTP status (200 when absent)")
-	l.String(&c.Unit, "ADMIT_RLS_UNIT_ENTRY", "unit", "descriptor entry of the stream-done call naming the unit its descriptor's hits_addend counts (ADMIT_RLS_HITS_UNIT when absent)")
-	l.String(&c.Hits, "ADMIT_RLS_HITS_UNIT", string(policy.Tokens), "unit that hits_addend counts: tokens, credits, cost_micros or requests")
-	l.List(&c.Ignore, "ADMIT_RLS_IGNORE_ENTRIES", []string{"generic_key"}, "descriptor entries ignored (* ignores every entry not mapped); any other is INVALID_ARGUMENT")
+	d := api.DefaultRLS
+	l.String(&c.APIKey, "ADMIT_RLS_KEY_ENTRY", d.APIKey, "descriptor entry carrying the end customer's API key")
+	l.String(&c.Account, "ADMIT_RLS_ACCOUNT_ENTRY", d.Account, "descriptor entry naming the account (trusted gateways)")
+	l.String(&c.Tool, "ADMIT_RLS_TOOL_ENTRY", d.Tool, "descriptor entry naming the tool called")
+	l.String(&c.IdempotencyKey, "ADMIT_RLS_IDEMPOTENCY_ENTRY", d.IdempotencyKey, "descriptor entry carrying the idempotency key")
+	l.String(&c.Event, "ADMIT_RLS_EVENT_ENTRY", d.Event, "descriptor entry of the stream-done call carrying the admitted event id (the call is then an outcome)")
+	l.String(&c.Status, "ADMIT_RLS_STATUS_ENTRY", d.Status, "descriptor entry of the stream-done call carrying the upstream's HTTP status (200 when absent)")
+	l.String(&c.Unit, "ADMIT_RLS_UNIT_ENTRY", d.Unit, "descriptor entry of the stream-done call naming the unit its descriptor's hits_addend counts (ADMIT_RLS_HITS_UNIT when absent)")
+	l.String(&c.Hits, "ADMIT_RLS_HITS_UNIT", string(d.Hits), "unit that hits_addend counts: tokens, credits, cost_micros or requests")
+	l.List(&c.Ignore, "ADMIT_RLS_IGNORE_ENTRIES", slices.Clone(d.Ignore), "descriptor entries ignored (* ignores every entry not mapped); any other is INVALID_ARGUMENT")
 	g := &c.Limits
 	l.Int(&g.MaxConns, "ADMIT_GRPC_MAX_CONNS", 1024, "most gRPC connections open at once; one past it is closed when accepted")
 	l.Int(&g.MaxStreams, "ADMIT_GRPC_MAX_STREAMS", 256, "most concurrent calls per gRPC connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)")
@@ -54,6 +57,12 @@ func (c *RLS) register(l *Loader) {
 	l.Duration(&g.KeepaliveTimeout, "ADMIT_GRPC_KEEPALIVE_TIMEOUT", 20*time.Second, "a ping unanswered for this long closes the connection")
 	l.Duration(&g.KeepaliveMinTime, "ADMIT_GRPC_KEEPALIVE_MIN_TIME", 10*time.Second, "shortest interval between a client's pings; a client pinging more often is sent GOAWAY")
 	l.Int(&c.MaxHeldStreams, "ADMIT_GRPC_MAX_HELD_STREAMS", 16, "most streaming calls (health Watch, reflection; each needs the service token) held open at once")
+}
+
+// Mapping is the descriptor mapping of Envoy's rate-limit service as configured.
+func (c RLS) Mapping() api.RLS {
+	return api.RLS{APIKey: c.APIKey, Account: c.Account, Tool: c.Tool, IdempotencyKey: c.IdempotencyKey,
+		Event: c.Event, Status: c.Status, Unit: c.Unit, Hits: policy.Unit(c.Hits), Ignore: c.Ignore}
 }
 
 // Validate reports a bad address, entry key or unit; entries must differ.

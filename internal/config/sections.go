@@ -5,8 +5,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"regexp"
 	"time"
 
+	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/ops"
 )
 
@@ -112,3 +114,35 @@ func (c Server) HTTP() ops.HTTP {
 		WriteTimeout: c.WriteTimeout, IdleTimeout: c.IdleTimeout, MaxHeaderBytes: c.MaxHeaderBytes,
 		ShutdownTimeout: c.ShutdownTimeout}
 }
+
+// Keyspace names admit's Redis keys (internal/keyspace). Reconcile corrects the counters
+// admit keeps, so it reads the same two variables, and they must be admit's values.
+type Keyspace struct {
+	KeyPrefix string
+	Shards    int
+}
+
+// keyPrefix keeps the Redis keys free of hash-tag braces and spaces.
+var keyPrefix = regexp.MustCompile(`^[A-Za-z0-9:._-]{1,64}$`)
+
+// registerKeyspace adds ADMIT_KEY_PREFIX and ADMIT_SHARDS.
+func (c *Keyspace) registerKeyspace(l *Loader) {
+	l.String(&c.KeyPrefix, "ADMIT_KEY_PREFIX", keyspace.DefaultKeyPrefix, "start of every Redis key (several deployments, or tests, on one Redis); reconcile's must be admit's")
+	l.Int(&c.Shards, "ADMIT_SHARDS", keyspace.DefaultShards, "Redis hash-tag shards; fixed for the life of a deployment, and reconcile's must be admit's")
+}
+
+// validateKeyspace reports a bad prefix or shard count, unprefixed: the section holding
+// the keyspace names them.
+func (c Keyspace) validateKeyspace() []error {
+	var errs []error
+	if !keyPrefix.MatchString(c.KeyPrefix) {
+		errs = append(errs, fmt.Errorf("ADMIT_KEY_PREFIX=%q: want 1-64 of [A-Za-z0-9:._-]", c.KeyPrefix))
+	}
+	if c.Shards < 1 || c.Shards > 1024 {
+		errs = append(errs, fmt.Errorf("ADMIT_SHARDS=%d: want 1-1024", c.Shards))
+	}
+	return errs
+}
+
+// Keys names the keys.
+func (c Keyspace) Keys() keyspace.Keys { return keyspace.Keys{Prefix: c.KeyPrefix, Shards: c.Shards} }
