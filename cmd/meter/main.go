@@ -25,7 +25,6 @@ import (
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/topic"
 	"github.com/metergate/metergate/internal/webhook"
-	"github.com/metergate/metergate/migrations"
 )
 
 // failpoint is called at internal/meter's failpoints. It is nil in the command; a test build of
@@ -46,19 +45,14 @@ func main() {
 	}
 }
 
+// run consumes the topic into PostgreSQL and, unless METER_WEBHOOKS=false, delivers the
+// webhooks, until ctx ends.
 func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
-	pool, err := cfg.Postgres.Open(ctx)
+	pool, err := cfg.Postgres.OpenMigrated(ctx, cfg.Migrate, log)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if cfg.Migrate {
-		applied, err := migrations.UpURL(ctx, cfg.Postgres.MigrationURL())
-		if err != nil {
-			return err
-		}
-		log.Info("migrations applied", "versions", applied)
-	}
 
 	kc := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 5 * time.Second}
 	probes := &ops.Probes{}
@@ -71,24 +65,15 @@ func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	probes.Mount(mux, reg)
 
-	m, err := meter.New(pool, meter.Options{
-		Brokers: cfg.Kafka.Brokers, Topic: cfg.Kafka.Topic, Group: cfg.Group,
-		BatchSize: cfg.BatchSize, BatchWait: cfg.BatchWait, SessionTimeout: cfg.SessionTimeout,
-		FlushTimeout: cfg.Server.ShutdownTimeout,
-		Logger:       log.With("component", "meter"), Registerer: reg, Failpoint: failpoint,
-	})
+	m, err := meter.New(pool, cfg.MeterOptions(meter.Options{
+		Logger: log.With("component", "meter"), Registerer: reg, Failpoint: failpoint}))
 	if err != nil {
 		return err
 	}
-
 	var deliverer *webhook.Deliverer
 	if cfg.DeliverWebhooks {
-		w := cfg.Webhooks
-		deliverer = webhook.NewDeliverer(pool, webhook.DelivererOptions{
-			Logger: log.With("component", "webhooks"), Registerer: reg, AllowPrivate: w.AllowPrivate,
-			Timeout: w.Timeout, Poll: w.Poll, Concurrency: w.Concurrency, BackoffBase: w.BackoffBase,
-			BackoffCap: w.BackoffCap, RetryFor: w.RetryFor, DisableAfter: w.DisableAfter, DisableOnGone: true,
-		})
+		deliverer = webhook.NewDeliverer(pool, cfg.Webhooks.DelivererOptions(webhook.DelivererOptions{
+			Logger: log.With("component", "webhooks"), Registerer: reg}))
 		probes.Add("webhooks", deliverer.Ready)
 	}
 
@@ -98,12 +83,8 @@ func run(ctx context.Context, cfg config.Meter, log *slog.Logger) error {
 		// Run ends when ctx does, once the attempts in flight are recorded.
 		g.Go(func() error { return deliverer.Run(ctx) })
 	}
-	g.Go(func() error {
-		if err := topic.EnsureRetry(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec()); err != nil {
-			return nil // ends with ctx only: a shutdown before the topic was there
-		}
-		// Run ends when ctx does, after writing the batches in hand and committing their offsets.
-		return m.Run(ctx)
-	})
+	// The meter reads once the topic is there. Run ends when ctx does, after writing the
+	// batches in hand and committing their offsets.
+	g.Go(topic.EnsureThen(ctx, log, cfg.Kafka.Brokers, cfg.Kafka.Spec(), m.Run))
 	return g.Wait()
 }

@@ -24,8 +24,7 @@ func closePeriod(ctx context.Context, e env) error {
 		}
 		month = p
 	}
-	res, err := invoice.Close(ctx, e.pool, month, invoice.Options{Force: e.cfg.Force, Grace: e.cfg.Grace,
-		By: "reconcile close", Log: e.log})
+	res, err := invoice.Close(ctx, e.pool, month, e.cfg.InvoiceOptions(invoice.Options{By: "reconcile close", Log: e.log}))
 	if err != nil && !errors.Is(err, invoice.ErrInvoicesFailed) {
 		return err
 	}

@@ -38,10 +38,8 @@ import (
 
 	"github.com/metergate/metergate/internal/cli"
 	"github.com/metergate/metergate/internal/config"
-	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/reconcile"
-	"github.com/metergate/metergate/migrations"
 )
 
 // failpoint is called at internal/reconcile's failpoints. It is nil in the command; a test build
@@ -94,25 +92,15 @@ func command(name, summary string, do func(context.Context, env) error) cli.Comm
 	}}
 }
 
-// connect opens PostgreSQL and, with -migrate, applies the pending migrations.
+// connect opens PostgreSQL, migrated first with -migrate, and checks that it answers.
 func connect(ctx context.Context, cfg config.Reconcile, log *slog.Logger) (*pgxpool.Pool, error) {
-	pool, err := cfg.Postgres.Open(ctx)
+	pool, err := cfg.Postgres.OpenMigrated(ctx, cfg.Migrate, log)
 	if err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := pool.Ping(cctx); err != nil {
+	if err := config.Ping(ctx, pool); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	if cfg.Migrate {
-		applied, err := migrations.UpURL(ctx, cfg.Postgres.MigrationURL())
-		if err != nil {
-			pool.Close()
-			return nil, err
-		}
-		log.Info("migrations applied", "versions", applied)
+		return nil, err
 	}
 	return pool, nil
 }
@@ -139,8 +127,6 @@ func (e env) options(ctx context.Context) (reconcile.Options, func(), error) {
 		_ = rdb.Close()
 		return reconcile.Options{}, nil, fmt.Errorf("load policies: %w", err)
 	}
-	return reconcile.Options{
-		Pool: e.pool, Redis: rdb, Policies: policies, Log: e.log, DryRun: e.cfg.DryRun, Failpoint: failpoint,
-		Keys: keyspace.Keys{Prefix: e.cfg.KeyPrefix, Shards: e.cfg.Shards},
-	}, func() { _ = rdb.Close() }, nil
+	o := e.cfg.ReconcileOptions(reconcile.Options{Pool: e.pool, Redis: rdb, Policies: policies, Log: e.log, Failpoint: failpoint})
+	return o, func() { _ = rdb.Close() }, nil
 }
