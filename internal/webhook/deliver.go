@@ -22,6 +22,24 @@ var (
 	claimSQL string
 	//go:embed sql/replay_range.sql
 	replayRangeSQL string
+	//go:embed sql/delivery_stats.sql
+	deliveryStatsSQL string
+)
+
+// The queries of an attempt's record.
+var (
+	//go:embed sql/insert_attempt.sql
+	insertAttemptSQL string
+	//go:embed sql/mark_delivered.sql
+	markDeliveredSQL string
+	//go:embed sql/reset_failures.sql
+	resetFailuresSQL string
+	//go:embed sql/mark_attempt_failed.sql
+	markAttemptFailedSQL string
+	//go:embed sql/count_failure.sql
+	countFailureSQL string
+	//go:embed sql/disable_endpoint.sql
+	disableEndpointSQL string
 )
 
 // The deliverer's defaults (DelivererOptions).
@@ -217,7 +235,7 @@ func (d *Deliverer) listen(ctx context.Context, wake func()) {
 				return err
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
-			if _, err := conn.Exec(ctx, "LISTEN webhook_deliveries"); err != nil {
+			if _, err := conn.Exec(ctx, "listen webhook_deliveries"); err != nil {
 				return err
 			}
 			for {
@@ -240,7 +258,7 @@ func (d *Deliverer) listen(ctx context.Context, wake func()) {
 
 func (d *Deliverer) claim(ctx context.Context, limit int) ([]job, error) {
 	lease := (d.opt.Timeout + d.opt.LeaseMargin).Seconds()
-	rows, err := d.pool.Query(ctx, claimSQL, pgx.NamedArgs{"limit": limit, "lease_s": lease})
+	rows, err := d.pool.Query(ctx, claimSQL, pgx.StrictNamedArgs{"limit": limit, "lease_s": lease})
 	if err != nil {
 		return nil, fmt.Errorf("claim webhook deliveries: %w", err)
 	}
@@ -349,18 +367,18 @@ func (d *Deliverer) record(ctx context.Context, j job, res result) error {
 		outcome = StatusDelivered
 	}
 	return pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO webhook_attempts (delivery, started_at, latency_us, http_status, error, outcome)
-			VALUES ($1, $2, $3, $4, $5, $6)`, j.id, res.started, res.latency.Microseconds(), res.status, nullable(res.err), outcome); err != nil {
+		if _, err := tx.Exec(ctx, insertAttemptSQL, pgx.StrictNamedArgs{
+			"delivery": j.id, "started_at": res.started, "latency_us": res.latency.Microseconds(),
+			"http_status": res.status, "error": nullable(res.err), "outcome": outcome,
+		}); err != nil {
 			return fmt.Errorf("insert webhook attempt: %w", err)
 		}
 		if res.delivered() {
-			if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET attempts = attempts + 1, status = 'delivered',
-				delivered_at = now(), lease_until = NULL, last_status = $3, last_error = NULL, updated_at = now()
-				WHERE id = $1 AND lease_until = $2`, j.id, j.lease, res.status); err != nil {
+			if _, err := tx.Exec(ctx, markDeliveredSQL,
+				pgx.StrictNamedArgs{"id": j.id, "lease_until": j.lease, "last_status": res.status}); err != nil {
 				return fmt.Errorf("mark webhook delivered: %w", err)
 			}
-			if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET consecutive_failures = 0
-				WHERE id = $1 AND consecutive_failures <> 0`, j.endpoint); err != nil {
+			if _, err := tx.Exec(ctx, resetFailuresSQL, pgx.StrictNamedArgs{"id": j.endpoint}); err != nil {
 				return fmt.Errorf("reset webhook failures: %w", err)
 			}
 			return nil
@@ -369,16 +387,15 @@ func (d *Deliverer) record(ctx context.Context, j job, res result) error {
 		if j.now.Sub(j.first) >= d.opt.RetryFor {
 			status = StatusFailed
 		}
-		if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET attempts = attempts + 1, status = $3,
-			next_attempt_at = now() + make_interval(secs => $4), lease_until = NULL, last_status = $5, last_error = $6,
-			updated_at = now()
-			WHERE id = $1 AND lease_until = $2`, j.id, j.lease, status, delay.Seconds(), res.status, res.err); err != nil {
+		if _, err := tx.Exec(ctx, markAttemptFailedSQL, pgx.StrictNamedArgs{
+			"id": j.id, "lease_until": j.lease, "status": status, "delay_s": delay.Seconds(),
+			"last_status": res.status, "last_error": res.err,
+		}); err != nil {
 			return fmt.Errorf("mark webhook attempt failed: %w", err)
 		}
 		var run int
 		var enabled bool
-		if err := tx.QueryRow(ctx, `UPDATE webhook_endpoints SET consecutive_failures = consecutive_failures + 1
-			WHERE id = $1 RETURNING consecutive_failures, enabled`, j.endpoint).Scan(&run, &enabled); err != nil {
+		if err := tx.QueryRow(ctx, countFailureSQL, pgx.StrictNamedArgs{"id": j.endpoint}).Scan(&run, &enabled); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil // deleted meanwhile
 			}
@@ -395,8 +412,7 @@ func (d *Deliverer) record(ctx context.Context, j job, res result) error {
 		if reason == "" {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET enabled = false, disabled_reason = $2, updated_at = now()
-			WHERE id = $1`, j.endpoint, reason); err != nil {
+		if _, err := tx.Exec(ctx, disableEndpointSQL, pgx.StrictNamedArgs{"id": j.endpoint, "reason": reason}); err != nil {
 			return fmt.Errorf("disable webhook endpoint: %w", err)
 		}
 		d.metrics.disabled.Inc()
@@ -420,11 +436,7 @@ func (d *Deliverer) refreshGauges(ctx context.Context) {
 	}
 	var pending, disabled int64
 	var oldest float64
-	err := d.pool.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'),
-		(SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at)), 0)::float8 FROM webhook_deliveries d
-			JOIN webhook_endpoints e ON e.id = d.endpoint WHERE d.status = 'pending' AND d.next_attempt_at <= now() AND e.enabled),
-		(SELECT count(*) FROM webhook_endpoints WHERE NOT enabled)`).Scan(&pending, &oldest, &disabled)
+	err := d.pool.QueryRow(ctx, deliveryStatsSQL).Scan(&pending, &oldest, &disabled)
 	if err != nil {
 		return
 	}
