@@ -68,11 +68,14 @@ func TestStoreWritesEachEventOnce(t *testing.T) {
 	require.Equal(t, row{Partition: 0, Offset: 7, Late: true}, rowOf("late-copied"))
 
 	// A batch with an event written before (a redelivery): the others are written, the
-	// row already there stays as it was.
-	w = write(delivery{"b", now, 2, 9}, delivery{"c", now, 2, 10}, delivery{"late-staged", closed.Add(2 * time.Hour), 2, 11})
-	require.Equal(t, counts{staged: 3, inserted: 2}, w.usage)
+	// row already there stays as it was; one delivered twice in it is written from its
+	// first position, through staging too.
+	w = write(delivery{"b", now, 2, 9}, delivery{"c", now, 2, 10}, delivery{"late-staged", closed.Add(2 * time.Hour), 2, 11},
+		delivery{"d", now, 3, 20}, delivery{"d", now, 3, 12})
+	require.Equal(t, counts{staged: 5, inserted: 3}, w.usage)
 	require.Equal(t, row{Partition: 0, Offset: 6}, rowOf("b"))
 	require.Equal(t, row{Partition: 2, Offset: 10}, rowOf("c"))
+	require.Equal(t, row{Partition: 3, Offset: 12}, rowOf("d"))
 	require.Equal(t, row{Partition: 2, Offset: 11, Late: true}, rowOf("late-staged"))
 
 	// Times at the ends of the years parse accepts come back as they went in.
@@ -102,5 +105,5 @@ func TestStoreWritesEachEventOnce(t *testing.T) {
 	wg.Wait()
 	require.EqualValues(t, len(ds), inserted[0]+inserted[1]+inserted[2])
 	require.EqualValues(t, len(ds), count(t, ctx, pool, `select count(*) from usage_events where event_id like $1`, name+"-r%"))
-	require.EqualValues(t, 3+2+2+len(ds), count(t, ctx, pool, `select count(*) from usage_events where org = $1`, org))
+	require.EqualValues(t, 3+3+2+len(ds), count(t, ctx, pool, `select count(*) from usage_events where org = $1`, org))
 }
