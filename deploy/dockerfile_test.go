@@ -140,7 +140,7 @@ func checkDockerignore(ignore string) problems {
 			patterns = append(patterns, strings.TrimPrefix(t, "/"))
 		}
 	}
-	for _, need := range []string{"go.mod", "go.sum", "cmd/admit/main.go", "internal/config/binaries.go", "internal/api/openapi.yaml", "lua/admit.lua", "lua/lua.go", "migrations/00001_dead_letters.sql", "migrations/migrations.go"} {
+	for _, need := range []string{"go.mod", "go.sum", "cmd/admit/main.go", "internal/config/load.go", "pkg/event/event.go", "internal/api/openapi.yaml", "lua/admit.lua", "lua/lua.go", "migrations/00001_dead_letters.sql", "migrations/migrations.go"} {
 		for _, pat := range patterns {
 			if excludes(pat, need) {
 				p.add("ignore pattern %q leaves out %s, which the build needs", pat, need)
@@ -210,7 +210,8 @@ func TestDockerfile(t *testing.T) {
 		require.True(t, containsProblem(p, tc.want), "%s: want a problem containing %q, got %q", tc.name, tc.want, p)
 	}
 	for _, tc := range []struct{ name, add, want string }{
-		{"pkg ignored", "pkg\n", "leaves out internal/config"},
+		{"internal ignored", "internal\n", "leaves out internal/config"},
+		{"pkg ignored", "pkg\n", "leaves out pkg/event"},
 		{"sql ignored", "**/*.sql\n", "leaves out migrations/00001"},
 		{"yaml ignored", "*.yaml\n", ""},
 	} {
