@@ -29,18 +29,19 @@ func init() {
 	}
 	arm := os.Getenv(FailpointArmEnv)
 	var hits atomic.Int64
-	failpoint = func(p string) {
+	failpoint = func(p string) error {
 		if p != point {
-			return
+			return nil
 		}
 		if arm != "" {
 			if _, err := os.Stat(arm); err != nil {
-				return // not armed yet
+				return nil // not armed yet
 			}
 		}
 		if hits.Add(1) == int64(n) {
 			fmt.Fprintf(os.Stderr, "failpoint %s:%d reached: holding until killed\n", point, n)
 			select {} // the caller (a writer or the committer of the meter) never goes on
 		}
+		return nil
 	}
 }

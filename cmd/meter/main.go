@@ -30,7 +30,7 @@ import (
 // failpoint is called at internal/meter's failpoints. It is nil in the command; a test build of
 // it sets it (failpoint_test.go), for the chaos suite to kill the meter between a batch's
 // rows and its offsets.
-var failpoint func(point string)
+var failpoint func(point string) error
 
 func main() {
 	var cfg config.Meter

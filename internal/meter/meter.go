@@ -79,8 +79,9 @@ type Options struct {
 	// Registerer receives the meter's metrics (not registered when nil).
 	Registerer prometheus.Registerer
 	// Failpoint, when set, is called at each failpoint (BeforeWrite, AfterWrite), for crash
-	// tests: it may stop the meter there until the process is killed.
-	Failpoint func(point string)
+	// tests: it may hold the meter there until the process is killed, or return an error,
+	// which stops Run there as a crash would (the batch's offsets are not committed).
+	Failpoint func(point string) error
 }
 
 // Failpoints: where Options.Failpoint is called, so that a crash test can kill the meter
@@ -234,9 +235,10 @@ func (m *Meter) Run(ctx context.Context) error {
 		stages.Go(func() {
 			for b := range toWrite {
 				b.parse()
-				m.fail(BeforeWrite)
-				b.start = time.Now()
-				b.written, b.err = m.write(wctx, b.items)
+				if b.err = m.fail(BeforeWrite); b.err == nil {
+					b.start = time.Now()
+					b.written, b.err = m.write(wctx, b.items)
+				}
 				close(b.done)
 			}
 		})
@@ -245,17 +247,20 @@ func (m *Meter) Run(ctx context.Context) error {
 	flushed := 0
 	for b := range inOrder {
 		<-b.done
-		if writeErr == nil && b.err != nil {
+		err := b.err
+		if err == nil && writeErr == nil {
+			err = m.fail(AfterWrite)
+		}
+		if writeErr == nil && err != nil {
 			// Neither its offsets nor those of a batch after it may be committed: stop, and
 			// wait for the writers to give up the batches they have.
-			writeErr = b.err
+			writeErr = err
 			close(failed)
 			stopFetching()
 		}
 		if writeErr != nil {
 			continue
 		}
-		m.fail(AfterWrite)
 		m.commit(wctx, reader, b)
 		if ctx.Err() != nil {
 			flushed += len(b.msgs)
@@ -269,10 +274,14 @@ func (m *Meter) Run(ctx context.Context) error {
 	return nil
 }
 
-func (m *Meter) fail(point string) {
-	if m.opts.Failpoint != nil {
-		m.opts.Failpoint(point)
+func (m *Meter) fail(point string) error {
+	if m.opts.Failpoint == nil {
+		return nil
 	}
+	if err := m.opts.Failpoint(point); err != nil {
+		return fmt.Errorf("failpoint %s: %w", point, err)
+	}
+	return nil
 }
 
 // batch is a batch of messages on its way through Run's stages.

@@ -3,6 +3,7 @@ package meter
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -660,4 +661,49 @@ func TestEventsOfAClosedPeriodAreLate(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `select late from usage_events where event_id = $1`, onTimeID).Scan(&onTime))
 	require.True(t, late, "an event of a closed period is late")
 	require.False(t, onTime, "an event of an open period is not")
+}
+
+// A failpoint's error stops the meter where it is, as a crash there would: a batch written
+// after its rows but before its offsets is consumed again by the next meter of the group,
+// and each event is still one row.
+func TestFailpointErrorStopsLikeACrash(t *testing.T) {
+	t.Parallel()
+	const n = 120
+	b := setup(t, 2)
+	var msgs []kafka.Message
+	for i := range n {
+		org := fmt.Sprintf("%s-o%d", b.name, i%4)
+		msgs = append(msgs, message(t, org, admittedEvent(t, fmt.Sprintf("%s-e%d", b.name, i), time.Now(), orgPath(org), map[string]int64{"requests": 1})))
+	}
+	b.produce(t, msgs...)
+
+	errCrash := errors.New("crash")
+	crashed := make(chan struct{})
+	var once sync.Once
+	opts := b.options("g")
+	opts.Failpoint = func(point string) error {
+		if point != AfterWrite {
+			return nil
+		}
+		once.Do(func() { close(crashed) })
+		return errCrash
+	}
+	first := start(t, b.pool, opts)
+	select {
+	case <-crashed:
+	case <-b.ctx.Done():
+		t.Fatal("the failpoint was never reached")
+	}
+	require.ErrorIs(t, first.stop(), errCrash)
+	written := count(t, b.ctx, b.pool, `select count(*) from usage_events where org like $1`, b.name+"-%")
+	require.Positive(t, written, "the batch's rows were written before the failpoint")
+
+	opts.Failpoint = nil
+	again := start(t, b.pool, opts)
+	waitFor(t, b.ctx, "every event through the same group", func() bool {
+		return count(t, b.ctx, b.pool, `select count(*) from usage_events where org like $1`, b.name+"-%") == n
+	})
+	waitFor(t, b.ctx, "the metrics", func() bool { return again.messages() >= n })
+	require.Positive(t, again.duplicates("usage_events"), "the uncommitted batch came again")
+	require.NoError(t, again.stop())
 }
