@@ -14,12 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/failover"
 )
 
 // Scenarios 15 and 16: the 3-node Kafka cluster (`make up-kafka-cluster`: replication 3,
 // min.insync.replicas 2) loses brokers under load. The stack's topic has three replicas of
 // each partition there; the relay produces with acks=all. Both scenarios kill nodes of the
-// shared cluster: they are not parallel, and testenv.KafkaCluster hands the cluster to one
+// shared cluster: they are not parallel, and failover.KafkaCluster hands the cluster to one
 // test at a time and leaves it whole and in sync when the test ends.
 
 // clusterOrgs is how many rate-only orgs the load spreads over: the topic is keyed by org,
@@ -31,7 +32,7 @@ const clusterWorkers = 8
 
 // clusterStack is a stack on the Kafka cluster: 6 partitions of 3 replicas, clusterOrgs
 // rate-only orgs (admission never needs Kafka, nor fails open: Redis is up).
-func clusterStack(t *testing.T, cluster *testenv.BrokerCluster) (*stack, []string) {
+func clusterStack(t *testing.T, cluster *failover.BrokerCluster) (*stack, []string) {
 	t.Helper()
 	s := newStack(t, options{Brokers: cluster.Addrs, Partitions: 6, Replication: 3})
 	keys := make([]string, clusterOrgs)
@@ -54,7 +55,7 @@ func clusterStack(t *testing.T, cluster *testenv.BrokerCluster) (*stack, []strin
 // relay and the meter that recovered, not the broker that came back; the note says when.
 func TestKafkaLeaderKilled(t *testing.T) {
 	sc := begin(t, "15 Kafka leader broker killed")
-	cluster := testenv.KafkaCluster(t)
+	cluster := failover.KafkaCluster(t)
 	s, keys := clusterStack(t, cluster)
 	admit, meter := s.admits[0].p, s.meters[0].p
 	ctx := testenv.Context(t, 10*time.Minute)
@@ -131,7 +132,7 @@ func TestKafkaLeaderKilled(t *testing.T) {
 // with its caller's account and units, the relay and the meter never restarted.
 func TestKafkaBelowMinISR(t *testing.T) {
 	sc := begin(t, "16 Kafka below min ISR")
-	cluster := testenv.KafkaCluster(t)
+	cluster := failover.KafkaCluster(t)
 	s, keys := clusterStack(t, cluster)
 	admit, meter := s.admits[0].p, s.meters[0].p
 	ctx := testenv.Context(t, 10*time.Minute)

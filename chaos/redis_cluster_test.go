@@ -13,6 +13,7 @@ import (
 
 	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 )
 
 // Scenario 14: Redis Cluster with replicas, a master SIGKILLed under load. The cluster is
@@ -113,7 +114,7 @@ func (v *clusterFailover) note() string {
 }
 
 func (v *clusterFailover) run(t *testing.T) {
-	cluster := testenv.StartRedisCluster(t, 3, 2)
+	cluster := private.StartRedisCluster(t, 3, 2)
 	var admitEnv []string
 	if v.wait {
 		admitEnv = []string{"ADMIT_REDIS_WAIT_REPLICAS=1"}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 )
 
 // Scenario 12: Redis killed (SIGKILL, no draining first) under load while the outbox holds
@@ -36,7 +37,7 @@ import (
 func TestRedisKilledMidOutbox(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "12 Redis killed mid-outbox")
-	broker := testenv.StartBroker(t)
+	broker := private.StartBroker(t)
 
 	var always *redisCrash
 	notes := []string{}
@@ -110,12 +111,12 @@ func (c *redisCrash) note() string {
 
 // runRedisCrash runs the crash on a stack of its own with a private Redis of the given
 // appendfsync ("" for none) and the shared private broker, and returns what it cost.
-func runRedisCrash(t *testing.T, broker *testenv.Broker, fsync string) *redisCrash {
-	var rs *testenv.RedisServer
+func runRedisCrash(t *testing.T, broker *private.Broker, fsync string) *redisCrash {
+	var rs *private.RedisServer
 	if fsync == "" {
-		rs = testenv.StartRedis(t)
+		rs = private.StartRedis(t)
 	} else {
-		rs = testenv.StartRedisAOF(t, fsync)
+		rs = private.StartRedisAOF(t, fsync)
 	}
 	s := newStack(t, options{RedisURL: rs.URL(), Brokers: []string{broker.Addr()}})
 	c := &redisCrash{fsync: fsync, capQuota: 50}

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/failover"
+	"github.com/metergate/metergate/internal/testenv/private"
 )
 
 // Scenario 13: Redis Sentinel, the primary SIGKILLed under load while its replica lags.
@@ -35,8 +37,8 @@ func TestSentinelFailover(t *testing.T) {
 	// Not parallel with another user of the Sentinel setup: it kills the setup's primary
 	// (and testenv brings the killed server back as a replica when each run ends).
 	sc := begin(t, "13 Redis Sentinel failover")
-	sentinel := testenv.RedisSentinel(t)
-	broker := testenv.StartBroker(t)
+	sentinel := failover.RedisSentinel(t)
+	broker := private.StartBroker(t)
 	var notes []string
 	for _, wait := range []bool{true, false} {
 		name := map[bool]string{true: "wait", false: "no-wait"}[wait]
@@ -75,12 +77,12 @@ type sentinelFailover struct {
 	note                               string
 }
 
-func runSentinelFailover(t *testing.T, sentinel testenv.Sentinel, broker *testenv.Broker, wait bool) *sentinelFailover {
+func runSentinelFailover(t *testing.T, sentinel failover.Sentinel, broker *private.Broker, wait bool) *sentinelFailover {
 	ctx := testenv.Context(t, 10*time.Minute)
 	replicas, err := sentinel.Replicas(ctx)
 	require.NoError(t, err)
 	for _, replica := range replicas { // in sync (after an earlier run's restart too)
-		require.NoError(t, testenv.WaitReplicaInSync(testenv.Context(t, time.Minute), replica))
+		require.NoError(t, private.WaitReplicaInSync(testenv.Context(t, time.Minute), replica))
 	}
 	admitEnv := []string{}
 	if wait {

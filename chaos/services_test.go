@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 )
 
 // Scenarios 2, 4 and 5: a service of the pipeline (Kafka, PostgreSQL, Redis) stopped and
@@ -31,7 +32,7 @@ var enterpriseRate = map[string]any{"requests": map[string]any{"rate_per_s": 1_0
 func TestBrokerStopped(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "2 Kafka broker stopped")
-	broker := testenv.StartBroker(t)
+	broker := private.StartBroker(t)
 	s := newStack(t, options{Brokers: []string{broker.Addr()}})
 	keys := []string{s.account("chaos-org", "org", "", "enterprise", enterpriseRate),
 		s.account("chaos-team", "team", "chaos-org", "", map[string]any{})}
@@ -71,7 +72,7 @@ func TestBrokerStopped(t *testing.T) {
 func TestPostgresRestarted(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "4 PostgreSQL restarted")
-	pg := testenv.StartPostgres(t)
+	pg := private.StartPostgres(t)
 	s := newStack(t, options{DatabaseURL: pg.URL()})
 	keys := []string{s.account("chaos-org", "org", "", "enterprise", enterpriseRate),
 		s.account("chaos-team", "team", "chaos-org", "", map[string]any{})}
@@ -125,7 +126,7 @@ func TestPostgresRestarted(t *testing.T) {
 func TestRedisRestartedEmpty(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "5 Redis restarted empty")
-	rs := testenv.StartRedis(t)
+	rs := private.StartRedis(t)
 	s := newStack(t, options{RedisURL: rs.URL()})
 	rateOnly := s.account("chaos-rate", "org", "", "enterprise", enterpriseRate)
 	quota := s.account("chaos-quota", "org", "", "enterprise", map[string]any{

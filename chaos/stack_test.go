@@ -34,13 +34,13 @@ const (
 type options struct {
 	RedisURL    string   // a private Redis (its own process) for scenarios that restart it
 	DatabaseURL string   // a private PostgreSQL server's URL, for the same reason
-	Brokers     []string // a private broker (testenv.StartBroker)
+	Brokers     []string // a private broker (private.StartBroker)
 	Partitions  int      // of the stack's topic (4 when zero)
 	Replication int      // of the stack's topic on Brokers (1 when zero)
 	Admits      int      // admit nodes (1 when zero), each with its relay
 	Meters      int      // meter replicas of one consumer group (1 when zero)
 	// RedisEnv are settings ("K=V") of every binary that replace the Redis ones, such as a
-	// Sentinel setup's (testenv.Sentinel.Env).
+	// Sentinel setup's (failover.Sentinel.Env).
 	RedisEnv []string
 	// AdmitEnv and MeterEnv are extra settings ("K=V") of every admit and meter.
 	AdmitEnv, MeterEnv []string

@@ -24,6 +24,7 @@ import (
 	"github.com/metergate/metergate/internal/period"
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 )
 
 // hangUp sends an admission and hangs up right after sending it: it closes its side of the
@@ -83,7 +84,7 @@ func hangUp(ctx context.Context, addr string, body map[string]any) (status int, 
 func TestRedisStalledCallersHangUp(t *testing.T) {
 	t.Parallel()
 	sc := begin(t, "10 Redis stalled, callers hang up")
-	rs := testenv.StartRedis(t)
+	rs := private.StartRedis(t)
 	s := newStack(t, options{RedisURL: rs.URL(), AdmitEnv: []string{"REDIS_TIMEOUT=500ms"}})
 	quotaOrg, rateOrg := "chaos-stall-quota", "chaos-stall-rate"
 	keys := []string{
@@ -177,7 +178,7 @@ func TestRedisStalledCallersHangUp(t *testing.T) {
 	}
 
 	stall := func() {
-		done, err := testenv.StallRedis(ctx, opts, 1500*time.Millisecond)
+		done, err := private.StallRedis(ctx, opts, 1500*time.Millisecond)
 		require.NoError(t, err)
 		require.NoError(t, <-done)
 	}

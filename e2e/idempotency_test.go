@@ -15,6 +15,7 @@ import (
 
 	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 	"github.com/metergate/metergate/internal/topic"
 )
 
@@ -32,7 +33,7 @@ func TestIdempotencyAcrossKafkaOutage(t *testing.T) {
 	t.Parallel()
 	t0 := time.Now()
 	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(t0).Seconds(), what) }
-	broker := testenv.StartBroker(t)
+	broker := private.StartBroker(t)
 	phase("broker")
 	brokers := []string{broker.Addr()}
 	ctx := testenv.Context(t, 3*time.Minute)

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 	"github.com/metergate/metergate/internal/topic"
 )
 
@@ -463,7 +464,7 @@ func TestTenThousandAdmissionsBecomeRows(t *testing.T) {
 // succeeding, and every event arrives in PostgreSQL once, as its caller sent it.
 func TestBrokerOutage(t *testing.T) {
 	t.Parallel()
-	broker := testenv.StartBroker(t)
+	broker := private.StartBroker(t)
 	brokers := []string{broker.Addr()}
 	ctx := testenv.Context(t, 5*time.Minute)
 	require.NoError(t, topic.Ensure(ctx, brokers, topic.Spec{Name: "usage", Partitions: 4, ReplicationFactor: 1}))

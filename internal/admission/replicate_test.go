@@ -13,12 +13,13 @@ import (
 	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 )
 
 // replicated starts a private primary and a replica of it and returns clients of each.
 func replicated(t *testing.T) (primary, replica *redis.Client, replicaOpts *redis.Options) {
 	t.Helper()
-	p, r := testenv.StartRedisReplicated(t)
+	p, r := private.StartRedisReplicated(t)
 	primary = redis.NewClient(&redis.Options{Addr: p.Addr()})
 	replicaOpts = &redis.Options{Addr: r.Addr()}
 	replica = redis.NewClient(replicaOpts)
@@ -52,7 +53,7 @@ func TestWaitReplicasHoldsTheAnswer(t *testing.T) {
 	require.Equal(t, admission.Allow, d.Result, "a healthy replica acknowledges at once")
 
 	stall := 400 * time.Millisecond
-	done, err := testenv.StallRedis(ctx, replicaOpts, stall)
+	done, err := private.StallRedis(ctx, replicaOpts, stall)
 	require.NoError(t, err)
 	start := time.Now()
 	r := req()
@@ -79,7 +80,7 @@ func TestWaitReplicasShortFails(t *testing.T) {
 	pol := tree(policy.Level{Account: org, Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{policy.Requests: perHour(1000)}})
 	ctx := testenv.Context(t, time.Minute)
 
-	done, err := testenv.StallRedis(ctx, replicaOpts, 1500*time.Millisecond)
+	done, err := private.StallRedis(ctx, replicaOpts, 1500*time.Millisecond)
 	require.NoError(t, err)
 	r := admission.Request{EventID: adm.NewEventID(org), Units: map[policy.Unit]int64{policy.Requests: 1}, Policy: pol, Source: "test"}
 	_, err = adm.Decide(ctx, r)

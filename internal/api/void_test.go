@@ -17,6 +17,7 @@ import (
 
 	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/event"
 )
@@ -108,7 +109,7 @@ func (b *testBundle) requireVoided(t *testing.T, reason string, mustHaveRun bool
 // sharing the stack's.
 func privateRedis(t *testing.T) *redis.Client {
 	t.Helper()
-	opts, err := redis.ParseURL(testenv.StartRedis(t).URL())
+	opts, err := redis.ParseURL(private.StartRedis(t).URL())
 	require.NoError(t, err)
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { _ = c.Close() })
@@ -132,7 +133,7 @@ func (b *testBundle) admitAndHangUp(t *testing.T, account string, wait time.Dura
 // stall makes the bundle's (private) Redis busy for d and returns when the stall has begun.
 func (b *testBundle) stall(t *testing.T, d time.Duration) <-chan error {
 	t.Helper()
-	done, err := testenv.StallRedis(testenv.Context(t, 10*time.Second), b.rdb.(*redis.Client).Options(), d)
+	done, err := private.StallRedis(testenv.Context(t, 10*time.Second), b.rdb.(*redis.Client).Options(), d)
 	require.NoError(t, err)
 	return done
 }
@@ -187,7 +188,7 @@ func newReplyDropper(t *testing.T, redisAddr string) *replyDropper {
 // request, answered 503, is voided so that it bills nothing.
 func TestTimedOutCallIsVoided(t *testing.T) {
 	t.Parallel()
-	redisAddr := testenv.StartRedis(t).Addr()
+	redisAddr := private.StartRedis(t).Addr()
 	proxy := newReplyDropper(t, redisAddr)
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })

@@ -10,6 +10,7 @@ import (
 
 	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -18,7 +19,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 // call, and reports a replica that does not acknowledge in time as ErrNotReplicated.
 func TestWaitReplicated(t *testing.T) {
 	t.Parallel()
-	p, r := testenv.StartRedisReplicated(t)
+	p, r := private.StartRedisReplicated(t)
 	primary := redis.NewClient(&redis.Options{Addr: p.Addr()})
 	replicaOpts := &redis.Options{Addr: r.Addr()}
 	replica := redis.NewClient(replicaOpts)
@@ -28,7 +29,7 @@ func TestWaitReplicated(t *testing.T) {
 
 	// The replica is busy when the write is made: the answer waits until it holds it.
 	stall := 400 * time.Millisecond
-	done, err := testenv.StallRedis(ctx, replicaOpts, stall)
+	done, err := private.StallRedis(ctx, replicaOpts, stall)
 	require.NoError(t, err)
 	start := time.Now()
 	require.NoError(t, primary.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []string{"e", "1"}}).Err())
@@ -40,7 +41,7 @@ func TestWaitReplicated(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "the entry is on the replica when WaitReplicated returns")
 
-	done, err = testenv.StallRedis(ctx, replicaOpts, 1500*time.Millisecond)
+	done, err = private.StallRedis(ctx, replicaOpts, 1500*time.Millisecond)
 	require.NoError(t, err)
 	err = keyspace.WaitReplicated(ctx, primary, key, 1, 50*time.Millisecond)
 	require.ErrorIs(t, err, keyspace.ErrNotReplicated)
@@ -54,7 +55,7 @@ func TestWaitReplicated(t *testing.T) {
 // key is not (a WAIT sent to another node would answer for that node's replicas).
 func TestWaitReplicatedOnCluster(t *testing.T) {
 	t.Parallel()
-	cluster := testenv.StartRedisCluster(t, 3, 1)
+	cluster := private.StartRedisCluster(t, 3, 1)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	ctx := testenv.Context(t, time.Minute)

@@ -24,6 +24,7 @@ import (
 	"github.com/metergate/metergate/internal/outbox"
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 	"github.com/metergate/metergate/internal/topic"
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/event"
@@ -299,7 +300,7 @@ func TestRelayForwardsMalformedEntries(t *testing.T) {
 // the outage and every event arrives, once.
 func TestRelayRidesOutBrokerOutage(t *testing.T) {
 	t.Parallel()
-	broker := testenv.StartBroker(t)
+	broker := private.StartBroker(t)
 	brokers := []string{broker.Addr()}
 	b := setup(t, testenv.Redis(t))
 	b.topic = "outage"
@@ -631,12 +632,12 @@ func (r *recording) Produce(_ context.Context, msgs []kafka.Message) error {
 // are produced, every one.
 func TestRelayWaitsForReplicas(t *testing.T) {
 	t.Parallel()
-	primary, replica := testenv.StartRedisReplicated(t)
+	primary, replica := private.StartRedisReplicated(t)
 	rdb := redis.NewClient(&redis.Options{Addr: primary.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	b := setup(t, rdb)
 	ctx := testenv.Context(t, time.Minute)
-	stalled, err := testenv.StallRedis(ctx, &redis.Options{Addr: replica.Addr()}, 1500*time.Millisecond)
+	stalled, err := private.StallRedis(ctx, &redis.Options{Addr: replica.Addr()}, 1500*time.Millisecond)
 	require.NoError(t, err)
 	ids := b.admit(t, 40) // written on the primary, on no replica until the stall ends
 	out := &recording{}

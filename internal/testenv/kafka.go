@@ -13,10 +13,10 @@ import (
 	"github.com/metergate/metergate/internal/topic"
 )
 
-// KafkaImage is the image testcontainers-go starts when KAFKA_BROKERS is unset. The
+// kafkaImage is the image testcontainers-go starts when KAFKA_BROKERS is unset. The
 // testcontainers kafka module drives Confluent's KRaft image (Apache Kafka 3.9 inside);
 // `make up` and CI run Apache Kafka 4.x itself.
-const KafkaImage = "confluentinc/confluent-local:7.9.0"
+const kafkaImage = "confluentinc/confluent-local:7.9.0"
 
 var kafkaContainer container[[]string]
 
@@ -27,10 +27,10 @@ func KafkaBrokers(tb testing.TB) []string {
 		return strings.Split(b, ",")
 	}
 	if !dockerAvailable() {
-		unavailable(tb, "Kafka", "KAFKA_BROKERS", "KAFKA_BROKERS unset and no Docker daemon")
+		Unavailable(tb, "Kafka", "KAFKA_BROKERS", "KAFKA_BROKERS unset and no Docker daemon")
 	}
 	brokers, err := kafkaContainer.get(func(ctx context.Context) ([]string, testcontainers.Container, error) {
-		c, err := tckafka.Run(ctx, KafkaImage)
+		c, err := tckafka.Run(ctx, kafkaImage)
 		if err != nil {
 			return nil, c, err
 		}
@@ -38,7 +38,7 @@ func KafkaBrokers(tb testing.TB) []string {
 		return b, c, err
 	})
 	if err != nil {
-		unavailable(tb, "Kafka", "KAFKA_BROKERS", "testcontainers: "+err.Error())
+		Unavailable(tb, "Kafka", "KAFKA_BROKERS", "testcontainers: "+err.Error())
 	}
 	return brokers
 }
@@ -50,7 +50,7 @@ func Topic(tb testing.TB, partitions int) string {
 	brokers := KafkaBrokers(tb)
 	name := "t." + Name(tb)
 	if err := topic.Ensure(Context(tb, time.Minute), brokers, topic.Spec{Name: name, Partitions: partitions, ReplicationFactor: 1}); err != nil {
-		unavailable(tb, "Kafka", "KAFKA_BROKERS", err.Error())
+		Unavailable(tb, "Kafka", "KAFKA_BROKERS", err.Error())
 	}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

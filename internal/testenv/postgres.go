@@ -20,8 +20,8 @@ import (
 	"github.com/metergate/metergate/migrations"
 )
 
-// PostgresImage is the image testcontainers-go starts when DATABASE_URL is unset.
-const PostgresImage = "postgres:16"
+// postgresImage is the image testcontainers-go starts when DATABASE_URL is unset.
+const postgresImage = "postgres:16"
 
 var pgContainer container[pgURLs]
 
@@ -29,9 +29,9 @@ var pgContainer container[pgURLs]
 // schema owner's, which creates schemas and applies migrations (owner).
 type pgURLs struct{ app, owner string }
 
-// AppRole is the group role the migrations grant the services' privileges to
+// appRole is the group role the migrations grant the services' privileges to
 // (migrations/00019_sealed_books.sql); the testcontainers database has a login of that name.
-const AppRole = "metergate_app"
+const appRole = "metergate_app"
 
 // DatabaseURL returns the URL of the test PostgreSQL database as the services connect to
 // it (DATABASE_URL): a role that owns nothing, when the stack sets up two roles.
@@ -55,7 +55,7 @@ func RequireRoles(tb testing.TB) {
 	app, err1 := pgx.ParseConfig(u.app)
 	owner, err2 := pgx.ParseConfig(u.owner)
 	if err1 != nil || err2 != nil || app.User == owner.User {
-		unavailable(tb, "PostgreSQL with two roles", "DATABASE_MIGRATE_URL", "DATABASE_URL and DATABASE_MIGRATE_URL name the same role")
+		Unavailable(tb, "PostgreSQL with two roles", "DATABASE_MIGRATE_URL", "DATABASE_URL and DATABASE_MIGRATE_URL name the same role")
 	}
 }
 
@@ -69,10 +69,10 @@ func databaseURLs(tb testing.TB) pgURLs {
 		return pgURLs{app: u, owner: owner}
 	}
 	if !dockerAvailable() {
-		unavailable(tb, "PostgreSQL", "DATABASE_URL", "DATABASE_URL unset and no Docker daemon")
+		Unavailable(tb, "PostgreSQL", "DATABASE_URL", "DATABASE_URL unset and no Docker daemon")
 	}
 	u, err := pgContainer.get(func(ctx context.Context) (pgURLs, testcontainers.Container, error) {
-		c, err := tcpostgres.Run(ctx, PostgresImage,
+		c, err := tcpostgres.Run(ctx, postgresImage,
 			tcpostgres.WithDatabase("metergate"), tcpostgres.WithUsername("metergate"),
 			tcpostgres.WithPassword("metergate"), tcpostgres.BasicWaitStrategies())
 		if err != nil {
@@ -83,18 +83,18 @@ func databaseURLs(tb testing.TB) pgURLs {
 			return pgURLs{}, c, err
 		}
 		// The image's user is a superuser: it makes the services' login, as make up does.
-		if err := execOnce(ctx, owner, "CREATE ROLE "+AppRole+" LOGIN PASSWORD '"+AppRole+"'"); err != nil {
+		if err := execOnce(ctx, owner, "CREATE ROLE "+appRole+" LOGIN PASSWORD '"+appRole+"'"); err != nil {
 			return pgURLs{}, c, err
 		}
 		app, err := url.Parse(owner)
 		if err != nil {
 			return pgURLs{}, c, err
 		}
-		app.User = url.UserPassword(AppRole, AppRole)
+		app.User = url.UserPassword(appRole, appRole)
 		return pgURLs{app: app.String(), owner: owner}, c, nil
 	})
 	if err != nil {
-		unavailable(tb, "PostgreSQL", "DATABASE_URL", "testcontainers: "+err.Error())
+		Unavailable(tb, "PostgreSQL", "DATABASE_URL", "testcontainers: "+err.Error())
 	}
 	containerURLs.Store(&u)
 	return u
@@ -152,18 +152,11 @@ var packageSchema struct {
 // Postgres returns a pool whose connections use this test package's own schema, created
 // on first use by the owner role with every migration applied, and dropped by Run. Its
 // connections are the services' role (DatabaseURL): what they may not do, the test may not
-// either (PostgresOwner for the owner). Tests of one package share the schema: give rows
-// test-unique keys (Name) when tests run in parallel.
+// either. Tests of one package share the schema: give rows test-unique keys (Name) when
+// tests run in parallel.
 func Postgres(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
 	return packagePool(tb, DatabaseURL(tb))
-}
-
-// PostgresOwner is Postgres as the role that owns the schema (MigrateDatabaseURL): for a
-// test that changes the schema itself.
-func PostgresOwner(tb testing.TB) *pgxpool.Pool {
-	tb.Helper()
-	return packagePool(tb, MigrateDatabaseURL(tb))
 }
 
 func packagePool(tb testing.TB, dbURL string) *pgxpool.Pool {
@@ -191,7 +184,7 @@ func packagePool(tb testing.TB, dbURL string) *pgxpool.Pool {
 	}
 	p, err := pool(Context(tb, 30*time.Second), dbURL, packageSchema.name)
 	if err != nil {
-		unavailable(tb, "PostgreSQL", "DATABASE_URL", err.Error())
+		Unavailable(tb, "PostgreSQL", "DATABASE_URL", err.Error())
 	}
 	tb.Cleanup(p.Close)
 	return p
@@ -207,7 +200,7 @@ func EmptySchema(tb testing.TB) (*pgxpool.Pool, string) {
 	ctx := Context(tb, 30*time.Second)
 	name := "test_" + Name(tb)
 	if err := createSchema(ctx, owner, name); err != nil {
-		unavailable(tb, "PostgreSQL", "DATABASE_MIGRATE_URL", err.Error())
+		Unavailable(tb, "PostgreSQL", "DATABASE_MIGRATE_URL", err.Error())
 	}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -262,10 +255,10 @@ func dropSchema(ctx context.Context, url, name string) error {
 	return execOnce(ctx, url, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE")
 }
 
-// ExecUnsealed runs sql through pool (the owner's: EmptySchema, PostgresOwner) with the
-// user triggers of table disabled, in one transaction that enables them again: a row the
-// sealed books refuse, written behind their back, for a test showing that a finance view
-// notices it. Only the owner of a table can do this, which is why the services are not it.
+// ExecUnsealed runs sql through pool (the owner's: EmptySchema) with the user triggers of
+// table disabled, in one transaction that enables them again: a row the sealed books
+// refuse, written behind their back, for a test showing that a finance view notices it.
+// Only the owner of a table can do this, which is why the services are not it.
 func ExecUnsealed(ctx context.Context, pool *pgxpool.Pool, table, sql string, args ...any) error {
 	t := pgx.Identifier{table}.Sanitize()
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

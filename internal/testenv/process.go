@@ -18,11 +18,11 @@ import (
 	"github.com/metergate/metergate/internal/sandbox"
 )
 
-// BuildBinaries builds the main packages pkgs (as `go build` takes them, relative to the
+// buildBinaries builds the main packages pkgs (as `go build` takes them, relative to the
 // test's directory) into a new temporary directory and returns it; the caller removes it.
 // A directory that is a module of its own (it holds a go.mod) is built in it, into a
 // binary named after the directory.
-func BuildBinaries(pkgs ...string) (string, error) {
+func buildBinaries(pkgs ...string) (string, error) {
 	dir, err := os.MkdirTemp("", "metergate-bin-")
 	if err != nil {
 		return "", err
@@ -55,10 +55,10 @@ func BuildBinaries(pkgs ...string) (string, error) {
 }
 
 // RunWithBinaries is Run for a TestMain whose tests start binaries: it builds pkgs
-// (BuildBinaries) into a directory it stores in *bin, runs the tests and removes the
+// (buildBinaries) into a directory it stores in *bin, runs the tests and removes the
 // directory. A failed build fails the run (status 1) without running a test.
 func RunWithBinaries(m *testing.M, bin *string, pkgs ...string) int {
-	dir, err := BuildBinaries(pkgs...)
+	dir, err := buildBinaries(pkgs...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

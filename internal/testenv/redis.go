@@ -12,8 +12,8 @@ import (
 	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
 )
 
-// RedisImage is the image testcontainers-go starts when REDIS_URL is unset.
-const RedisImage = "redis:7"
+// redisImage is the image testcontainers-go starts when REDIS_URL is unset.
+const redisImage = "redis:7"
 
 var redisContainer container[string]
 
@@ -24,10 +24,10 @@ func RedisURL(tb testing.TB) string {
 		return u
 	}
 	if !dockerAvailable() {
-		unavailable(tb, "Redis", "REDIS_URL", "REDIS_URL unset and no Docker daemon")
+		Unavailable(tb, "Redis", "REDIS_URL", "REDIS_URL unset and no Docker daemon")
 	}
 	u, err := redisContainer.get(func(ctx context.Context) (string, testcontainers.Container, error) {
-		c, err := tcredis.Run(ctx, RedisImage)
+		c, err := tcredis.Run(ctx, redisImage)
 		if err != nil {
 			return "", c, err
 		}
@@ -35,7 +35,7 @@ func RedisURL(tb testing.TB) string {
 		return u, c, err
 	})
 	if err != nil {
-		unavailable(tb, "Redis", "REDIS_URL", "testcontainers: "+err.Error())
+		Unavailable(tb, "Redis", "REDIS_URL", "testcontainers: "+err.Error())
 	}
 	return u
 }
@@ -51,7 +51,7 @@ func Redis(tb testing.TB) *redis.Client {
 	c := redis.NewClient(opts)
 	tb.Cleanup(func() { _ = c.Close() })
 	if err := c.Ping(Context(tb, 10*time.Second)).Err(); err != nil {
-		unavailable(tb, "Redis", "REDIS_URL", err.Error())
+		Unavailable(tb, "Redis", "REDIS_URL", err.Error())
 	}
 	return c
 }
@@ -72,28 +72,28 @@ func EachRedis(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient)) {
 	}
 }
 
-// ClusterAddrsEnv names the seeds of the test Redis Cluster in .run/env. It is not the
+// clusterAddrsEnv names the seeds of the test Redis Cluster in .run/env. It is not the
 // binaries' REDIS_CLUSTER_ADDRS: a shell that sourced .run/env has REDIS_URL too, which the
 // binaries refuse beside a Cluster.
-const ClusterAddrsEnv = "METERGATE_TEST_REDIS_CLUSTER_ADDRS"
+const clusterAddrsEnv = "METERGATE_TEST_REDIS_CLUSTER_ADDRS"
 
 // RedisCluster returns a client of the test Redis Cluster (METERGATE_TEST_REDIS_CLUSTER_ADDRS)
 // once the cluster reports state ok. There is no container fallback: `make up-cluster`
 // starts one.
 func RedisCluster(tb testing.TB) *redis.ClusterClient {
 	tb.Helper()
-	env := os.Getenv(ClusterAddrsEnv)
+	env := os.Getenv(clusterAddrsEnv)
 	if env == "" {
-		unavailable(tb, "Redis Cluster", ClusterAddrsEnv, ClusterAddrsEnv+" unset")
+		Unavailable(tb, "Redis Cluster", clusterAddrsEnv, clusterAddrsEnv+" unset")
 	}
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(env, ",")})
 	tb.Cleanup(func() { _ = c.Close() })
 	info, err := c.ClusterInfo(Context(tb, 10*time.Second)).Result()
 	if err != nil {
-		unavailable(tb, "Redis Cluster", ClusterAddrsEnv, err.Error())
+		Unavailable(tb, "Redis Cluster", clusterAddrsEnv, err.Error())
 	}
 	if !strings.Contains(info, "cluster_state:ok") {
-		unavailable(tb, "Redis Cluster", ClusterAddrsEnv, "cluster_state is not ok")
+		Unavailable(tb, "Redis Cluster", clusterAddrsEnv, "cluster_state is not ok")
 	}
 	return c
 }

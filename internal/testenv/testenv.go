@@ -1,5 +1,6 @@
 // Package testenv finds the real Redis, Redis Cluster, PostgreSQL and Kafka that
-// integration tests run against, and isolates tests from each other on them.
+// integration tests run against, isolates tests from each other on them, and starts the
+// commands a test runs as child processes.
 //
 // Services are found through REDIS_URL, METERGATE_TEST_REDIS_CLUSTER_ADDRS,
 // METERGATE_TEST_SENTINEL_ADDRS, DATABASE_URL and KAFKA_BROKERS (`make up && . .run/env`
@@ -11,14 +12,20 @@
 // Isolation: Postgres gives each test package its own schema with every migration applied;
 // Topic gives each test its own Kafka topic; Prefix gives each test its own Redis key prefix.
 // Packages that use Postgres call Run from TestMain so the schema is dropped at the end.
+//
+// What a few tests need lives apart: servers of one test alone, which it may stop, crash
+// and stall (testenv/private), and the stack's Sentinel and Kafka cluster, whose nodes a
+// test kills (testenv/failover).
 package testenv
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -29,7 +36,10 @@ import (
 // RequireServices reports whether a missing service fails tests instead of skipping them.
 func RequireServices() bool { return os.Getenv("METERGATE_REQUIRE_SERVICES") == "1" }
 
-func unavailable(tb testing.TB, service, env, why string) {
+// Unavailable skips the test because service cannot be reached (why), with a message
+// naming `make up` and env, the variable that names the service; under
+// METERGATE_REQUIRE_SERVICES=1 it fails the test instead.
+func Unavailable(tb testing.TB, service, env, why string) {
 	tb.Helper()
 	msg := fmt.Sprintf("%s unavailable (%s): run `make up` (and `make up-cluster` for the cluster, `make up-sentinel` for Sentinel) and `. .run/env`, or set %s", service, why, env)
 	if RequireServices() {
@@ -97,4 +107,24 @@ func Context(tb testing.TB, d time.Duration) context.Context {
 		}
 	}
 	return ctx
+}
+
+// StackScript returns the path of deploy/local/stack.sh, found upwards from the test's
+// directory: what restarts the stack's servers a test killed.
+func StackScript() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		script := filepath.Join(dir, "deploy/local/stack.sh")
+		if _, err := os.Stat(script); err == nil {
+			return script, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no deploy/local/stack.sh above the test's directory")
+		}
+		dir = parent
+	}
 }

@@ -1,4 +1,4 @@
-package testenv
+package private
 
 import (
 	"context"
@@ -12,12 +12,14 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/metergate/metergate/internal/testenv"
 )
 
-// ClusterNodeTimeout is the cluster-node-timeout of a private Redis Cluster: how long a
+// clusterNodeTimeout is the cluster-node-timeout of a private Redis Cluster: how long a
 // master may stay unreachable before the others mark it failed and its replica is
 // promoted (about one to two node timeouts later).
-const ClusterNodeTimeout = time.Second
+const clusterNodeTimeout = time.Second
 
 // Cluster is a Redis Cluster of one test alone: masters with their replicas, each node a
 // redis-server of its own on loopback ports of its own, with an append-only file fsynced
@@ -42,20 +44,20 @@ func StartRedisCluster(tb testing.TB, masters, replicasPerMaster int) *Cluster {
 	}
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
-		unavailable(tb, "a private Redis Cluster", "PATH", "redis-server not found")
+		testenv.Unavailable(tb, "a private Redis Cluster", "PATH", "redis-server not found")
 	}
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
-		unavailable(tb, "a private Redis Cluster", "PATH", "redis-cli not found")
+		testenv.Unavailable(tb, "a private Redis Cluster", "PATH", "redis-cli not found")
 	}
 	c := &Cluster{tb: tb, nodes: map[string]*RedisServer{}, slots: map[string][][2]int{}}
 	for range masters * (1 + replicasPerMaster) {
 		// The cluster bus gets a free port of its own: the default, port + 10000, may be
 		// taken or past 65535.
-		_, bus, _ := net.SplitHostPort(FreeAddr(tb))
-		r := &RedisServer{tb: tb, addr: FreeAddr(tb), dir: tb.TempDir(), path: path, fsync: "always",
+		_, bus, _ := net.SplitHostPort(testenv.FreeAddr(tb))
+		r := &RedisServer{tb: tb, addr: testenv.FreeAddr(tb), dir: tb.TempDir(), path: path, fsync: "always",
 			extra: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", bus,
-				"--cluster-node-timeout", strconv.FormatInt(ClusterNodeTimeout.Milliseconds(), 10)}}
+				"--cluster-node-timeout", strconv.FormatInt(clusterNodeTimeout.Milliseconds(), 10)}}
 		tb.Cleanup(r.kill)
 		r.Start()
 		c.nodes[r.addr] = r
@@ -66,7 +68,7 @@ func StartRedisCluster(tb testing.TB, masters, replicasPerMaster int) *Cluster {
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	ctx := Context(tb, 2*time.Minute)
+	ctx := testenv.Context(tb, 2*time.Minute)
 	if err := c.waitHealthy(ctx, replicasPerMaster); err != nil {
 		tb.Fatalf("private Redis Cluster: %v", err)
 	}
@@ -151,6 +153,16 @@ func info(ctx context.Context, addr, section string) (string, error) {
 	return s, nil
 }
 
+// infoField returns the value of name in the text of an INFO (or CLUSTER INFO) reply.
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
 // clusterOK reports an error unless the node at addr says cluster_state:ok.
 func clusterOK(ctx context.Context, addr string) error {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1})
@@ -227,7 +239,7 @@ func (c *Cluster) waitHealthy(ctx context.Context, replicas int) error {
 // MasterOf returns the address of the master serving key's slot.
 func (c *Cluster) MasterOf(key string) string {
 	c.tb.Helper()
-	ctx := Context(c.tb, 10*time.Second)
+	ctx := testenv.Context(c.tb, 10*time.Second)
 	live := c.live()
 	if len(live) == 0 {
 		c.tb.Fatal("private Redis Cluster: no node runs")
@@ -238,14 +250,14 @@ func (c *Cluster) MasterOf(key string) string {
 	if err != nil {
 		c.tb.Fatalf("CLUSTER KEYSLOT %s: %v", key, err)
 	}
-	return c.MasterOfSlot(int(slot))
+	return c.masterOfSlot(int(slot))
 }
 
-// MasterOfSlot returns the address of the master serving slot, as the first running node
+// masterOfSlot returns the address of the master serving slot, as the first running node
 // sees it.
-func (c *Cluster) MasterOfSlot(slot int) string {
+func (c *Cluster) masterOfSlot(slot int) string {
 	c.tb.Helper()
-	ctx := Context(c.tb, 10*time.Second)
+	ctx := testenv.Context(c.tb, 10*time.Second)
 	nodes, err := topology(ctx, c.live()[0])
 	if err != nil {
 		c.tb.Fatal(err)
@@ -263,7 +275,7 @@ func (c *Cluster) MasterOfSlot(slot int) string {
 // them.
 func (c *Cluster) Masters() []string {
 	c.tb.Helper()
-	ctx := Context(c.tb, 10*time.Second)
+	ctx := testenv.Context(c.tb, 10*time.Second)
 	nodes, err := topology(ctx, c.live()[0])
 	if err != nil {
 		c.tb.Fatal(err)
@@ -283,7 +295,7 @@ func (c *Cluster) Masters() []string {
 // lets them link again.
 func (c *Cluster) CutReplicas(addr string) (restore func()) {
 	c.tb.Helper()
-	ctx := Context(c.tb, 10*time.Second)
+	ctx := testenv.Context(c.tb, 10*time.Second)
 	nodes, err := topology(ctx, addr)
 	if err != nil {
 		c.tb.Fatal(err)
@@ -336,7 +348,7 @@ func (c *Cluster) KillMaster(addr string) {
 	if !ok {
 		c.tb.Fatalf("KillMaster: %s is no node of the private cluster", addr)
 	}
-	ctx := Context(c.tb, 10*time.Second)
+	ctx := testenv.Context(c.tb, 10*time.Second)
 	nodes, err := topology(ctx, addr)
 	if err != nil {
 		c.tb.Fatal(err)
@@ -418,7 +430,7 @@ func (c *Cluster) Restart(killed string) {
 	}
 	slots := c.slots[killed]
 	r.Start()
-	ctx := Context(c.tb, 2*time.Minute)
+	ctx := testenv.Context(c.tb, 2*time.Minute)
 	for {
 		err := c.rejoined(ctx, killed, slots)
 		if err == nil {
@@ -453,7 +465,7 @@ func (c *Cluster) rejoined(ctx context.Context, addr string, slots [][2]int) err
 	if len(slots) > 0 && !byID[self.master].serves(slots[0][0]) {
 		return fmt.Errorf("%s: replica of %s, which does not serve slot %d", addr, byID[self.master].addr, slots[0][0])
 	}
-	if err := ReplicaInSync(ctx, addr); err != nil {
+	if err := replicaInSync(ctx, addr); err != nil {
 		return err
 	}
 	for _, a := range c.live() {

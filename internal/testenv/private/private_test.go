@@ -1,4 +1,4 @@
-package testenv_test
+package private_test
 
 import (
 	"context"
@@ -10,11 +10,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 )
 
 func TestPrivateRedis(t *testing.T) {
 	t.Parallel()
-	r := testenv.StartRedis(t)
+	r := private.StartRedis(t)
 	opts, err := redis.ParseURL(r.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +47,7 @@ func TestPrivateRedis(t *testing.T) {
 
 func TestPrivatePostgres(t *testing.T) {
 	t.Parallel()
-	p := testenv.StartPostgres(t)
+	p := private.StartPostgres(t)
 	ctx := testenv.Context(t, 3*time.Minute)
 	query := func() (int, error) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -106,7 +107,7 @@ func TestPrivatePostgres(t *testing.T) {
 // SIGKILL and started again, holds what it acknowledged.
 func TestPrivateRedisAOF(t *testing.T) {
 	t.Parallel()
-	r := testenv.StartRedisAOF(t, "always")
+	r := private.StartRedisAOF(t, "always")
 	c := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
 	defer c.Close()
 	ctx := testenv.Context(t, 2*time.Minute)

@@ -1,4 +1,4 @@
-package testenv
+package private
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package testenv
+package failover
 
 import (
 	"bufio"
@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // BrokerCluster is the 3-node Kafka cluster of the local stack (`make up-kafka-cluster`):
@@ -54,15 +56,15 @@ func KafkaCluster(tb testing.TB) *BrokerCluster {
 	tb.Helper()
 	env := os.Getenv("KAFKA_CLUSTER_BROKERS")
 	if env == "" {
-		unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", "unset (make up-kafka-cluster writes it to .run/env)")
+		testenv.Unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", "unset (make up-kafka-cluster writes it to .run/env)")
 	}
 	addrs := strings.Split(env, ",")
 	if len(addrs) != 3 {
-		unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", fmt.Sprintf("%d addresses, want 3", len(addrs)))
+		testenv.Unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", fmt.Sprintf("%d addresses, want 3", len(addrs)))
 	}
 	nodes, err := findKafkaNodes(addrs)
 	if err != nil {
-		unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", err.Error())
+		testenv.Unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", err.Error())
 	}
 	clusterMu.Lock()
 	lock, err := lockFile(filepath.Join(filepath.Dir(nodes[1].dir), "test.lock"))
@@ -76,9 +78,9 @@ func KafkaCluster(tb testing.TB) *BrokerCluster {
 		defer func() { _ = lock.Close() }() // releases the flock
 		c.restore()
 	})
-	ctx := Context(tb, 3*time.Minute)
+	ctx := testenv.Context(tb, 3*time.Minute)
 	if err := c.waitInSync(ctx, nil); err != nil {
-		unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", err.Error())
+		testenv.Unavailable(tb, "the Kafka cluster", "KAFKA_CLUSTER_BROKERS", err.Error())
 	}
 	return c
 }
@@ -261,8 +263,8 @@ func processLives(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
-// Running reports whether node id's process runs.
-func (c *BrokerCluster) Running(id int) bool {
+// running reports whether node id's process runs.
+func (c *BrokerCluster) running(id int) bool {
 	pid, err := c.node(id).pid()
 	return err == nil && processLives(pid)
 }
@@ -275,7 +277,7 @@ func (c *BrokerCluster) Start(id int, topics ...string) {
 	if err := c.start(id); err != nil {
 		c.tb.Fatal(err)
 	}
-	ctx := Context(c.tb, 3*time.Minute)
+	ctx := testenv.Context(c.tb, 3*time.Minute)
 	if err := c.waitInSync(ctx, topics); err != nil {
 		c.tb.Fatalf("Kafka node %d started: %v", id, err)
 	}
@@ -283,7 +285,7 @@ func (c *BrokerCluster) Start(id int, topics ...string) {
 
 func (c *BrokerCluster) start(id int) error {
 	n := c.nodes[id]
-	root, err := repoRoot()
+	script, err := testenv.StackScript()
 	if err != nil {
 		return fmt.Errorf("start Kafka node %d: %w", id, err)
 	}
@@ -296,7 +298,7 @@ func (c *BrokerCluster) start(id int) error {
 	// The stack's state: <run>/kafka-cluster/<id>; its jars: <cache>/kafka-<version>/libs.
 	run := filepath.Dir(filepath.Dir(n.dir))
 	version := strings.TrimPrefix(filepath.Base(filepath.Dir(n.libs)), "kafka-")
-	cmd := exec.Command("bash", filepath.Join(root, "deploy/local/stack.sh"), "start-kafka-node", strconv.Itoa(id))
+	cmd := exec.Command("bash", script, "start-kafka-node", strconv.Itoa(id))
 	cmd.Env = append(os.Environ(), "METERGATE_RUN_DIR="+run, "METERGATE_CACHE_DIR="+filepath.Dir(filepath.Dir(n.libs)),
 		"KAFKA_VERSION="+version, "KAFKA_CLUSTER_PORTS="+strings.Join(ports, " "),
 		"KAFKA_CLUSTER_CONTROLLER_PORTS="+strings.Join(ctrlPorts, " "))
@@ -351,7 +353,7 @@ func (c *BrokerCluster) StartAll(topics ...string) {
 	if err := c.startAll(); err != nil {
 		c.tb.Fatal(err)
 	}
-	ctx := Context(c.tb, 3*time.Minute)
+	ctx := testenv.Context(c.tb, 3*time.Minute)
 	if err := c.waitInSync(ctx, topics); err != nil {
 		c.tb.Fatalf("Kafka cluster started: %v", err)
 	}
@@ -364,7 +366,7 @@ func (c *BrokerCluster) startAll() error {
 		errs []error
 	)
 	for id := 1; id <= 3; id++ {
-		if c.Running(id) {
+		if c.running(id) {
 			continue
 		}
 		wg.Go(func() {

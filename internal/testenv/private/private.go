@@ -1,4 +1,9 @@
-package testenv
+// Package private starts servers of one test alone: Redis (plain, with an append-only
+// file, a replicated pair, a Cluster), PostgreSQL and a Kafka broker, on loopback ports of
+// their own, that the test may stop, crash, stall and start again without disturbing the
+// shared services the other tests use (internal/testenv). Each is killed when its test
+// ends. A missing program skips the test, or fails it under METERGATE_REQUIRE_SERVICES=1.
+package private
 
 import (
 	"context"
@@ -21,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/metergate/metergate/internal/sandbox"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // RedisServer is a redis-server process of one test alone, on a loopback port of its own
@@ -48,9 +54,9 @@ func StartRedis(tb testing.TB) *RedisServer {
 	tb.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
-		unavailable(tb, "a private Redis", "PATH", "redis-server not found")
+		testenv.Unavailable(tb, "a private Redis", "PATH", "redis-server not found")
 	}
-	r := &RedisServer{tb: tb, addr: FreeAddr(tb), dir: tb.TempDir(), path: path}
+	r := &RedisServer{tb: tb, addr: testenv.FreeAddr(tb), dir: tb.TempDir(), path: path}
 	tb.Cleanup(r.kill)
 	r.Start()
 	return r
@@ -68,9 +74,9 @@ func StartRedisAOF(tb testing.TB, fsync string) *RedisServer {
 	}
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
-		unavailable(tb, "a private Redis", "PATH", "redis-server not found")
+		testenv.Unavailable(tb, "a private Redis", "PATH", "redis-server not found")
 	}
-	r := &RedisServer{tb: tb, addr: FreeAddr(tb), dir: tb.TempDir(), path: path, fsync: fsync}
+	r := &RedisServer{tb: tb, addr: testenv.FreeAddr(tb), dir: tb.TempDir(), path: path, fsync: fsync}
 	tb.Cleanup(r.kill)
 	r.Start()
 	return r
@@ -224,19 +230,19 @@ func StartPostgres(tb testing.TB) *PostgresServer {
 	tb.Helper()
 	bin, err := pgBinDir()
 	if err != nil {
-		unavailable(tb, "a private PostgreSQL", "PATH", err.Error())
+		testenv.Unavailable(tb, "a private PostgreSQL", "PATH", err.Error())
 	}
 	asPG := os.Geteuid() == 0
 	var uid, gid int
 	if asPG {
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			unavailable(tb, "a private PostgreSQL", "PATH", "running as root and there is no user postgres to run the server as (deploy/local/stack.sh creates it)")
+			testenv.Unavailable(tb, "a private PostgreSQL", "PATH", "running as root and there is no user postgres to run the server as (deploy/local/stack.sh creates it)")
 		}
 		uid, _ = strconv.Atoi(u.Uid)
 		gid, _ = strconv.Atoi(u.Gid)
 		if _, err := exec.LookPath("runuser"); err != nil {
-			unavailable(tb, "a private PostgreSQL", "PATH", "running as root and runuser not found")
+			testenv.Unavailable(tb, "a private PostgreSQL", "PATH", "running as root and runuser not found")
 		}
 	}
 	// Not tb.TempDir: its parents are root's and closed to the user postgres.
@@ -250,7 +256,7 @@ func StartPostgres(tb testing.TB) *PostgresServer {
 			tb.Fatalf("chown %s: %v", dir, err)
 		}
 	}
-	_, port, _ := net.SplitHostPort(FreeAddr(tb))
+	_, port, _ := net.SplitHostPort(testenv.FreeAddr(tb))
 	p := &PostgresServer{tb: tb, bin: bin, dir: dir, port: port, db: "metergate", asPG: asPG}
 
 	if out, err := p.run("initdb", "-D", p.data(), "-U", "postgres", "--auth=trust", "--encoding=UTF8",

@@ -1,4 +1,4 @@
-package testenv
+package private
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // StartRedisReplicated starts a private Redis primary and a replica of it (neither with
@@ -17,7 +19,7 @@ func StartRedisReplicated(tb testing.TB) (primary, replica *RedisServer) {
 	primary, replica = StartRedis(tb), StartRedis(tb)
 	c := redis.NewClient(&redis.Options{Addr: replica.Addr()})
 	defer func() { _ = c.Close() }()
-	ctx := Context(tb, time.Minute)
+	ctx := testenv.Context(tb, time.Minute)
 	host, port, err := net.SplitHostPort(primary.Addr())
 	if err != nil {
 		tb.Fatal(err)
@@ -31,9 +33,9 @@ func StartRedisReplicated(tb testing.TB) (primary, replica *RedisServer) {
 	return primary, replica
 }
 
-// ReplicaInSync reports what keeps the Redis at addr from being a replica in sync with its
+// replicaInSync reports what keeps the Redis at addr from being a replica in sync with its
 // primary: a replication link not up, or a sync in progress.
-func ReplicaInSync(ctx context.Context, addr string) error {
+func replicaInSync(ctx context.Context, addr string) error {
 	repl, err := info(ctx, addr, "replication")
 	if err != nil {
 		return err
@@ -45,10 +47,10 @@ func ReplicaInSync(ctx context.Context, addr string) error {
 	return nil
 }
 
-// WaitReplicaInSync polls ReplicaInSync until it passes or ctx ends.
+// WaitReplicaInSync polls replicaInSync until it passes or ctx ends.
 func WaitReplicaInSync(ctx context.Context, addr string) error {
 	for {
-		err := ReplicaInSync(ctx, addr)
+		err := replicaInSync(ctx, addr)
 		if err == nil {
 			return nil
 		}

@@ -1,4 +1,4 @@
-package testenv_test
+package private_test
 
 import (
 	"testing"
@@ -7,13 +7,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/testenv/private"
 )
 
 // A private cluster's master killed: its replica is promoted with what was written (and
 // replicated) before, and the killed node comes back as a replica.
 func TestPrivateRedisCluster(t *testing.T) {
 	t.Parallel()
-	c := testenv.StartRedisCluster(t, 3, 1)
+	c := private.StartRedisCluster(t, 3, 1)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	defer rdb.Close()
 	ctx := testenv.Context(t, 2*time.Minute)

@@ -1,4 +1,9 @@
-package testenv
+// Package failover hands a test the local stack's replicated setups whose nodes it may
+// kill: the Redis Sentinel setup (`make up-sentinel`) and the 3-node Kafka cluster (`make
+// up-kafka-cluster`). What a test killed is started again through deploy/local/stack.sh
+// when it ends, for the next test. There is no container fallback: without the setup the
+// test is skipped, or fails under METERGATE_REQUIRE_SERVICES=1 (testenv.Unavailable).
+package failover
 
 import (
 	"context"
@@ -16,6 +21,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // Sentinel is the test Redis Sentinel setup (`make up-sentinel`): the sentinels and the
@@ -25,13 +32,13 @@ type Sentinel struct {
 	Master string
 }
 
-// SentinelAddrsEnv and SentinelMasterEnv name the test Sentinel setup in .run/env. They are
+// sentinelAddrsEnv and sentinelMasterEnv name the test Sentinel setup in .run/env. They are
 // not the binaries' REDIS_SENTINEL_ADDRS and REDIS_SENTINEL_MASTER: a shell that sourced
 // .run/env has REDIS_URL too, which the binaries refuse beside a Sentinel (Env gives a
 // process the binaries' settings).
 const (
-	SentinelAddrsEnv  = "METERGATE_TEST_SENTINEL_ADDRS"
-	SentinelMasterEnv = "METERGATE_TEST_SENTINEL_MASTER"
+	sentinelAddrsEnv  = "METERGATE_TEST_SENTINEL_ADDRS"
+	sentinelMasterEnv = "METERGATE_TEST_SENTINEL_MASTER"
 )
 
 // RedisSentinel returns the Sentinel setup of METERGATE_TEST_SENTINEL_ADDRS and
@@ -40,20 +47,20 @@ const (
 // owns the setup while it runs: only one such test runs at a time.
 func RedisSentinel(tb testing.TB) Sentinel {
 	tb.Helper()
-	addrs, master := os.Getenv(SentinelAddrsEnv), os.Getenv(SentinelMasterEnv)
+	addrs, master := os.Getenv(sentinelAddrsEnv), os.Getenv(sentinelMasterEnv)
 	if addrs == "" || master == "" {
-		unavailable(tb, "Redis Sentinel", SentinelAddrsEnv+" and "+SentinelMasterEnv, "unset")
+		testenv.Unavailable(tb, "Redis Sentinel", sentinelAddrsEnv+" and "+sentinelMasterEnv, "unset")
 	}
 	s := Sentinel{Addrs: strings.Split(addrs, ","), Master: master}
-	ctx := Context(tb, 10*time.Second)
-	primary, err := s.Primary(ctx)
+	ctx := testenv.Context(tb, 10*time.Second)
+	primary, err := s.primary(ctx)
 	if err != nil {
-		unavailable(tb, "Redis Sentinel", SentinelAddrsEnv, err.Error())
+		testenv.Unavailable(tb, "Redis Sentinel", sentinelAddrsEnv, err.Error())
 	}
 	c := redis.NewClient(&redis.Options{Addr: primary})
 	defer func() { _ = c.Close() }()
 	if err := c.Ping(ctx).Err(); err != nil {
-		unavailable(tb, "Redis Sentinel", SentinelAddrsEnv, fmt.Sprintf("primary %s: %v", primary, err))
+		testenv.Unavailable(tb, "Redis Sentinel", sentinelAddrsEnv, fmt.Sprintf("primary %s: %v", primary, err))
 	}
 	return s
 }
@@ -65,8 +72,8 @@ func (s Sentinel) Env() []string {
 		"REDIS_SENTINEL_ADDRS=" + strings.Join(s.Addrs, ","), "REDIS_SENTINEL_MASTER=" + s.Master}
 }
 
-// Primary returns the address of the primary as the first sentinel that answers names it.
-func (s Sentinel) Primary(ctx context.Context) (string, error) {
+// primary returns the address of the primary as the first sentinel that answers names it.
+func (s Sentinel) primary(ctx context.Context) (string, error) {
 	var errs []error
 	for _, a := range s.Addrs {
 		sc := redis.NewSentinelClient(&redis.Options{Addr: a, DialTimeout: time.Second, ReadTimeout: time.Second})
@@ -83,7 +90,7 @@ func (s Sentinel) Primary(ctx context.Context) (string, error) {
 // WaitPromotion polls the sentinels until they name a primary other than old, and returns it.
 func (s Sentinel) WaitPromotion(ctx context.Context, old string) (string, error) {
 	for {
-		p, err := s.Primary(ctx)
+		p, err := s.primary(ctx)
 		if err == nil && p != old {
 			return p, nil
 		}
@@ -95,38 +102,28 @@ func (s Sentinel) WaitPromotion(ctx context.Context, old string) (string, error)
 	}
 }
 
-// KillPrimary SIGKILLs the primary (a local process, found by the pid its INFO reports)
-// and returns its address. When the test ends, `deploy/local/stack.sh up-sentinel` (in the
-// killed server's stack state) starts it again as a replica of the promoted one and waits
-// until the setup has its replicas and three sentinels again.
-func (s Sentinel) KillPrimary(tb testing.TB) string {
-	tb.Helper()
-	return s.killPrimary(tb, 0)
-}
-
-// KillPrimaryCut is KillPrimary with the replicas left behind first: the primary refuses
-// new connections (maxclients 1: the open ones stay), drops the replicas' links (CLIENT
-// KILL TYPE replica) and is killed lag later, so that what it wrote in the last lag is on
-// no replica: asynchronous replication's loss window, made wide.
+// KillPrimaryCut SIGKILLs the primary (a local process, found by the pid its INFO
+// reports) with the replicas left behind first, and returns its address: the primary
+// refuses new connections (maxclients 1: the open ones stay), drops the replicas' links
+// (CLIENT KILL TYPE replica) and is killed lag later, so that what it wrote in the last lag
+// is on no replica: asynchronous replication's loss window, made wide (lag 0 kills it at
+// once). When the test ends, `deploy/local/stack.sh up-sentinel` (in the killed server's
+// stack state) starts it again as a replica of the promoted one and waits until the setup
+// has its replicas and three sentinels again.
 func (s Sentinel) KillPrimaryCut(tb testing.TB, lag time.Duration) string {
 	tb.Helper()
-	return s.killPrimary(tb, lag)
-}
-
-func (s Sentinel) killPrimary(tb testing.TB, lag time.Duration) string {
-	tb.Helper()
-	ctx := Context(tb, 30*time.Second)
-	primary, err := s.Primary(ctx)
+	ctx := testenv.Context(tb, 30*time.Second)
+	primary, err := s.primary(ctx)
 	if err != nil {
 		tb.Fatalf("find the primary: %v", err)
 	}
 	c := redis.NewClient(&redis.Options{Addr: primary})
 	defer func() { _ = c.Close() }()
-	info, err := c.Info(ctx, "server").Result()
-	if err != nil {
+	info := c.InfoMap(ctx, "server")
+	if err := info.Err(); err != nil {
 		tb.Fatalf("INFO of the primary %s: %v", primary, err)
 	}
-	pid, err := strconv.Atoi(infoField(info, "process_id"))
+	pid, err := strconv.Atoi(info.Item("Server", "process_id"))
 	if err != nil {
 		tb.Fatalf("the primary %s reports no process_id: %v", primary, err)
 	}
@@ -152,12 +149,12 @@ func (s Sentinel) killPrimary(tb testing.TB, lag time.Duration) string {
 	// The stack keeps each server's files in <run>/redis-sentinel/<port>.
 	run := filepath.Dir(filepath.Dir(dir["dir"]))
 	tb.Cleanup(func() {
-		root, err := repoRoot()
+		script, err := testenv.StackScript()
 		if err != nil {
 			tb.Errorf("restart the killed primary: %v", err)
 			return
 		}
-		cmd := exec.Command("bash", filepath.Join(root, "deploy/local/stack.sh"), "up-sentinel")
+		cmd := exec.Command("bash", script, "up-sentinel")
 		cmd.Env = append(os.Environ(), "METERGATE_RUN_DIR="+run,
 			"REDIS_SENTINEL_DATA_PORTS="+strings.Join(dataPorts, " "), "REDIS_SENTINEL_PORTS="+strings.Join(sentinelPorts, " "))
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -174,11 +171,11 @@ func (s Sentinel) killPrimary(tb testing.TB, lag time.Duration) string {
 			tb.Fatalf("drop the replicas' links of %s: %v", primary, err)
 		}
 		time.Sleep(lag)
-		info, err := c.Info(ctx, "replication").Result()
-		if err != nil {
+		info := c.InfoMap(ctx, "replication")
+		if err := info.Err(); err != nil {
 			tb.Fatalf("INFO replication of %s: %v", primary, err)
 		}
-		if n := infoField(info, "connected_slaves"); n != "0" {
+		if n := info.Item("Replication", "connected_slaves"); n != "0" {
 			tb.Fatalf("%s replicas of %s came back", n, primary)
 		}
 	}
@@ -186,34 +183,6 @@ func (s Sentinel) killPrimary(tb testing.TB, lag time.Duration) string {
 		tb.Fatalf("SIGKILL the primary %s (pid %d): %v", primary, pid, err)
 	}
 	return primary
-}
-
-// infoField returns the value of name in the text of an INFO reply.
-func infoField(info, name string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-// repoRoot is the directory holding the module's go.mod, found upwards from the test's.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "deploy/local/stack.sh")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no deploy/local/stack.sh above the test's directory")
-		}
-		dir = parent
-	}
 }
 
 // Replicas returns the addresses of the replicas the sentinels know of (a killed primary

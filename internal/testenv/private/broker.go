@@ -1,4 +1,4 @@
-package testenv
+package private
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/metergate/metergate/internal/sandbox"
+	"github.com/metergate/metergate/internal/testenv"
 )
 
 // Broker is an Apache Kafka broker (one KRaft node) of one test alone, run from the jars
@@ -35,11 +36,11 @@ func StartBroker(tb testing.TB) *Broker {
 	tb.Helper()
 	libs := os.Getenv("KAFKA_LIBS")
 	if libs == "" {
-		unavailable(tb, "a private Kafka broker", "KAFKA_LIBS", "KAFKA_LIBS unset (make up writes it to .run/env)")
+		testenv.Unavailable(tb, "a private Kafka broker", "KAFKA_LIBS", "KAFKA_LIBS unset (make up writes it to .run/env)")
 	}
 	dir := tb.TempDir()
-	b := &Broker{tb: tb, addr: FreeAddr(tb), dir: dir}
-	controller := FreeAddr(tb)
+	b := &Broker{tb: tb, addr: testenv.FreeAddr(tb), dir: dir}
+	controller := testenv.FreeAddr(tb)
 	props := fmt.Sprintf(`process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@%[2]s
