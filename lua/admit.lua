@@ -108,7 +108,7 @@
 --   admission of it). Without a log, H is the TTL.
 --
 -- Outbox: the events of a call are appended in one entry, after the call's writes: a lone
--- event as the field "e" (a usage event, compact: pkg/event) or "a" (a threshold event);
+-- event as the field "e" (a usage event, compact: internal/wire) or "a" (a threshold event);
 -- several as the field "E", each "<kind><length>:<body>" (kind "e" or "a", length in
 -- bytes), in the order the decisions took them. One XADD per call instead of one per
 -- event: about a third of the cost per event (docs/admission.md, "Performance").

@@ -19,6 +19,7 @@ import (
 	"github.com/metergate/metergate/internal/period"
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/pkg/event"
 )
 
@@ -93,7 +94,7 @@ func (b *testBundle) outbox(t *testing.T, org string) []event.CloudEvent {
 	require.NoError(t, err)
 	var out []event.CloudEvent
 	for _, e := range entries {
-		for _, m := range event.OutboxMessages(e.Values) {
+		for _, m := range wire.OutboxMessages(e.Values) {
 			require.NoError(t, m.Err)
 			require.Equal(t, org, m.Key, "events are keyed by org")
 			var ev event.CloudEvent

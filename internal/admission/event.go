@@ -4,12 +4,13 @@ import (
 	"encoding/json"
 
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/pkg/event"
 )
 
 // The events Go writes for the scripts (voids, outcomes) are sent as CloudEvent JSON in
 // pieces around Redis TIME, which the script stamps: head + time + rest. A usage.admitted
-// event travels in its compact form (pkg/event: Compact, rendered by OutboxMessage).
+// event travels in its compact form (internal/wire: Compact, rendered by OutboxMessage).
 
 func quote(s string) string {
 	b, _ := json.Marshal(s) // a string always encodes
@@ -47,10 +48,10 @@ func unitMap(units map[policy.Unit]int64) map[string]int64 {
 	return out
 }
 
-// compactEvent returns r's compact usage event (pkg/event) up to the policy's fields,
-// which the account's program holds (event.CompactPolicy), for the script to complete.
+// compactEvent returns r's compact usage event (internal/wire) up to the policy's fields,
+// which the account's program holds (wire.CompactPolicy), for the script to complete.
 func compactEvent(r Request) string {
-	c := event.Compact{EventID: r.EventID, Source: r.Source, APIKeyID: r.APIKeyID,
+	c := wire.Compact{EventID: r.EventID, Source: r.Source, APIKeyID: r.APIKeyID,
 		IdempotencyKey: r.IdempotencyKey, Tool: r.Tool, Units: r.Units}
 	return string(c.Append(make([]byte, 0, 128), ""))
 }

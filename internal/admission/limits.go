@@ -14,7 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/metergate/metergate/internal/policy"
-	"github.com/metergate/metergate/pkg/event"
+	"github.com/metergate/metergate/internal/wire"
 )
 
 // limits is what the script call of a decision needs from its policy, apart from the
@@ -468,7 +468,7 @@ func (l *limits) compile(pol policy.Resolved) {
 		tiered = 1
 	}
 	var h [progLen]any
-	h[progPriority], h[progIDTail], h[progEvent] = pol.Priority, l.idTail, event.CompactPolicy(pol)
+	h[progPriority], h[progIDTail], h[progEvent] = pol.Priority, l.idTail, wire.CompactPolicy(pol)
 	h[progBuckets], h[progTiered], h[progWindows] = len(l.buckets), tiered, windows
 	h[progQuotas], h[progConcs], h[progCredits], h[progAlerts] = quotas, len(l.concs), len(l.credits), len(l.alerts)
 	p := h[:]

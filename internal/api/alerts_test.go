@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/pkg/event"
 )
 
@@ -153,11 +154,11 @@ func TestAlertAPIRefusesBadRules(t *testing.T) {
 
 // outboxMessages are the Kafka messages of outbox entries, in order (an entry may hold the
 // events of one script call).
-func outboxMessages(t *testing.T, entries []redis.XMessage) []event.Message {
+func outboxMessages(t *testing.T, entries []redis.XMessage) []wire.Message {
 	t.Helper()
-	var out []event.Message
+	var out []wire.Message
 	for _, e := range entries {
-		for _, m := range event.OutboxMessages(e.Values) {
+		for _, m := range wire.OutboxMessages(e.Values) {
 			require.NoError(t, m.Err)
 			out = append(out, m)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/metergate/metergate/internal/admission"
 	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/pkg/event"
 )
 
@@ -235,7 +236,7 @@ func (b *testBundle) outcomes(t *testing.T, org, id string) []event.Outcome {
 	require.NoError(t, err)
 	var out []event.Outcome
 	for _, e := range entries {
-		_, v, err := event.OutboxMessage(e.Values)
+		_, v, err := wire.OutboxMessage(e.Values)
 		require.NoError(t, err)
 		var ev event.CloudEvent
 		require.NoError(t, json.Unmarshal(v, &ev))

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/pkg/event"
 )
 
@@ -19,7 +20,7 @@ func (b *testBundle) shadowEvents(t *testing.T, org string) []string {
 	require.NoError(t, err)
 	var out []string
 	for _, e := range entries {
-		_, v, err := event.OutboxMessage(e.Values)
+		_, v, err := wire.OutboxMessage(e.Values)
 		require.NoError(t, err)
 		var ce event.CloudEvent
 		require.NoError(t, json.Unmarshal(v, &ce))

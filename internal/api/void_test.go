@@ -18,6 +18,7 @@ import (
 	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/internal/testenv/private"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/event"
 )
@@ -70,7 +71,7 @@ func (b *testBundle) outboxEvents(t *testing.T) []event.CloudEvent {
 		entries, err := b.rdb.XRange(ctx, k, "-", "+").Result()
 		require.NoError(t, err)
 		for _, e := range entries {
-			_, value, err := event.OutboxMessage(e.Values)
+			_, value, err := wire.OutboxMessage(e.Values)
 			require.NoError(t, err)
 			var ev event.CloudEvent
 			require.NoError(t, json.Unmarshal(value, &ev))

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/pkg/event"
 )
 
@@ -54,7 +55,7 @@ func (b *testBundle) admitted(t *testing.T, org string) []string {
 	require.NoError(t, err)
 	var ids []string
 	for _, e := range entries {
-		key, v, err := event.OutboxMessage(e.Values)
+		key, v, err := wire.OutboxMessage(e.Values)
 		require.NoError(t, err)
 		var ev struct{ ID, Type string }
 		require.NoError(t, json.Unmarshal(v, &ev))

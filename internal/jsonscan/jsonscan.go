@@ -4,7 +4,7 @@
 // with JSON whitespace between tokens. A reader that meets anything else (null, an
 // escape, a fraction, ...) reports false, and its caller falls back on encoding/json, so
 // what a Scanner accepts must decode exactly as encoding/json decodes it (the fuzz tests
-// of its callers compare the two: pkg/event's and internal/api's).
+// of its callers compare the two: internal/meter's and internal/api's).
 package jsonscan
 
 // Scanner reads one JSON text; the strings it returns are slices of it, not copies.

@@ -55,7 +55,7 @@ func (k Keys) Tag(shard int) string {
 
 // Outbox is the stream of a shard that the admission script appends usage events to:
 // one entry per script call, holding the call's events (lua/admit.lua, "Outbox"), which
-// only this version's relay splits (event.OutboxMessages).
+// only this version's relay splits (wire.OutboxMessages).
 func (k Keys) Outbox(shard int) string { return k.Tag(shard) + "batches" }
 
 // LegacyOutbox is the stream of a shard that the version before wrote one compact event

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/period"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/pkg/event"
 )
 
@@ -17,7 +18,7 @@ import (
 // "Alerts") through the relay's renderer: the meter reads what the relay sends.
 func alertMessage(t *testing.T, entry string) kafka.Message {
 	t.Helper()
-	key, value, err := event.OutboxMessage(map[string]any{"a": entry})
+	key, value, err := wire.OutboxMessage(map[string]any{"a": entry})
 	require.NoError(t, err)
 	return kafka.Message{Key: []byte(key), Value: value}
 }

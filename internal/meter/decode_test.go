@@ -10,13 +10,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/pkg/event"
 )
 
 // decodeJSON is what encoding/json makes of a message: the envelope, and the data of a known
 // type if there is data, whatever the rest of the envelope holds.
-func decodeJSON(value []byte) (event.Decoded, error) {
-	var m event.Decoded
+func decodeJSON(value []byte) (wire.Decoded, error) {
+	var m wire.Decoded
 	if err := json.Unmarshal(value, &m.CloudEvent); err != nil || m.CloudEvent.Data == nil {
 		return m, err
 	}
@@ -31,10 +32,10 @@ func decodeJSON(value []byte) (event.Decoded, error) {
 	return m, nil
 }
 
-// requireDecodedAsJSON checks that what event.DecodeFast accepts, encoding/json decodes the same.
+// requireDecodedAsJSON checks that what wire.DecodeFast accepts, encoding/json decodes the same.
 func requireDecodedAsJSON(t testing.TB, value []byte) bool {
 	t.Helper()
-	fast, ok := event.DecodeFast(value)
+	fast, ok := wire.DecodeFast(value)
 	if !ok {
 		return false
 	}
@@ -112,7 +113,7 @@ func TestDecodeFast(t *testing.T) {
 	}
 }
 
-// FuzzDecode: whatever event.DecodeFast accepts, encoding/json decodes the same way.
+// FuzzDecode: whatever wire.DecodeFast accepts, encoding/json decodes the same way.
 func FuzzDecode(f *testing.F) {
 	f.Add(asAdmit(f, encode(f, goodAdmitted())))
 	f.Add(asAdmit(f, encode(f, goodOutcome())))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/metergate/metergate/internal/period"
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/pkg/event"
 )
 
@@ -144,7 +145,7 @@ type parsed struct {
 // a row PostgreSQL refused for its content would stop the pipeline (the writer then falls
 // back to writing rows one by one, see store.writeEach).
 func parse(value []byte, partition int, offset int64) parsed {
-	m, ok := event.DecodeFast(value)
+	m, ok := wire.DecodeFast(value)
 	if !ok {
 		var err error
 		if m, err = decode(value); err != nil {
@@ -188,10 +189,10 @@ func parse(value []byte, partition int, offset int64) parsed {
 
 // decode decodes any message with encoding/json: the envelope, then the data of a known
 // type once the envelope is found valid (its errors come first).
-func decode(value []byte) (event.Decoded, error) {
-	var m event.Decoded
+func decode(value []byte) (wire.Decoded, error) {
+	var m wire.Decoded
 	if err := json.Unmarshal(value, &m.CloudEvent); err != nil {
-		return event.Decoded{}, fmt.Errorf("not a CloudEvent in JSON: %w", err)
+		return wire.Decoded{}, fmt.Errorf("not a CloudEvent in JSON: %w", err)
 	}
 	if checkEnvelope(m.CloudEvent) != nil {
 		return m, nil
@@ -200,22 +201,22 @@ func decode(value []byte) (event.Decoded, error) {
 	case event.TypeAdmitted:
 		m.Admitted = new(event.Admitted)
 		if err := json.Unmarshal(m.CloudEvent.Data, m.Admitted); err != nil {
-			return event.Decoded{}, fmt.Errorf("data: %w", err)
+			return wire.Decoded{}, fmt.Errorf("data: %w", err)
 		}
 	case event.TypeOutcome:
 		m.Outcome = new(event.Outcome)
 		if err := json.Unmarshal(m.CloudEvent.Data, m.Outcome); err != nil {
-			return event.Decoded{}, fmt.Errorf("data: %w", err)
+			return wire.Decoded{}, fmt.Errorf("data: %w", err)
 		}
 	case event.TypeVoided:
 		m.Voided = new(event.Voided)
 		if err := json.Unmarshal(m.CloudEvent.Data, m.Voided); err != nil {
-			return event.Decoded{}, fmt.Errorf("data: %w", err)
+			return wire.Decoded{}, fmt.Errorf("data: %w", err)
 		}
 	case event.TypeThreshold:
 		m.Threshold = new(event.Threshold)
 		if err := json.Unmarshal(m.CloudEvent.Data, m.Threshold); err != nil {
-			return event.Decoded{}, fmt.Errorf("data: %w", err)
+			return wire.Decoded{}, fmt.Errorf("data: %w", err)
 		}
 	}
 	return m, nil

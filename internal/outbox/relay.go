@@ -15,8 +15,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/metergate/metergate/internal/keyspace"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/lua"
-	"github.com/metergate/metergate/pkg/event"
 )
 
 // Producer writes messages to Kafka synchronously: nil means every message was acked by
@@ -283,7 +283,7 @@ func (r *Relay) deliver(ctx context.Context, log *slog.Logger, stream string, en
 		// A compact usage event is rendered as its CloudEvent JSON (an entry may hold the
 		// events of one script call); other entries are sent as written. A malformed
 		// entry is sent as it is: the meter keeps it in dead_letters.
-		for _, m := range event.OutboxMessages(e.Values) {
+		for _, m := range wire.OutboxMessages(e.Values) {
 			if m.Err != nil {
 				log.Warn("relay a malformed outbox entry as it is", "id", e.ID, "err", m.Err)
 			}

@@ -26,6 +26,7 @@ import (
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/internal/testenv/private"
 	"github.com/metergate/metergate/internal/topic"
+	"github.com/metergate/metergate/internal/wire"
 	"github.com/metergate/metergate/lua"
 	"github.com/metergate/metergate/pkg/event"
 )
@@ -562,7 +563,7 @@ func TestRelayTrimsOnlyWhatIsAcknowledged(t *testing.T) {
 			Streams: []string{stream, ">"}, Count: 2}).Result()
 		require.NoError(t, err)
 		for _, m := range res[0].Messages {
-			_, v, err := event.OutboxMessage(m.Values)
+			_, v, err := wire.OutboxMessage(m.Values)
 			require.NoError(t, err)
 			var ev event.CloudEvent
 			require.NoError(t, json.Unmarshal(v, &ev))

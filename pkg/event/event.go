@@ -1,8 +1,7 @@
 // Package event defines metergate's usage events as they travel on Kafka: CloudEvents 1.0
-// in structured JSON mode, one per admitted request, one per reported outcome and one per
-// voided request. It is also the one home of their wire format on the way: the compact
-// form the admission script writes to the outbox (compact.go), the relay's rendering of it
-// as CloudEvent JSON (render.go) and the meter's fast decoder of that JSON (decode.go).
+// in structured JSON mode, one per admitted request, one per reported outcome, one per
+// voided request and one per usage threshold crossed. It is the schema a consumer of the
+// topic imports; how the events are written on their way there is internal/wire's.
 package event
 
 import (
@@ -181,4 +180,11 @@ func Subject(path []PathNode) string {
 		s += n.Account
 	}
 	return s
+}
+
+// ThresholdID is the event id of a threshold fired for account and unit in window (a period
+// label, or the arming grant): "alert/<account>/<unit>/<spec>/<window>". Firing it again
+// gives the same id, which the meter keeps once.
+func ThresholdID(account, unit, spec, window string) string {
+	return "alert/" + account + "/" + unit + "/" + spec + "/" + window
 }

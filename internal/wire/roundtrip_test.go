@@ -1,4 +1,4 @@
-package event
+package wire
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/pkg/event"
 )
 
 // FuzzRoundTrip: a request's fields written in the compact form (Compact, CompactPolicy),
@@ -65,11 +66,11 @@ func FuzzRoundTrip(f *testing.F) {
 		var borrowed, credits, shadow string
 		if borrow > 0 && len(pol.Path) > 1 {
 			borrowed = pol.Path[1].Account + ":tokens=" + strconv.FormatInt(borrow, 10)
-			want.Borrowed = []Borrowing{{Account: pol.Path[1].Account, From: pol.Org, Unit: "tokens", Units: borrow}}
+			want.Borrowed = []event.Borrowing{{Account: pol.Path[1].Account, From: pol.Org, Unit: "tokens", Units: borrow}}
 		}
 		if draw > 0 {
 			credits = pol.Org + ":cost_micros:" + grant1 + "=" + strconv.FormatInt(draw, 10)
-			want.Credits = []CreditDraw{{Account: pol.Org, Unit: "cost_micros", Grant: grant1, Units: draw}}
+			want.Credits = []event.CreditDraw{{Account: pol.Org, Unit: "cost_micros", Grant: grant1, Units: draw}}
 		}
 		if refusal%4 > 0 {
 			shadow = []string{"rate_limited", "quota_exceeded", "insufficient_balance"}[refusal%4-1]
@@ -98,15 +99,15 @@ func FuzzRoundTrip(f *testing.F) {
 		require.Equal(t, plain, fast, "DecodeFast takes %q", value)
 		if !fast {
 			require.NoError(t, json.Unmarshal(value, &got.CloudEvent))
-			got.Admitted = new(Admitted)
+			got.Admitted = new(event.Admitted)
 			require.NoError(t, json.Unmarshal(got.CloudEvent.Data, got.Admitted))
 		}
 		ce := got.CloudEvent
 		require.Equal(t, "1.0", ce.SpecVersion)
 		require.Equal(t, id, ce.ID)
 		require.Equal(t, source, ce.Source)
-		require.Equal(t, TypeAdmitted, ce.Type)
-		require.Equal(t, Subject(want.Path), ce.Subject)
+		require.Equal(t, event.TypeAdmitted, ce.Type)
+		require.Equal(t, event.Subject(want.Path), ce.Subject)
 		require.True(t, at.Equal(ce.Time), "time %s, want %s", ce.Time, at)
 		require.Equal(t, "application/json", ce.DataContentType)
 		require.NotNil(t, got.Admitted)

@@ -1,4 +1,9 @@
-package event
+// Package wire is the usage event on its way from a decision to the billing log: the
+// compact form admission writes and the script completes in the Redis outbox (compact.go),
+// the relay's rendering of an outbox entry as the CloudEvent JSON of pkg/event (render.go,
+// batch.go) and the meter's fast decoder of that JSON (decode.go). The three are kept in
+// step by FuzzRoundTrip.
+package wire
 
 import (
 	"sort"

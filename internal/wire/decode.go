@@ -1,9 +1,10 @@
-package event
+package wire
 
 import (
 	"strconv"
 
 	"github.com/metergate/metergate/internal/jsonscan"
+	"github.com/metergate/metergate/pkg/event"
 )
 
 // A message's JSON is decoded without reflection when it is written the way the relay
@@ -17,12 +18,12 @@ import (
 
 // Decoded is a message decoded: the envelope, and the data of a known type.
 type Decoded struct {
-	CloudEvent CloudEvent
-	Admitted   *Admitted
-	Outcome    *Outcome
-	Voided     *Voided // decoded by encoding/json only: voids are rare
+	CloudEvent event.CloudEvent
+	Admitted   *event.Admitted
+	Outcome    *event.Outcome
+	Voided     *event.Voided // decoded by encoding/json only: voids are rare
 	// Threshold is decoded by encoding/json only: thresholds are rarer still.
-	Threshold *Threshold
+	Threshold *event.Threshold
 }
 
 // decoder reads a message; the strings it decodes are slices of it.
@@ -67,9 +68,9 @@ func DecodeFast(value []byte) (Decoded, bool) {
 			start := d.Pos()
 			switch {
 			case seen&(1<<3) == 0: // the type is not known yet
-			case out.CloudEvent.Type == TypeAdmitted:
+			case out.CloudEvent.Type == event.TypeAdmitted:
 				out.Admitted, ok = d.admitted()
-			case out.CloudEvent.Type == TypeOutcome:
+			case out.CloudEvent.Type == event.TypeOutcome:
 				out.Outcome, ok = d.outcome()
 			}
 			// Any other type (a void) leaves ok false: encoding/json decodes it.
@@ -87,8 +88,8 @@ func DecodeFast(value []byte) (Decoded, bool) {
 	return out, d.End()
 }
 
-func (d *decoder) admitted() (*Admitted, bool) {
-	var a Admitted
+func (d *decoder) admitted() (*event.Admitted, bool) {
+	var a event.Admitted
 	var seen uint
 	ok := d.Object(func(key string) bool {
 		var bit uint
@@ -143,8 +144,8 @@ func (d *decoder) admitted() (*Admitted, bool) {
 	return &a, ok
 }
 
-func (d *decoder) outcome() (*Outcome, bool) {
-	var o Outcome
+func (d *decoder) outcome() (*event.Outcome, bool) {
+	var o event.Outcome
 	var seen uint
 	ok := d.Object(func(key string) bool {
 		var bit uint
@@ -172,10 +173,10 @@ func (d *decoder) outcome() (*Outcome, bool) {
 }
 
 // path decodes an array of path nodes; [] is an empty slice, as encoding/json makes it.
-func (d *decoder) path() ([]PathNode, bool) {
-	path := make([]PathNode, 0, 4)
+func (d *decoder) path() ([]event.PathNode, bool) {
+	path := make([]event.PathNode, 0, 4)
 	ok := d.Array(func() bool {
-		var n PathNode
+		var n event.PathNode
 		var seen uint
 		ok := d.Object(func(key string) bool {
 			var bit uint
@@ -204,10 +205,10 @@ func (d *decoder) path() ([]PathNode, bool) {
 }
 
 // borrowed decodes an array of borrowings; [] is an empty slice, as encoding/json makes it.
-func (d *decoder) borrowed() ([]Borrowing, bool) {
-	out := make([]Borrowing, 0, 2)
+func (d *decoder) borrowed() ([]event.Borrowing, bool) {
+	out := make([]event.Borrowing, 0, 2)
 	ok := d.Array(func() bool {
-		var b Borrowing
+		var b event.Borrowing
 		var seen uint
 		ok := d.Object(func(key string) bool {
 			var bit uint
@@ -242,10 +243,10 @@ func (d *decoder) borrowed() ([]Borrowing, bool) {
 }
 
 // credits decodes an array of credit draws; [] is an empty slice, as encoding/json makes it.
-func (d *decoder) credits() ([]CreditDraw, bool) {
-	out := make([]CreditDraw, 0, 2)
+func (d *decoder) credits() ([]event.CreditDraw, bool) {
+	out := make([]event.CreditDraw, 0, 2)
 	ok := d.Array(func() bool {
-		var c CreditDraw
+		var c event.CreditDraw
 		var seen uint
 		ok := d.Object(func(key string) bool {
 			var bit uint

@@ -1,4 +1,4 @@
-package event
+package wire
 
 import (
 	"bufio"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
+	"github.com/metergate/metergate/pkg/event"
 )
 
 // Grant ids for tests.
@@ -38,26 +39,26 @@ func (r request) entry(at time.Time, period, tail string) string {
 
 // admitted is the data of r's usage.admitted event charged to period, as admit's
 // fail-open path (admission.Request.Admitted) makes it.
-func (r request) admitted(period string) Admitted {
-	path := make([]PathNode, len(r.pol.Path))
+func (r request) admitted(period string) event.Admitted {
+	path := make([]event.PathNode, len(r.pol.Path))
 	for i, lv := range r.pol.Path {
-		path[i] = PathNode{Account: lv.Account, Kind: string(lv.Kind)}
+		path[i] = event.PathNode{Account: lv.Account, Kind: string(lv.Kind)}
 	}
 	units := make(map[string]int64, len(r.Units))
 	for u, n := range r.Units {
 		units[string(u)] = n
 	}
-	return Admitted{Org: r.pol.Org, Account: r.pol.Account(), Path: path, APIKeyID: r.APIKeyID,
+	return event.Admitted{Org: r.pol.Org, Account: r.pol.Account(), Path: path, APIKeyID: r.APIKeyID,
 		IdempotencyKey: r.IdempotencyKey, Units: units, Period: period, Plan: r.pol.Plan, Tool: r.Tool}
 }
 
 // envelope is what encoding/json makes of the CloudEvent of a, with the time written as the
 // relay writes Redis TIME (microseconds).
-func envelope(t testing.TB, id, source string, at time.Time, a Admitted) string {
+func envelope(t testing.TB, id, source string, at time.Time, a event.Admitted) string {
 	data, err := json.Marshal(a)
 	require.NoError(t, err)
-	return `{"specversion":"1.0","id":` + quote(id) + `,"source":` + quote(source) + `,"type":` + quote(TypeAdmitted) +
-		`,"subject":` + quote(Subject(a.Path)) + `,"time":"` + at.UTC().Format(rfc3339Micro) +
+	return `{"specversion":"1.0","id":` + quote(id) + `,"source":` + quote(source) + `,"type":` + quote(event.TypeAdmitted) +
+		`,"subject":` + quote(event.Subject(a.Path)) + `,"time":"` + at.UTC().Format(rfc3339Micro) +
 		`","datacontenttype":"application/json","data":` + string(data) + `}`
 }
 
@@ -145,17 +146,17 @@ func TestBorrowedEventIsJSON(t *testing.T) {
 	at := time.Date(2026, 11, 23, 10, 47, 20, 294404000, time.UTC)
 	for _, tc := range []struct {
 		field string // the fourteenth field, after the period ("-": none)
-		want  []Borrowing
+		want  []event.Borrowing
 	}{
 		{"-", nil},
 		{"", nil},
-		{"team-a:tokens=300", []Borrowing{{Account: "team-a", From: "acme", Unit: "tokens", Units: 300}}},
-		{"team-a:tokens=300,user-1:requests=1,agent.x_1:tokens=9223372036854775807,team-a:requests=2", []Borrowing{
+		{"team-a:tokens=300", []event.Borrowing{{Account: "team-a", From: "acme", Unit: "tokens", Units: 300}}},
+		{"team-a:tokens=300,user-1:requests=1,agent.x_1:tokens=9223372036854775807,team-a:requests=2", []event.Borrowing{
 			{Account: "team-a", From: "acme", Unit: "tokens", Units: 300},
 			{Account: "user-1", From: "team-a", Unit: "requests", Units: 1},
 			{Account: "agent.x_1", From: "user-1", Unit: "tokens", Units: 9223372036854775807},
 			{Account: "team-a", From: "acme", Unit: "requests", Units: 2}}},
-		{"user-1:credits=5,user-1:cost_micros=7", []Borrowing{
+		{"user-1:credits=5,user-1:cost_micros=7", []event.Borrowing{
 			{Account: "user-1", From: "team-a", Unit: "credits", Units: 5},
 			{Account: "user-1", From: "team-a", Unit: "cost_micros", Units: 7}}},
 	} {
@@ -185,19 +186,19 @@ func TestCreditsEventIsJSON(t *testing.T) {
 	r := request{Compact{EventID: "e1.3.acme", Source: "node-1", IdempotencyKey: "i-1", Tool: "llm_call",
 		Units: map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 1200, policy.CostMicros: 1500}}, pol}
 	at := time.Date(2026, 11, 30, 23, 59, 59, 999999000, time.UTC)
-	borrowed := []Borrowing{{Account: "team-a", From: "acme", Unit: "tokens", Units: 300}}
+	borrowed := []event.Borrowing{{Account: "team-a", From: "acme", Unit: "tokens", Units: 300}}
 	for _, tc := range []struct {
 		fields   string // the fields after the period
-		borrowed []Borrowing
-		want     []CreditDraw
+		borrowed []event.Borrowing
+		want     []event.CreditDraw
 	}{
 		{"|", nil, nil},
 		{"team-a:tokens=300|", borrowed, nil},
-		{"|acme:cost_micros:" + grant1 + "=1500", nil, []CreditDraw{{Account: "acme", Unit: "cost_micros", Grant: grant1, Units: 1500}}},
-		{"team-a:tokens=300|acme:tokens:" + grant1 + "=1000,acme:tokens:" + grant2 + "=200", borrowed, []CreditDraw{
+		{"|acme:cost_micros:" + grant1 + "=1500", nil, []event.CreditDraw{{Account: "acme", Unit: "cost_micros", Grant: grant1, Units: 1500}}},
+		{"team-a:tokens=300|acme:tokens:" + grant1 + "=1000,acme:tokens:" + grant2 + "=200", borrowed, []event.CreditDraw{
 			{Account: "acme", Unit: "tokens", Grant: grant1, Units: 1000},
 			{Account: "acme", Unit: "tokens", Grant: grant2, Units: 200}}},
-		{"|user-1:requests:" + grant2 + "=1,team-a:tokens:" + grant1 + "=9223372036854775807", nil, []CreditDraw{
+		{"|user-1:requests:" + grant2 + "=1,team-a:tokens:" + grant1 + "=9223372036854775807", nil, []event.CreditDraw{
 			{Account: "user-1", Unit: "requests", Grant: grant2, Units: 1},
 			{Account: "team-a", Unit: "tokens", Grant: grant1, Units: 9223372036854775807}}},
 	} {
@@ -362,21 +363,21 @@ func FuzzOutboxMessage(f *testing.F) {
 			require.Equal(t, e, string(v))
 			return
 		}
-		var ce CloudEvent
+		var ce event.CloudEvent
 		require.NoError(t, json.Unmarshal(v, &ce), "%q renders %q", e, v)
-		require.Equal(t, TypeAdmitted, ce.Type)
-		var a Admitted
+		require.Equal(t, event.TypeAdmitted, ce.Type)
+		var a event.Admitted
 		require.NoError(t, json.Unmarshal(ce.Data, &a), "%q renders %q", e, v)
 		if utf8.ValidString(e) { // else encoding/json replaced the invalid bytes
 			data, err := json.Marshal(a)
 			require.NoError(t, err)
 			require.Equal(t, string(data), string(ce.Data), "%q", e)
-			require.Equal(t, Subject(a.Path), ce.Subject)
+			require.Equal(t, event.Subject(a.Path), ce.Subject)
 		}
 		for _, b := range a.Borrowed {
 			require.Positive(t, b.Units)
 			require.True(t, policy.Unit(b.Unit).Valid(), b.Unit)
-			i := slices.IndexFunc(a.Path, func(n PathNode) bool { return n.Account == b.Account })
+			i := slices.IndexFunc(a.Path, func(n event.PathNode) bool { return n.Account == b.Account })
 			require.Positive(t, i, "borrower %q below the org", b.Account)
 			require.Equal(t, a.Path[i-1].Account, b.From)
 		}
@@ -384,8 +385,8 @@ func FuzzOutboxMessage(f *testing.F) {
 		for _, c := range a.Credits {
 			require.Positive(t, c.Units)
 			require.True(t, policy.Unit(c.Unit).Valid(), c.Unit)
-			require.True(t, ValidGrantID(c.Grant), c.Grant)
-			require.True(t, slices.ContainsFunc(a.Path, func(n PathNode) bool { return n.Account == c.Account }),
+			require.True(t, event.ValidGrantID(c.Grant), c.Grant)
+			require.True(t, slices.ContainsFunc(a.Path, func(n event.PathNode) bool { return n.Account == c.Account }),
 				"account %q of the path", c.Account)
 			require.False(t, grants[c.Grant], "grant %q drawn twice", c.Grant)
 			grants[c.Grant] = true
@@ -410,10 +411,10 @@ func FuzzAlertEntry(f *testing.F) {
 			require.Equal(t, e, string(v))
 			return
 		}
-		var ce CloudEvent
+		var ce event.CloudEvent
 		require.NoError(t, json.Unmarshal(v, &ce), "%q renders %q", e, v)
-		require.Equal(t, TypeThreshold, ce.Type)
-		var d Threshold
+		require.Equal(t, event.TypeThreshold, ce.Type)
+		var d event.Threshold
 		require.NoError(t, json.Unmarshal(ce.Data, &d))
 		f := strings.Split(e, "|")
 		if utf8.ValidString(key) { // else encoding/json replaced the invalid bytes
@@ -424,7 +425,7 @@ func FuzzAlertEntry(f *testing.F) {
 		if d.Grant != "" {
 			window = d.Grant
 		}
-		require.Equal(t, ThresholdID(d.Account, d.Unit, f[14], window), ce.ID)
+		require.Equal(t, event.ThresholdID(d.Account, d.Unit, f[14], window), ce.ID)
 		require.Equal(t, d.Account, d.Path[len(d.Path)-1].Account)
 		require.Equal(t, d.Kind == "quota_percent", d.Grant == "")
 	})
@@ -452,7 +453,7 @@ func TestEventTimeMatchesClockLua(t *testing.T) {
 
 // BenchmarkOutboxMessage is the relay's rendering of one compact usage event.
 //
-//	go test -run '^$' -bench OutboxMessage -benchmem ./pkg/event/
+//	go test -run '^$' -bench OutboxMessage -benchmem ./internal/wire/
 func BenchmarkOutboxMessage(b *testing.B) {
 	r := request{Compact{EventID: "01a20ad9-148d-78fb-a967-f5cd45a1595b.7.acme", Source: "admit-1", APIKeyID: "key-1",
 		IdempotencyKey: "idem-1", Tool: "llm_call", Units: map[policy.Unit]int64{policy.Requests: 1, policy.Tokens: 2500}}, fourLevels}

@@ -1,4 +1,4 @@
-package event
+package wire
 
 import (
 	"encoding/json"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/metergate/metergate/internal/period"
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/pkg/event"
 )
 
 // ErrMalformedEntry is returned by OutboxMessage for an entry it cannot read.
@@ -80,7 +81,7 @@ func renderCompact(e string) (org string, value []byte, err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	var pathBuf [8]PathNode
+	var pathBuf [8]event.PathNode
 	path, sec, usec, err := compactStamp(pathBuf[:0], f[9:13])
 	if err != nil {
 		return "", nil, err
@@ -94,7 +95,7 @@ func renderCompact(e string) (org string, value []byte, err error) {
 	b = append(b, `{"specversion":"1.0","id":`...)
 	b = appendQuoted(b, unescape(f[1]))
 	b = appendQuoted(append(b, `,"source":`...), unescape(f[2]))
-	b = append(b, `,"type":"`+TypeAdmitted+`","subject":`...)
+	b = append(b, `,"type":"`+event.TypeAdmitted+`","subject":`...)
 	b = appendSubject(b, path)
 	b = append(b, `,"time":"`...)
 	b = time.Unix(sec, usec*1000).UTC().AppendFormat(b, rfc3339Micro)
@@ -180,7 +181,7 @@ func parseUnits(out []unitAmount, field string) ([]unitAmount, error) {
 }
 
 // appendSubject appends the CloudEvents subject of path (Subject) as a JSON string.
-func appendSubject(b []byte, path []PathNode) []byte {
+func appendSubject(b []byte, path []event.PathNode) []byte {
 	plain := true
 	for _, n := range path {
 		if !plainString(n.Account) {
@@ -188,7 +189,7 @@ func appendSubject(b []byte, path []PathNode) []byte {
 		}
 	}
 	if !plain {
-		return append(b, quote(Subject(path))...)
+		return append(b, quote(event.Subject(path))...)
 	}
 	b = append(b, '"')
 	for i, n := range path {
@@ -202,7 +203,7 @@ func appendSubject(b []byte, path []PathNode) []byte {
 
 // compactStamp reads the path, sec, usec and period fields of a compact entry, appending
 // the path's nodes to path.
-func compactStamp(path []PathNode, f []string) (_ []PathNode, sec, usec int64, err error) {
+func compactStamp(path []event.PathNode, f []string) (_ []event.PathNode, sec, usec int64, err error) {
 	for rest, more := f[0], true; more; {
 		var node string
 		node, rest, more = strings.Cut(rest, "/")
@@ -210,7 +211,7 @@ func compactStamp(path []PathNode, f []string) (_ []PathNode, sec, usec int64, e
 		if !ok || account == "" {
 			return nil, 0, 0, fmt.Errorf("path %q", f[0])
 		}
-		path = append(path, PathNode{Account: account, Kind: kind})
+		path = append(path, event.PathNode{Account: account, Kind: kind})
 	}
 	sec, err1 := strconv.ParseInt(f[1], 10, 64)
 	usec, err2 := strconv.ParseInt(f[2], 10, 64)
@@ -228,7 +229,7 @@ func compactStamp(path []PathNode, f []string) (_ []PathNode, sec, usec int64, e
 // appendBorrowed appends the "borrowed" member of an admitted event's data, as encoding/json
 // writes Admitted.Borrowed, for the borrowed field of a compact entry (see compactVersion)
 // of an event charged to path: nothing if the field is empty.
-func appendBorrowed(b []byte, field string, path []PathNode) ([]byte, error) {
+func appendBorrowed(b []byte, field string, path []event.PathNode) ([]byte, error) {
 	if field == "" {
 		return b, nil
 	}
@@ -241,7 +242,7 @@ func appendBorrowed(b []byte, field string, path []PathNode) ([]byte, error) {
 			return nil, fmt.Errorf("borrowed %q: want <account>:<unit>=<n>", entry)
 		}
 		// The first node of that id, as the meter finds it: the org has no lender.
-		lender := slices.IndexFunc(path, func(n PathNode) bool { return n.Account == account }) - 1
+		lender := slices.IndexFunc(path, func(n event.PathNode) bool { return n.Account == account }) - 1
 		if lender < 0 {
 			return nil, fmt.Errorf("borrowed %q: account not below the org in the path", entry)
 		}
@@ -271,7 +272,7 @@ func appendBorrowed(b []byte, field string, path []PathNode) ([]byte, error) {
 // appendCredits appends the "credits" member of an admitted event's data, as encoding/json
 // writes Admitted.Credits, for the credits field of a compact entry (see compactVersion)
 // of an event charged to path: nothing if the field is empty.
-func appendCredits(b []byte, field string, path []PathNode) ([]byte, error) {
+func appendCredits(b []byte, field string, path []event.PathNode) ([]byte, error) {
 	if field == "" {
 		return b, nil
 	}
@@ -285,13 +286,13 @@ func appendCredits(b []byte, field string, path []PathNode) ([]byte, error) {
 		if !ok1 || !ok2 || !ok3 {
 			return nil, fmt.Errorf("credits %q: want <account>:<unit>:<grant id>=<n>", entry)
 		}
-		if !slices.ContainsFunc(path, func(n PathNode) bool { return n.Account == account }) {
+		if !slices.ContainsFunc(path, func(n event.PathNode) bool { return n.Account == account }) {
 			return nil, fmt.Errorf("credits %q: account not in the path", entry)
 		}
 		if !policy.Unit(unit).Valid() {
 			return nil, fmt.Errorf("credits %q: unknown unit", entry)
 		}
-		if !ValidGrantID(grant) {
+		if !event.ValidGrantID(grant) {
 			return nil, fmt.Errorf("credits %q: not a grant id", entry)
 		}
 		if !positiveInt(n) {
@@ -371,13 +372,6 @@ const alertFields = compactFields + 6
 // alertKinds maps a spec's prefix to its rule's kind.
 var alertKinds = map[string]policy.AlertKind{"p": policy.QuotaPercent, "b": policy.BalanceBelow, "bp": policy.BalancePercent}
 
-// ThresholdID is the event id of a threshold fired for account and unit in window (a period
-// label, or the arming grant): "alert/<account>/<unit>/<spec>/<window>". Firing it again
-// gives the same id, which the meter keeps once.
-func ThresholdID(account, unit, spec, window string) string {
-	return "alert/" + account + "/" + unit + "/" + spec + "/" + window
-}
-
 // renderAlert renders an alert entry as its usage.threshold CloudEvent; it returns the org,
 // the Kafka key.
 func renderAlert(e string) (org string, value []byte, err error) {
@@ -394,7 +388,7 @@ func renderAlert(e string) (org string, value []byte, err error) {
 		return "", nil, err
 	}
 	account, unit, ok := strings.Cut(f[13], ":")
-	at := slices.IndexFunc(path, func(n PathNode) bool { return n.Account == account })
+	at := slices.IndexFunc(path, func(n event.PathNode) bool { return n.Account == account })
 	if !ok || at < 0 || !policy.ValidID(account) {
 		return "", nil, fmt.Errorf("alert account %q not in the path", f[13])
 	}
@@ -413,7 +407,7 @@ func renderAlert(e string) (org string, value []byte, err error) {
 	if err1 != nil || err2 != nil || units <= 0 || val < 0 {
 		return "", nil, fmt.Errorf("alert at %q, value %q", f[15], f[16])
 	}
-	d := Threshold{Org: org, Account: account, Path: path[:at+1], Unit: unit, Kind: string(kind),
+	d := event.Threshold{Org: org, Account: account, Path: path[:at+1], Unit: unit, Kind: string(kind),
 		Threshold: threshold, At: units, Value: val, Period: f[12], EventID: unescape(f[1]), Admitted: f[18] == "1"}
 	window := f[17]
 	if kind == policy.QuotaPercent {
@@ -422,7 +416,7 @@ func renderAlert(e string) (org string, value []byte, err error) {
 		}
 		d.Period = window
 	} else {
-		if !ValidGrantID(window) {
+		if !event.ValidGrantID(window) {
 			return "", nil, fmt.Errorf("alert grant %q", window)
 		}
 		d.Grant = window
@@ -430,8 +424,8 @@ func renderAlert(e string) (org string, value []byte, err error) {
 	if f[18] != "1" && f[18] != "0" {
 		return "", nil, fmt.Errorf("alert admitted %q", f[18])
 	}
-	ce, err := New(ThresholdID(account, unit, spec, window), unescape(f[2]), TypeThreshold,
-		Subject(d.Path), time.Unix(sec, usec*1000), d)
+	ce, err := event.New(event.ThresholdID(account, unit, spec, window), unescape(f[2]), event.TypeThreshold,
+		event.Subject(d.Path), time.Unix(sec, usec*1000), d)
 	if err != nil {
 		return "", nil, err
 	}
