@@ -2,6 +2,7 @@ package credit
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"sort"
@@ -45,9 +46,6 @@ func (s *Store) voidMarker(g Grant) string {
 	return s.keys.GrantVoided(g.Org, g.Account, g.Unit, g.ID)
 }
 
-const grantColumns = `id, org, account, unit, amount, effective_at, expires_at, priority, source,
-	coalesce(idempotency_key, ''), created_at, voided_at, voided_units`
-
 func scanGrant(row pgx.Row) (Grant, error) {
 	var g Grant
 	var unit string
@@ -63,6 +61,14 @@ func scanGrant(row pgx.Row) (Grant, error) {
 	}
 	return g, err
 }
+
+// The statements of Grant.
+var (
+	//go:embed sql/insert_grant.sql
+	insertGrantSQL string
+	//go:embed sql/read_grant_by_key.sql
+	readGrantByKeySQL string
+)
 
 // Grant records a grant and mirrors it into Redis. created is false when the request's
 // idempotency key made the grant before (a retry): the grant is then returned as recorded,
@@ -85,17 +91,16 @@ func (s *Store) Grant(ctx context.Context, r GrantRequest) (g Grant, created boo
 	if r.IdempotencyKey != "" {
 		key = &r.IdempotencyKey
 	}
-	g, err = scanGrant(s.pool.QueryRow(ctx, `
-		INSERT INTO credit_grants (id, org, account, unit, amount, effective_at, expires_at, priority, source, idempotency_key)
-		SELECT $1, org, id, $3, $4, $5, $6, $7, $8, $9 FROM accounts WHERE id = $2
-		ON CONFLICT ON CONSTRAINT credit_grants_idempotency DO NOTHING
-		RETURNING `+grantColumns,
-		newGrantID(), r.Account, string(asked.Unit), asked.Amount, asked.EffectiveAt, asked.ExpiresAt, asked.Priority, asked.Source, key))
+	g, err = scanGrant(s.pool.QueryRow(ctx, insertGrantSQL, pgx.StrictNamedArgs{
+		"id": newGrantID(), "account": r.Account, "unit": string(asked.Unit), "amount": asked.Amount,
+		"effective_at": asked.EffectiveAt, "expires_at": asked.ExpiresAt, "priority": asked.Priority,
+		"source": asked.Source, "idempotency_key": key,
+	}))
 	created = err == nil
 	if errors.Is(err, pgx.ErrNoRows) && key != nil {
 		// The key made a grant before (or the account does not exist).
-		g, err = scanGrant(s.pool.QueryRow(ctx, `SELECT `+grantColumns+` FROM credit_grants WHERE account = $1 AND idempotency_key = $2`,
-			r.Account, r.IdempotencyKey))
+		g, err = scanGrant(s.pool.QueryRow(ctx, readGrantByKeySQL,
+			pgx.StrictNamedArgs{"account": r.Account, "idempotency_key": r.IdempotencyKey}))
 		if err == nil && !r.sameTerms(asked, g) {
 			return Grant{}, false, fmt.Errorf("grant %s of idempotency key %q: %w", g.ID, r.IdempotencyKey, ErrIdempotencyKeyReused)
 		}
@@ -150,7 +155,8 @@ func (s *Store) Void(ctx context.Context, account, id string) (Grant, error) {
 		return Grant{}, fmt.Errorf("void credit grant %s in redis: the reply has %d values, want 2", g.ID, len(res))
 	}
 	units := res[1]
-	_, err = s.pool.Exec(ctx, `UPDATE credit_grants SET voided_at = now(), voided_units = $2 WHERE id = $1 AND voided_at IS NULL`, g.ID, units)
+	_, err = s.pool.Exec(ctx, `update credit_grants set voided_at = now(), voided_units = @units where id = @id and voided_at is null`,
+		pgx.StrictNamedArgs{"id": g.ID, "units": units})
 	if err != nil {
 		return Grant{}, fmt.Errorf("record void of credit grant %s: %w", g.ID, err)
 	}
@@ -158,8 +164,11 @@ func (s *Store) Void(ctx context.Context, account, id string) (Grant, error) {
 	return s.get(ctx, account, id)
 }
 
+//go:embed sql/read_grant.sql
+var readGrantSQL string
+
 func (s *Store) get(ctx context.Context, account, id string) (Grant, error) {
-	g, err := scanGrant(s.pool.QueryRow(ctx, `SELECT `+grantColumns+` FROM credit_grants WHERE id = $1 AND account = $2`, id, account))
+	g, err := scanGrant(s.pool.QueryRow(ctx, readGrantSQL, pgx.StrictNamedArgs{"id": id, "account": account}))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Grant{}, fmt.Errorf("grant %q of %q: %w", id, account, ErrNotFound)
 	}
@@ -231,7 +240,7 @@ func (s *Store) Balance(ctx context.Context, account string) (Balance, error) {
 	if !policy.ValidID(account) {
 		return b, fmt.Errorf("account %q: %w", account, ErrUnknownAccount)
 	}
-	err := s.pool.QueryRow(ctx, `SELECT org FROM accounts WHERE id = $1`, account).Scan(&b.Org)
+	err := s.pool.QueryRow(ctx, `select org from accounts where id = @id`, pgx.StrictNamedArgs{"id": account}).Scan(&b.Org)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return b, fmt.Errorf("account %q: %w", account, ErrUnknownAccount)
 	}
@@ -299,14 +308,12 @@ func drawnBefore(a, b Grant) bool {
 	return a.ID < b.ID
 }
 
+//go:embed sql/read_grant_ledgers.sql
+var readGrantLedgersSQL string
+
 // ledger reads account's grants with their ledger.
 func (s *Store) ledger(ctx context.Context, account string) ([]GrantBalance, error) {
-	rows, err := s.pool.Query(ctx, `
-		SELECT g.id, g.org, g.account, g.unit, g.amount, g.effective_at, g.expires_at, g.priority, g.source,
-			coalesce(g.idempotency_key, ''), g.created_at, g.voided_at, g.voided_units,
-			f.consumed, f.refunded, f.voided, f.expired, f.remaining
-		FROM credit_grants g JOIN finance_credit_grants f ON f.grant_id = g.id
-		WHERE g.account = $1`, account)
+	rows, err := s.pool.Query(ctx, readGrantLedgersSQL, pgx.StrictNamedArgs{"account": account})
 	if err != nil {
 		return nil, fmt.Errorf("read credit grants of %q: %w", account, err)
 	}
