@@ -17,13 +17,6 @@ import (
 // less than it drew gives the difference back, once, to the grants it drew from; a grant
 // that Redis lost or holds above its ledger is restored from PostgreSQL, never above.
 
-var (
-	//go:embed sql/credit_corrections.sql
-	creditCorrectionsSQL string
-	//go:embed sql/credit_restore.sql
-	creditRestoreSQL string
-)
-
 // CreditAdjustment is a balance given back to a grant (credit_adjustments).
 type CreditAdjustment struct {
 	ID      int64       `json:"id,omitempty"`
@@ -35,6 +28,9 @@ type CreditAdjustment struct {
 	Unit    policy.Unit `json:"unit"`
 	Units   int64       `json:"units"`
 }
+
+//go:embed sql/credit_corrections.sql
+var creditCorrectionsSQL string
 
 // creditCorrections lists what requests of the open periods must give back.
 func creditCorrections(ctx context.Context, o Options) ([]CreditAdjustment, error) {
@@ -53,12 +49,16 @@ func creditCorrections(ctx context.Context, o Options) ([]CreditAdjustment, erro
 	return out, nil
 }
 
+//go:embed sql/insert_credit_adjustment.sql
+var insertCreditAdjustmentSQL string
+
 // recordCredits records corrections; one computed before is the row already there.
 func recordCredits(ctx context.Context, o Options, adj []CreditAdjustment) error {
 	return pgx.BeginFunc(ctx, o.Pool, func(tx pgx.Tx) error {
 		for _, a := range adj {
-			_, err := tx.Exec(ctx, `insert into credit_adjustments (kind, grant_id, event_id, units, reason)
-				values ($1, $2, $3, $4, $5) on conflict do nothing`, a.Kind, a.GrantID, a.EventID, a.Units, creditReason(a))
+			_, err := tx.Exec(ctx, insertCreditAdjustmentSQL, pgx.StrictNamedArgs{
+				"kind": a.Kind, "grant_id": a.GrantID, "event_id": a.EventID, "units": a.Units, "reason": creditReason(a),
+			})
 			if err != nil {
 				return fmt.Errorf("record credit adjustment: %w", err)
 			}
@@ -74,14 +74,20 @@ func creditReason(a CreditAdjustment) string {
 	return "the request bills fewer units than it drew: the difference goes back"
 }
 
+// The statements of applyCredits.
+var (
+	//go:embed sql/pending_credit_adjustments.sql
+	pendingCreditAdjustmentsSQL string
+	//go:embed sql/mark_credit_applied.sql
+	markCreditAppliedSQL string
+)
+
 // applyCredits gives every recorded, unapplied correction back to its grant in Redis once
 // (lua/adjust.lua's marker), and marks it applied. A voided grant gets nothing back in
 // Redis (the void took what was left; its ledger counts the refund as voided). One Redis
 // refuses (a balance that is not an integer) is a problem, left pending for the next run.
 func applyCredits(ctx context.Context, o Options, s *Summary) error {
-	rows, err := o.Pool.Query(ctx, `select a.id, a.kind, a.grant_id, g.org, g.account, g.unit, a.units, g.voided_at is not null
-		from credit_adjustments a join credit_grants g on g.id = a.grant_id
-		where a.applied_at is null and a.kind in ('refund', 'settle') order by a.id`)
+	rows, err := o.Pool.Query(ctx, pendingCreditAdjustmentsSQL)
 	if err != nil {
 		return fmt.Errorf("read pending credit adjustments: %w", err)
 	}
@@ -118,14 +124,22 @@ func applyCredits(ctx context.Context, o Options, s *Summary) error {
 		if len(got) != 3 {
 			return fmt.Errorf("apply credit adjustment %d: unexpected reply %v", p.ID, got)
 		}
-		if _, err := o.Pool.Exec(ctx, `update credit_adjustments set applied_at = now(), redis_before = $2, redis_after = $3
-			where id = $1 and applied_at is null`, p.ID, got[1], got[2]); err != nil {
+		if _, err := o.Pool.Exec(ctx, markCreditAppliedSQL,
+			pgx.StrictNamedArgs{"id": p.ID, "redis_before": got[1], "redis_after": got[2]}); err != nil {
 			return fmt.Errorf("mark credit adjustment %d: %w", p.ID, err)
 		}
 		s.CreditsApplied++
 	}
 	return nil
 }
+
+// The statements of restoreCredits.
+var (
+	//go:embed sql/credit_restore.sql
+	creditRestoreSQL string
+	//go:embed sql/insert_credit_restore.sql
+	insertCreditRestoreSQL string
+)
 
 // restoreCredits brings every grant in Redis back to its ledger, never above it, and
 // records each change as a restore row (informational: the ledger is not changed).
@@ -173,9 +187,10 @@ func restoreCredits(ctx context.Context, o Options, s *Summary) error {
 			before = nil
 		}
 		change := got[1] - max(got[0], 0)
-		if _, err := o.Pool.Exec(ctx, `insert into credit_adjustments (kind, grant_id, units, redis_before, redis_after, reason, applied_at)
-			values ('restore', $1, $2, $3, $4, $5, now())`, g.id, change, before, got[1],
-			"Redis held the grant above its ledger, or had lost it: set to the ledger's remaining units"); err != nil {
+		if _, err := o.Pool.Exec(ctx, insertCreditRestoreSQL, pgx.StrictNamedArgs{
+			"grant_id": g.id, "units": change, "redis_before": before, "redis_after": got[1],
+			"reason": "Redis held the grant above its ledger, or had lost it: set to the ledger's remaining units",
+		}); err != nil {
 			return fmt.Errorf("record restore of grant %s: %w", g.id, err)
 		}
 	}

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -11,14 +12,16 @@ import (
 	"github.com/metergate/metergate/internal/policy"
 )
 
+//go:embed sql/plan_grants_due.sql
+var planGrantsDueSQL string
+
 // issuePlanGrants gives every account that names a plan with a recurring grant
 // (plan_grants) its grant of the run's month, once: the grant's idempotency key names the
 // plan, unit and month, so a second run, or a run that died after some, grants nothing
 // twice. Each grant is usable from the month's start to its end. A grant refused for one
 // account (an invalid amount, a balance Redis refuses) is a problem; the others are issued.
 func issuePlanGrants(ctx context.Context, o Options, s *Summary) error {
-	rows, err := o.Pool.Query(ctx, `select a.id, g.plan, g.unit, g.amount, g.priority
-		from plan_grants g join accounts a on a.plan = g.plan order by a.id, g.unit`)
+	rows, err := o.Pool.Query(ctx, planGrantsDueSQL)
 	if err != nil {
 		return fmt.Errorf("read plan grants: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -158,7 +159,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	defer unlock()
 
-	if _, err := o.Pool.Exec(ctx, `insert into reconcile_runs (run_id) values ($1)`, runID); err != nil {
+	if _, err := o.Pool.Exec(ctx, `insert into reconcile_runs (run_id) values (@run_id)`, pgx.StrictNamedArgs{"run_id": runID}); err != nil {
 		return s, fmt.Errorf("record run: %w", err)
 	}
 	recovered, err := apply(ctx, o, &s)
@@ -215,7 +216,8 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if s.InvariantFailures, err = checkInvariants(ctx, o, runID, from, cutoff); err != nil {
 		return s, err
 	}
-	if _, err := o.Pool.Exec(ctx, `update reconcile_runs set finished_at = now(), summary = $2 where run_id = $1`, runID, s); err != nil {
+	if _, err := o.Pool.Exec(ctx, `update reconcile_runs set finished_at = now(), summary = @summary where run_id = @run_id`,
+		pgx.StrictNamedArgs{"run_id": runID, "summary": s}); err != nil {
 		return s, fmt.Errorf("record run summary: %w", err)
 	}
 	o.Log.Info("reconcile run finished", "run_id", s.RunID, "adjustments_applied", s.AdjustmentsApplied,
