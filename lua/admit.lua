@@ -534,9 +534,10 @@ for dn = 1, tonumber(decisions) do repeat
 
   -- Idempotency: a key seen before returns the first decision and charges nothing, and
   -- this request becomes one more attempt of it. A decision voided since (every attempt
-  -- unanswered: void.lua) is forgotten: the request is decided afresh. A key no hot
-  -- bucket holds that a filter may hold is looked up in the billing log by Go first
-  -- (CHECK_LOG; "Idempotency" above).
+  -- unanswered: void.lua) is forgotten: the request is decided afresh, without asking the
+  -- billing log, which may hold the voided admission before its void. A key no hot bucket
+  -- holds that a filter may hold is looked up in the billing log by Go first (CHECK_LOG;
+  -- "Idempotency" above).
   local code, ra, rb, replayed = 0, '', '', 0 -- 0: undecided while the checks run
   if idem ~= '' then
     if not idem_b then
@@ -551,7 +552,7 @@ for dn = 1, tonumber(decisions) do repeat
         if lo < idem_lo then idem_lo = lo end
       end
     end
-    local where, rec = nil, nil
+    local where, rec, forgotten = nil, nil, false
     for b = idem_b, idem_lo, -1 do
       where = b == idem_b and idem_cur or tag .. 'h:' .. b
       rec = call('HGET', where, idem)
@@ -570,7 +571,7 @@ for dn = 1, tonumber(decisions) do repeat
       local id, per, fp = match(head, '^(%S+) (%S+) (.*)$')
       if sub(id, 1, 1) == '~' then id = sub(id, 2) .. id_tail end
       if call('EXISTS', tag .. 'v:' .. id) == 1 then
-        rec = false
+        rec, forgotten = false, true
       elseif fp == fingerprint then
         if attempts == '' then attempts = short(id, id_tail) end
         local _, held = gsub(attempts, '%S+', '')
@@ -586,7 +587,7 @@ for dn = 1, tonumber(decisions) do repeat
         code = IDEMPOTENCY_REUSED
       end
     end
-    if not rec and bloom ~= '' and logged ~= '1' then
+    if not rec and not forgotten and bloom ~= '' and logged ~= '1' then
       local g = floor(now / (idem_ttl / 2))
       local get = {}
       for x in gmatch(bloom, '%d+') do get[#get + 1] = 'GET'; get[#get + 1] = 'u1'; get[#get + 1] = x end

@@ -75,13 +75,15 @@ if idem ~= '' then
       return 0
     end
     if found then
+      -- The record stays: with the void mark below it tells admit.lua that the key's
+      -- decision was voided, so that a replay decides afresh rather than finding the
+      -- voided admission in the billing log before its void (CHECK_LOG).
       voided = id
-      redis.call('HDEL', where, idem)
     end
   end
   -- A decision of this request taken after this call (it was still queued) is voided too:
   -- a replay of it decides afresh (admit.lua).
-  redis.call('SET', tag .. 'v:' .. voided, '1', 'PX', tonumber(mark_ttl))
+  redis.call('SET', tag .. 'v:' .. voided, '1', 'PX', tonumber(mark_ttl)) -- keyspace.Keys.VoidMark
 end
 local leases = tag .. 'l:' .. voided
 local held = redis.call('GET', leases)

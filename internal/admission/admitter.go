@@ -227,12 +227,18 @@ func (a *Admitter) Decide(ctx context.Context, r Request) (Decision, error) {
 
 // fromLog answers from the billing log a request whose key no hot bucket holds and an
 // idempotency filter may: with the first admission, replayed (or refused as a replay, or
-// as a reuse with other units), when the log has it. decided is false when it has not:
-// the request is decided afresh.
+// as a reuse with other units), when the log has it. decided is false when it has not, or
+// when the admission it has was voided and its void is not in the log yet (its void mark
+// is in Redis): the request is decided afresh.
 func (a *Admitter) fromLog(ctx context.Context, r Request) (d Decision, decided bool, err error) {
 	now := a.opts.Clock.Now()
 	first, ok, err := a.opts.IdempotencyLog.First(ctx, r.Policy.Account(), r.IdempotencyKey, now.Add(-a.opts.IdempotencyTTL))
 	a.metrics.logLookup(ok, err)
+	if ok && err == nil {
+		var n int64
+		n, err = a.rdb.Exists(ctx, a.keys.VoidMark(a.keys.Shard(r.Policy.Org), first.EventID)).Result()
+		ok = n == 0
+	}
 	switch {
 	case err != nil:
 		return Decision{}, true, fmt.Errorf("%w: %w", ErrIdempotencyUnverifiable, err)

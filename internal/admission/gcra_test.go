@@ -62,16 +62,16 @@ func TestTokenBucketSemantics(t *testing.T) {
 		require.Equal(t, "tokens", d.Blocked.Unit)
 		require.Equal(t, -time.Millisecond, d.RetryAfter)
 
-		// Refill: the tokens bucket (1000/s, burst 10) emptied is refused for ~10 ms, then
-		// admits again.
+		// Refill: the tokens bucket (10/s, burst 10) emptied is refused for up to 1 s, then
+		// admits again. (At 1000/s its 10 ms passed between two calls on a loaded machine.)
 		tokens := tree(policy.Level{Account: b.org + "-t", Kind: policy.Org, Limits: map[policy.Unit]policy.Limit{
-			policy.Tokens: bucket(1000, 10)}})
+			policy.Tokens: bucket(10, 10)}})
 		ten := map[policy.Unit]int64{policy.Tokens: 10}
 		require.Equal(t, admission.Allow, b.mustDecide(t, tokens, ten).Result)
 		d = b.mustDecide(t, tokens, ten)
 		require.Equal(t, admission.RateLimited, d.Result)
 		require.Greater(t, d.RetryAfter, time.Duration(0))
-		require.LessOrEqual(t, d.RetryAfter, 10*time.Millisecond)
+		require.LessOrEqual(t, d.RetryAfter, time.Second)
 		ctx := testenv.Context(t, 10*time.Second)
 		for {
 			time.Sleep(d.RetryAfter)

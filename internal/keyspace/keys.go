@@ -168,6 +168,11 @@ func (k Keys) LeaseRecord(shard int, eventID string) string {
 	return k.Tag(shard) + "l:" + eventID
 }
 
+// VoidMark marks event eventID of shard voided (lua/void.lua): a replay of its idempotency
+// key decides afresh rather than answer with it (lua/admit.lua, Admitter's billing log
+// lookup).
+func (k Keys) VoidMark(shard int, eventID string) string { return k.Tag(shard) + "v:" + eventID }
+
 // State is the hash of an org's token buckets in shard: a field per bucket, "<account>:<unit
 // letter>", holding its theoretical arrival time (lua/admit.lua).
 func (k Keys) State(shard int, org string) string { return k.Tag(shard) + "s:" + org }
