@@ -21,7 +21,6 @@ import (
 // amounts: each limit's keys and constant arguments, and the program compiled from them. It is
 // derived once per policy and Admitter and kept in the Admitter's limitCache.
 type limits struct {
-	a      *Admitter
 	state  string      // the org's state hash
 	idTail string      // ".<shard>.<org>", how the org's event ids end
 	checks []limitArgs // by level, org first, then in policy.Units order
@@ -189,7 +188,7 @@ func (a *Admitter) limitsOf(shard int, pol policy.Resolved) *limits {
 	if l := a.derived.get(pol.Stamp); l != nil {
 		return l
 	}
-	l := &limits{a: a, state: a.keys.State(shard, pol.Org), idTail: a.keys.EventIDTail(shard, pol.Org)}
+	l := &limits{state: a.keys.State(shard, pol.Org), idTail: a.keys.EventIDTail(shard, pol.Org)}
 	for _, lv := range pol.Path {
 		for _, u := range policy.Units {
 			lim, ok := lv.Limits[u]
