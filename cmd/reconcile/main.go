@@ -95,8 +95,8 @@ func command(name, summary string, do func(context.Context, env) error) cli.Comm
 // connect opens PostgreSQL, migrated first with -migrate, and checks that it answers.
 func connect(ctx context.Context, cfg config.Reconcile, log *slog.Logger) (*pgxpool.Pool, error) {
 	pool, err := cfg.Postgres.OpenMigrated(ctx, cfg.Migrate, log)
-	if err != nil {
-		return nil, err
+	if err != nil || cfg.Migrate { // OpenMigrated checked it before migrating
+		return pool, err
 	}
 	if err := config.Ping(ctx, pool); err != nil {
 		pool.Close()
