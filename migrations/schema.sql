@@ -100,6 +100,45 @@ COMMENT ON FUNCTION bills_nothing(outcome_status integer, voided boolean) IS 'Wh
 
 
 --
+-- Name: credit_note_sealed_insert(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION credit_note_sealed_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    xact xid8;
+BEGIN
+    SELECT n.issued_xact INTO xact FROM credit_notes n WHERE n.id = NEW.credit_note_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'credit note % does not exist: % into % refused', NEW.credit_note_id, TG_OP, TG_TABLE_NAME
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    IF xact IS DISTINCT FROM pg_current_xact_id() THEN
+        RAISE EXCEPTION 'credit note % is issued and sealed: % into % refused (only the transaction that issued it adds rows)',
+            NEW.credit_note_id, TG_OP, TG_TABLE_NAME
+            USING ERRCODE = 'raise_exception';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+
+--
+-- Name: credit_note_stamp_issue(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION credit_note_stamp_issue() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.issued_xact := pg_current_xact_id();
+    RETURN NEW;
+END
+$$;
+
+
+--
 -- Name: invoice_failures_append_only(); Type: FUNCTION; Schema: :schema; Owner: -
 --
 
@@ -119,29 +158,25 @@ $$;
 CREATE FUNCTION invoice_immutable() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    inv bigint;
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         RAISE EXCEPTION 'issued invoices are immutable: TRUNCATE on % refused', TG_TABLE_NAME
             USING ERRCODE = 'raise_exception';
     END IF;
     IF TG_TABLE_NAME = 'invoices' THEN
-        IF OLD.status = 'issued' THEN
-            RAISE EXCEPTION 'invoice % is issued and immutable: % refused', OLD.id, TG_OP
-                USING ERRCODE = 'raise_exception';
+        IF TG_OP = 'UPDATE'
+            AND to_jsonb(NEW) - 'status' = to_jsonb(OLD) - 'status'
+            AND NEW.status IS DISTINCT FROM OLD.status
+            AND EXISTS (SELECT 1 FROM invoice_status_changes c
+                        WHERE c.invoice_id = OLD.id AND c.from_status = OLD.status AND c.to_status = NEW.status
+                          AND c.xact = pg_current_xact_id()) THEN
+            RETURN NEW;
         END IF;
-    ELSE
-        inv := OLD.invoice_id;
-        IF EXISTS (SELECT 1 FROM invoices i WHERE i.id = inv AND i.status = 'issued') THEN
-            RAISE EXCEPTION 'invoice % is issued and immutable: % on its line % refused', inv, TG_OP, OLD.line_no
-                USING ERRCODE = 'raise_exception';
-        END IF;
+        RAISE EXCEPTION 'invoice % is issued and immutable: % refused (only its status changes, with a row of invoice_status_changes)', OLD.id, TG_OP
+            USING ERRCODE = 'raise_exception';
     END IF;
-    IF TG_OP = 'DELETE' THEN
-        RETURN OLD;
-    END IF;
-    RETURN NEW;
+    RAISE EXCEPTION 'invoice % is issued and immutable: % on its line % refused', OLD.invoice_id, TG_OP, OLD.line_no
+        USING ERRCODE = 'raise_exception';
 END
 $$;
 
@@ -154,15 +189,14 @@ CREATE FUNCTION invoice_sealed_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    issued_status text;
-    xact          xid8;
+    xact xid8;
 BEGIN
-    SELECT i.status, i.issued_xact INTO issued_status, xact FROM invoices i WHERE i.id = NEW.invoice_id;
+    SELECT i.issued_xact INTO xact FROM invoices i WHERE i.id = NEW.invoice_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'invoice % does not exist: % into % refused', NEW.invoice_id, TG_OP, TG_TABLE_NAME
             USING ERRCODE = 'foreign_key_violation';
     END IF;
-    IF issued_status = 'issued' AND xact IS DISTINCT FROM pg_current_xact_id() THEN
+    IF xact IS DISTINCT FROM pg_current_xact_id() THEN
         RAISE EXCEPTION 'invoice % is issued and sealed: % into % refused (only the transaction that issued it adds rows)',
             NEW.invoice_id, TG_OP, TG_TABLE_NAME
             USING ERRCODE = 'raise_exception';
@@ -187,11 +221,7 @@ CREATE FUNCTION invoice_stamp_issue() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF NEW.status = 'issued' THEN
-        NEW.issued_xact := pg_current_xact_id();
-    ELSE
-        NEW.issued_xact := NULL;
-    END IF;
+    NEW.issued_xact := pg_current_xact_id();
     RETURN NEW;
 END
 $$;
@@ -282,6 +312,24 @@ BEGIN
     RETURN NEW;
 END
 $$;
+
+
+--
+-- Name: tax_minor(bigint, integer); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION tax_minor(subtotal bigint, rate_bp integer) RETURNS numeric
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT sign(subtotal) * div(abs(subtotal)::numeric * rate_bp + 5000, 10000)
+$$;
+
+
+--
+-- Name: FUNCTION tax_minor(subtotal bigint, rate_bp integer); Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON FUNCTION tax_minor(subtotal bigint, rate_bp integer) IS 'The tax on a subtotal at rate_bp basis points: subtotal * rate_bp / 10000 rounded half away from zero (internal/invoice.Tax).';
 
 
 --
@@ -999,6 +1047,230 @@ COMMENT ON COLUMN billable_events.refunded IS 'Bills nothing: the outcome was a 
 
 
 --
+-- Name: invoice_late_events; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE invoice_late_events (
+    event_id text NOT NULL,
+    billing_period date NOT NULL,
+    invoice_id bigint NOT NULL
+);
+
+
+--
+-- Name: TABLE invoice_late_events; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE invoice_late_events IS 'Late events (of a closed period) and the invoice that billed them; append-only, rows added only by the transaction that issued that invoice.';
+
+
+--
+-- Name: invoices; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE invoices (
+    id bigint NOT NULL,
+    org text NOT NULL,
+    period date NOT NULL,
+    plan text NOT NULL,
+    currency character(3) NOT NULL,
+    subtotal_minor bigint NOT NULL,
+    total_minor bigint NOT NULL,
+    issued_at timestamp with time zone NOT NULL,
+    status text DEFAULT 'issued'::text NOT NULL,
+    price_version integer NOT NULL,
+    issued_xact xid8,
+    number text,
+    issuer text,
+    seller jsonb,
+    buyer jsonb,
+    tax_rate_bp integer DEFAULT 0 NOT NULL,
+    tax_minor bigint DEFAULT 0 NOT NULL,
+    due_at timestamp with time zone,
+    replaces bigint,
+    reason text,
+    CONSTRAINT invoices_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
+    CONSTRAINT invoices_numbered CHECK (((number IS NULL) = (issuer IS NULL))),
+    CONSTRAINT invoices_reason_check CHECK ((length(reason) <= 1000)),
+    CONSTRAINT invoices_reissue CHECK (((replaces IS NULL) = (reason IS NULL))),
+    CONSTRAINT invoices_status_check CHECK ((status = ANY (ARRAY['issued'::text, 'paid'::text, 'void'::text, 'uncollectible'::text]))),
+    CONSTRAINT invoices_tax_rate_bp_check CHECK (((tax_rate_bp >= 0) AND (tax_rate_bp <= 10000))),
+    CONSTRAINT invoices_total CHECK ((total_minor = (subtotal_minor + tax_minor)))
+);
+
+
+--
+-- Name: TABLE invoices; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE invoices IS 'Invoices: one per org and closed period, and the reissues that replace a voided one (replaces). Sealed once issued: triggers refuse DELETE, TRUNCATE and any UPDATE but a status change with its audit row (invoice_status_changes), and lines or late events added by another transaction than the one that issued it.';
+
+
+--
+-- Name: COLUMN invoices.plan; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.plan IS 'The org''s plan when the period was closed: the prices the invoice used.';
+
+
+--
+-- Name: COLUMN invoices.subtotal_minor; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.subtotal_minor IS 'Sum of the lines, in minor units of currency.';
+
+
+--
+-- Name: COLUMN invoices.status; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.status IS 'issued, then paid, void or uncollectible (uncollectible may still become paid or void); each change is a row of invoice_status_changes.';
+
+
+--
+-- Name: COLUMN invoices.price_version; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.price_version IS 'The version of the plan''s price (plan_prices.version) the invoice was priced with.';
+
+
+--
+-- Name: COLUMN invoices.issued_xact; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.issued_xact IS 'The transaction that issued the invoice (pg_current_xact_id(), top level), set by the trigger invoices_stamp_issue: only it may add the invoice''s lines and late events. NULL for invoices issued before migration 00019: sealed.';
+
+
+--
+-- Name: COLUMN invoices.number; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.number IS 'The document number, gapless per issuer and year (document_sequences); NULL for invoices issued before migration 00022.';
+
+
+--
+-- Name: COLUMN invoices.seller; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.seller IS 'The issuer''s details (BILLING_SELLER_*) when the invoice was issued.';
+
+
+--
+-- Name: COLUMN invoices.buyer; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.buyer IS 'The customer''s billing details (billing_details) when the invoice was issued; NULL when it had none.';
+
+
+--
+-- Name: COLUMN invoices.tax_minor; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.tax_minor IS 'round(subtotal_minor * tax_rate_bp / 10000), halves away from zero; total_minor = subtotal_minor + tax_minor.';
+
+
+--
+-- Name: COLUMN invoices.replaces; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.replaces IS 'A reissue: the voided invoice it replaces (reason: why it was reissued).';
+
+
+--
+-- Name: billed_late_events; Type: VIEW; Schema: :schema; Owner: -
+--
+
+CREATE VIEW billed_late_events AS
+ SELECT l.event_id,
+    l.billing_period,
+    l.invoice_id
+   FROM (invoice_late_events l
+     JOIN invoices i ON ((i.id = l.invoice_id)))
+  WHERE (i.status <> 'void'::text);
+
+
+--
+-- Name: VIEW billed_late_events; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON VIEW billed_late_events IS 'Late events and the live (not void) invoice that billed them: at most one per event.';
+
+
+--
+-- Name: billing_details; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE billing_details (
+    org text NOT NULL,
+    legal_name text NOT NULL,
+    address text[] DEFAULT '{}'::text[] NOT NULL,
+    city text DEFAULT ''::text NOT NULL,
+    postal_code text DEFAULT ''::text NOT NULL,
+    region text DEFAULT ''::text NOT NULL,
+    country text NOT NULL,
+    email text DEFAULT ''::text NOT NULL,
+    tax_id text DEFAULT ''::text NOT NULL,
+    currency text,
+    tax_rate_bp integer,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_by text NOT NULL,
+    CONSTRAINT billing_details_address_check CHECK ((cardinality(address) <= 4)),
+    CONSTRAINT billing_details_city_check CHECK ((length(city) <= 100)),
+    CONSTRAINT billing_details_country_check CHECK ((country ~ '^[A-Z]{2}$'::text)),
+    CONSTRAINT billing_details_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
+    CONSTRAINT billing_details_email_check CHECK ((length(email) <= 254)),
+    CONSTRAINT billing_details_legal_name_check CHECK (((length(legal_name) >= 1) AND (length(legal_name) <= 200))),
+    CONSTRAINT billing_details_org_check CHECK (((length(org) >= 1) AND (length(org) <= 64))),
+    CONSTRAINT billing_details_postal_code_check CHECK ((length(postal_code) <= 20)),
+    CONSTRAINT billing_details_region_check CHECK ((length(region) <= 100)),
+    CONSTRAINT billing_details_tax_id_check CHECK ((length(tax_id) <= 50)),
+    CONSTRAINT billing_details_tax_rate_bp_check CHECK (((tax_rate_bp >= 0) AND (tax_rate_bp <= 10000)))
+);
+
+
+--
+-- Name: TABLE billing_details; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE billing_details IS 'Billing details of each customer (org): who its invoices are addressed to. An invoice copies them when issued (invoices.buyer).';
+
+
+--
+-- Name: COLUMN billing_details.currency; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN billing_details.currency IS 'The currency the customer is invoiced in; NULL: its plan''s. A close refuses (for this org alone) a plan priced in another currency.';
+
+
+--
+-- Name: COLUMN billing_details.tax_rate_bp; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN billing_details.tax_rate_bp IS 'The customer''s tax rate in basis points (1900 = 19 %); NULL: the rate configured for its country (BILLING_TAX_RATES), else BILLING_TAX_RATE.';
+
+
+--
+-- Name: billing_events; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE billing_events (
+    id text NOT NULL,
+    type text NOT NULL,
+    org text NOT NULL,
+    occurred_at timestamp with time zone DEFAULT now() NOT NULL,
+    payload jsonb NOT NULL,
+    CONSTRAINT billing_events_type_check CHECK ((type = ANY (ARRAY['invoice.issued.v1'::text, 'invoice.status_changed.v1'::text, 'credit_note.issued.v1'::text])))
+);
+
+
+--
+-- Name: TABLE billing_events; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE billing_events IS 'io.metergate.invoice.issued.v1, invoice.status_changed.v1 and credit_note.issued.v1 CloudEvents (payload), one per document or status change, written in its transaction (append-only).';
+
+
+--
 -- Name: credit_adjustments; Type: TABLE; Schema: :schema; Owner: -
 --
 
@@ -1122,6 +1394,84 @@ COMMENT ON COLUMN credit_grants.voided_units IS 'What Redis held of the grant wh
 
 
 --
+-- Name: credit_note_lines; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE credit_note_lines (
+    credit_note_id bigint NOT NULL,
+    line_no integer NOT NULL,
+    kind text NOT NULL,
+    account_path text NOT NULL,
+    unit text,
+    quantity bigint NOT NULL,
+    unit_price_minor bigint NOT NULL,
+    per_units bigint NOT NULL,
+    amount_minor bigint NOT NULL,
+    for_period date,
+    CONSTRAINT credit_note_lines_line_no_check CHECK ((line_no >= 1)),
+    CONSTRAINT credit_note_lines_per_units_check CHECK ((per_units > 0))
+);
+
+
+--
+-- Name: TABLE credit_note_lines; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE credit_note_lines IS 'Lines of a credit note: for a void, the invoice''s lines as they were. Added only by the transaction that issued the note.';
+
+
+--
+-- Name: credit_notes; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE credit_notes (
+    id bigint NOT NULL,
+    number text NOT NULL,
+    issuer text NOT NULL,
+    org text NOT NULL,
+    invoice_id bigint NOT NULL,
+    kind text NOT NULL,
+    reason text NOT NULL,
+    currency text NOT NULL,
+    subtotal_minor bigint NOT NULL,
+    tax_rate_bp integer NOT NULL,
+    tax_minor bigint NOT NULL,
+    total_minor bigint NOT NULL,
+    issued_at timestamp with time zone DEFAULT now() NOT NULL,
+    issued_by text NOT NULL,
+    seller jsonb NOT NULL,
+    buyer jsonb,
+    issued_xact xid8,
+    CONSTRAINT credit_notes_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
+    CONSTRAINT credit_notes_kind_check CHECK ((kind = 'void'::text)),
+    CONSTRAINT credit_notes_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT credit_notes_tax_rate_bp_check CHECK (((tax_rate_bp >= 0) AND (tax_rate_bp <= 10000))),
+    CONSTRAINT credit_notes_total CHECK ((total_minor = (subtotal_minor + tax_minor)))
+);
+
+
+--
+-- Name: TABLE credit_notes; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE credit_notes IS 'Credit notes: documents crediting an invoice (amounts positive: what is credited), numbered per issuer and year in their own sequence. kind void: the whole invoice, issued when it is voided. Sealed as invoices are.';
+
+
+--
+-- Name: credit_notes_id_seq; Type: SEQUENCE; Schema: :schema; Owner: -
+--
+
+ALTER TABLE credit_notes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME credit_notes_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
 -- Name: finance_billable_events; Type: VIEW; Schema: :schema; Owner: -
 --
 
@@ -1232,6 +1582,29 @@ ALTER TABLE dead_letters ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+
+
+--
+-- Name: document_sequences; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE document_sequences (
+    issuer text NOT NULL,
+    kind text NOT NULL,
+    year integer NOT NULL,
+    last bigint NOT NULL,
+    CONSTRAINT document_sequences_issuer_check CHECK ((issuer ~ '^[A-Z0-9]{1,10}$'::text)),
+    CONSTRAINT document_sequences_kind_check CHECK ((kind = ANY (ARRAY['invoice'::text, 'credit_note'::text]))),
+    CONSTRAINT document_sequences_last_check CHECK (((last >= 1) AND (last <= 999999999))),
+    CONSTRAINT document_sequences_year_check CHECK (((year >= 2000) AND (year <= 9999)))
+);
+
+
+--
+-- Name: TABLE document_sequences; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE document_sequences IS 'The last number given per issuer (BILLING_NUMBER_PREFIX), kind and year of issue: MG-2026-000123 is the 123rd invoice of 2026, MG-CN-2026-000004 the 4th credit note. Taken in the issuing transaction: no gap.';
 
 
 --
@@ -1451,62 +1824,6 @@ COMMENT ON COLUMN invoice_failures.error IS 'Why the invoice was not issued, e.g
 
 
 --
--- Name: invoices; Type: TABLE; Schema: :schema; Owner: -
---
-
-CREATE TABLE invoices (
-    id bigint NOT NULL,
-    org text NOT NULL,
-    period date NOT NULL,
-    plan text NOT NULL,
-    currency character(3) NOT NULL,
-    subtotal_minor bigint NOT NULL,
-    total_minor bigint NOT NULL,
-    issued_at timestamp with time zone NOT NULL,
-    status text DEFAULT 'issued'::text NOT NULL,
-    price_version integer NOT NULL,
-    issued_xact xid8,
-    CONSTRAINT invoices_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
-    CONSTRAINT invoices_status_check CHECK ((status = 'issued'::text))
-);
-
-
---
--- Name: TABLE invoices; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON TABLE invoices IS 'One invoice per org and closed period; sealed once issued: triggers refuse UPDATE, DELETE and TRUNCATE, and lines or late events added by another transaction than the one that issued it (migration 00019).';
-
-
---
--- Name: COLUMN invoices.plan; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON COLUMN invoices.plan IS 'The org''s plan when the period was closed: the prices the invoice used.';
-
-
---
--- Name: COLUMN invoices.subtotal_minor; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON COLUMN invoices.subtotal_minor IS 'Sum of the lines, in minor units of currency. No tax is computed: total_minor = subtotal_minor.';
-
-
---
--- Name: COLUMN invoices.price_version; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON COLUMN invoices.price_version IS 'The version of the plan''s price (plan_prices.version) the invoice was priced with.';
-
-
---
--- Name: COLUMN invoices.issued_xact; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON COLUMN invoices.issued_xact IS 'The transaction that issued the invoice (pg_current_xact_id(), top level), set by the trigger invoices_stamp_issue: only it may add the invoice''s lines and late events. NULL for invoices issued before migration 00019: sealed.';
-
-
---
 -- Name: finance_invoice_failures; Type: VIEW; Schema: :schema; Owner: -
 --
 
@@ -1529,24 +1846,6 @@ CREATE VIEW finance_invoice_failures AS
 --
 
 COMMENT ON VIEW finance_invoice_failures IS 'Orgs whose invoice for a closed period is not issued because the close failed for them: attempts, first and last failure, the last error. Empty when every due invoice is issued.';
-
-
---
--- Name: invoice_late_events; Type: TABLE; Schema: :schema; Owner: -
---
-
-CREATE TABLE invoice_late_events (
-    event_id text NOT NULL,
-    billing_period date NOT NULL,
-    invoice_id bigint NOT NULL
-);
-
-
---
--- Name: TABLE invoice_late_events; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON TABLE invoice_late_events IS 'Late events (of a closed period) and the invoice that billed them; append-only, rows added only by the transaction that issued that invoice.';
 
 
 --
@@ -1677,7 +1976,7 @@ CREATE VIEW finance_period_billing AS
                 END) AS quantity
            FROM (((finance_billable_events b
              JOIN periods p ON ((p.period = b.billing_period)))
-             LEFT JOIN invoice_late_events l ON (((l.event_id = b.event_id) AND (l.billing_period = b.billing_period))))
+             LEFT JOIN billed_late_events l ON (((l.event_id = b.event_id) AND (l.billing_period = b.billing_period))))
              CROSS JOIN ( VALUES ('requests'::text), ('tokens'::text), ('credits'::text), ('cost_micros'::text)) u(unit))
           WHERE (((NOT b.late) AND (b.ingest_time <= p.closed_at)) OR (l.invoice_id IS NOT NULL))
           GROUP BY b.org, b.billing_period, u.unit
@@ -1688,7 +1987,7 @@ CREATE VIEW finance_period_billing AS
             sum(c.covered) AS quantity
            FROM ((credits_covered c
              JOIN periods p ON ((p.period = c.billing_period)))
-             LEFT JOIN invoice_late_events l ON (((l.event_id = c.event_id) AND (l.billing_period = c.billing_period))))
+             LEFT JOIN billed_late_events l ON (((l.event_id = c.event_id) AND (l.billing_period = c.billing_period))))
           WHERE (((NOT c.late) AND (c.ingest_time <= p.closed_at)) OR (l.invoice_id IS NOT NULL))
           GROUP BY c.org, c.billing_period, c.unit
         ), billed AS (
@@ -1700,7 +1999,7 @@ CREATE VIEW finance_period_billing AS
             COALESCE(sum(l.quantity) FILTER (WHERE (l.kind = 'credits_applied'::text)), (0)::numeric) AS covered
            FROM (invoices i_1
              JOIN invoice_lines l ON ((l.invoice_id = i_1.id)))
-          WHERE (l.unit IS NOT NULL)
+          WHERE ((l.unit IS NOT NULL) AND (i_1.status <> 'void'::text))
           GROUP BY i_1.org, COALESCE(l.for_period, i_1.period), l.unit
         )
  SELECT i.id AS invoice_id,
@@ -1718,14 +2017,15 @@ CREATE VIEW finance_period_billing AS
      JOIN plan_price_units pu ON (((pu.plan = i.plan) AND (pu.version = i.price_version))))
      LEFT JOIN billable bl ON (((bl.org = i.org) AND (bl.period = i.period) AND (bl.unit = pu.unit))))
      LEFT JOIN covered cv ON (((cv.org = i.org) AND (cv.period = i.period) AND (cv.unit = pu.unit))))
-     LEFT JOIN billed bd ON (((bd.org = i.org) AND (bd.period = i.period) AND (bd.unit = pu.unit))));
+     LEFT JOIN billed bd ON (((bd.org = i.org) AND (bd.period = i.period) AND (bd.unit = pu.unit))))
+  WHERE (i.status <> 'void'::text);
 
 
 --
 -- Name: VIEW finance_period_billing; Type: COMMENT; Schema: :schema; Owner: -
 --
 
-COMMENT ON VIEW finance_period_billing IS 'Per closed period, org and billed unit of the invoice''s price version: billable units now (covered events and billed late events, today''s outcomes) and the units of them the org''s credits covered (covered_quantity), against units, amounts and credits applied billed for the period on its invoice and later ones (late, adjustment and credits_applied lines).';
+COMMENT ON VIEW finance_period_billing IS 'Per live (not void) invoice''s period, org and billed unit of its price version: billable units now (covered events and late events billed by a live invoice, today''s outcomes) and the units of them the org''s credits covered (covered_quantity), against units, amounts and credits applied billed for the period by live invoices (its own usage lines, later late, adjustment and credits_applied lines).';
 
 
 --
@@ -1738,6 +2038,11 @@ CREATE VIEW finance_invoice_tieout AS
             sum(invoice_lines.amount_minor) AS amount
            FROM invoice_lines
           GROUP BY invoice_lines.invoice_id
+        ), note_lines AS (
+         SELECT credit_note_lines.credit_note_id,
+            sum(credit_note_lines.amount_minor) AS amount
+           FROM credit_note_lines
+          GROUP BY credit_note_lines.credit_note_id
         ), by_unit AS (
          SELECT i.id AS invoice_id,
             i.org,
@@ -1757,12 +2062,22 @@ CREATE VIEW finance_invoice_tieout AS
  SELECT i.id AS invoice_id,
     i.org,
     i.period,
-    'total = subtotal'::text AS "check",
+    'total = subtotal + tax'::text AS "check",
     NULL::text AS unit,
-    (i.subtotal_minor)::numeric AS expected,
+    ((i.subtotal_minor)::numeric + (i.tax_minor)::numeric) AS expected,
     (i.total_minor)::numeric AS actual
    FROM invoices i
-  WHERE (i.total_minor <> i.subtotal_minor)
+  WHERE (i.total_minor <> (i.subtotal_minor + i.tax_minor))
+UNION ALL
+ SELECT i.id AS invoice_id,
+    i.org,
+    i.period,
+    'tax = tax_minor(subtotal, rate)'::text AS "check",
+    NULL::text AS unit,
+    tax_minor(i.subtotal_minor, i.tax_rate_bp) AS expected,
+    i.tax_minor AS actual
+   FROM invoices i
+  WHERE ((i.tax_minor)::numeric <> tax_minor(i.subtotal_minor, i.tax_rate_bp))
 UNION ALL
  SELECT i.id AS invoice_id,
     i.org,
@@ -1823,14 +2138,69 @@ UNION ALL
     b.covered_quantity AS expected,
     b.billed_covered AS actual
    FROM finance_period_billing b
-  WHERE (b.billed_covered <> b.covered_quantity);
+  WHERE (b.billed_covered <> b.covered_quantity)
+UNION ALL
+ SELECT n.invoice_id,
+    n.org,
+    i.period,
+    (('credit note '::text || n.number) || ': subtotal = sum of lines'::text) AS "check",
+    NULL::text AS unit,
+    COALESCE(nl.amount, (0)::numeric) AS expected,
+    n.subtotal_minor AS actual
+   FROM ((credit_notes n
+     JOIN invoices i ON ((i.id = n.invoice_id)))
+     LEFT JOIN note_lines nl ON ((nl.credit_note_id = n.id)))
+  WHERE ((n.subtotal_minor)::numeric <> COALESCE(nl.amount, (0)::numeric))
+UNION ALL
+ SELECT n.invoice_id,
+    n.org,
+    i.period,
+    (('credit note '::text || n.number) || ': voids the invoice''s total'::text) AS "check",
+    NULL::text AS unit,
+    i.total_minor AS expected,
+    n.total_minor AS actual
+   FROM (credit_notes n
+     JOIN invoices i ON ((i.id = n.invoice_id)))
+  WHERE ((n.kind = 'void'::text) AND ((n.total_minor <> i.total_minor) OR (n.tax_minor <> i.tax_minor)))
+UNION ALL
+ SELECT i.id AS invoice_id,
+    i.org,
+    i.period,
+    'a void invoice has its credit note'::text AS "check",
+    NULL::text AS unit,
+    1 AS expected,
+    0 AS actual
+   FROM invoices i
+  WHERE ((i.status = 'void'::text) AND (NOT (EXISTS ( SELECT 1
+           FROM credit_notes n
+          WHERE ((n.invoice_id = i.id) AND (n.kind = 'void'::text))))));
 
 
 --
 -- Name: VIEW finance_invoice_tieout; Type: COMMENT; Schema: :schema; Owner: -
 --
 
-COMMENT ON VIEW finance_invoice_tieout IS 'Invoice tie-out: one row per difference (total vs subtotal, subtotal vs lines, credits applied + included + overage quantity vs usage lines, amounts vs price_usage of usage less credits applied, units and credits applied for a period vs its billable and covered usage now). Empty when every invoice ties out; a billed/billable or applied/covered difference after a close is a correction the next close bills.';
+COMMENT ON VIEW finance_invoice_tieout IS 'Invoice tie-out: one row per difference (per invoice: total vs subtotal + tax, tax vs its rounding, subtotal vs lines, credits applied + included + overage quantity vs usage lines, amounts vs price_usage; per live invoice''s period: units, amounts and credits applied billed for it vs its billable and covered usage now; per credit note: subtotal vs lines, a void''s total vs its invoice''s; a void invoice without its credit note). Empty when every document ties out; a billed/billable or applied/covered difference after a close is a correction the next close bills.';
+
+
+--
+-- Name: held_periods; Type: VIEW; Schema: :schema; Owner: -
+--
+
+CREATE VIEW held_periods AS
+ SELECT DISTINCT i.org,
+    i.period
+   FROM invoices i
+  WHERE ((i.status = 'void'::text) AND (NOT (EXISTS ( SELECT 1
+           FROM invoices r
+          WHERE ((r.org = i.org) AND (r.period = i.period) AND (r.status <> 'void'::text))))));
+
+
+--
+-- Name: VIEW held_periods; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON VIEW held_periods IS 'Orgs and closed periods whose invoice is void and not reissued: their late events and corrections wait for the reissue.';
 
 
 --
@@ -1852,10 +2222,12 @@ CREATE VIEW finance_late_events AS
     b.billable_tokens,
     b.billable_credits,
     b.billable_cost_micros,
-    l.invoice_id AS billed_on
-   FROM ((finance_billable_events b
+    l.invoice_id AS billed_on,
+    (h.org IS NOT NULL) AS held
+   FROM (((finance_billable_events b
      JOIN periods p ON ((p.period = b.billing_period)))
-     LEFT JOIN invoice_late_events l ON (((l.event_id = b.event_id) AND (l.billing_period = b.billing_period))))
+     LEFT JOIN billed_late_events l ON (((l.event_id = b.event_id) AND (l.billing_period = b.billing_period))))
+     LEFT JOIN held_periods h ON (((h.org = b.org) AND (h.period = b.billing_period))))
   WHERE (b.late OR (b.ingest_time > p.closed_at));
 
 
@@ -1863,7 +2235,7 @@ CREATE VIEW finance_late_events AS
 -- Name: VIEW finance_late_events; Type: COMMENT; Schema: :schema; Owner: -
 --
 
-COMMENT ON VIEW finance_late_events IS 'Events of closed periods not covered by that period''s invoice (flagged late, or ingested after closed_at); billed_on = the invoice that billed them as late lines, NULL until then.';
+COMMENT ON VIEW finance_late_events IS 'Events of closed periods not covered by that period''s invoice (flagged late, or ingested after closed_at); billed_on = the live invoice that billed them as late lines, NULL until then; held: the org''s invoice of the period is void and not reissued, so they wait.';
 
 
 --
@@ -1930,6 +2302,45 @@ COMMENT ON VIEW finance_usage_by_org IS 'Monthly usage per org (the invoiced cus
 
 ALTER TABLE invoice_failures ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME invoice_failures_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
+-- Name: invoice_status_changes; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE invoice_status_changes (
+    id bigint NOT NULL,
+    invoice_id bigint NOT NULL,
+    from_status text NOT NULL,
+    to_status text NOT NULL,
+    reason text NOT NULL,
+    changed_by text NOT NULL,
+    changed_at timestamp with time zone DEFAULT now() NOT NULL,
+    xact xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    CONSTRAINT invoice_status_changes_allowed CHECK ((((from_status = 'issued'::text) AND (to_status = ANY (ARRAY['paid'::text, 'void'::text, 'uncollectible'::text]))) OR ((from_status = 'uncollectible'::text) AND (to_status = ANY (ARRAY['paid'::text, 'void'::text]))))),
+    CONSTRAINT invoice_status_changes_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000)))
+);
+
+
+--
+-- Name: TABLE invoice_status_changes; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE invoice_status_changes IS 'Each change of an invoice''s status, its reason and who made it (append-only). An invoice''s status changes only together with such a row, written in the same transaction.';
+
+
+--
+-- Name: invoice_status_changes_id_seq; Type: SEQUENCE; Schema: :schema; Owner: -
+--
+
+ALTER TABLE invoice_status_changes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME invoice_status_changes_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -2531,6 +2942,22 @@ ALTER TABLE ONLY api_keys
 
 
 --
+-- Name: billing_details billing_details_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY billing_details
+    ADD CONSTRAINT billing_details_pkey PRIMARY KEY (org);
+
+
+--
+-- Name: billing_events billing_events_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY billing_events
+    ADD CONSTRAINT billing_events_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: credit_adjustments credit_adjustments_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -2563,6 +2990,30 @@ ALTER TABLE ONLY credit_grants
 
 
 --
+-- Name: credit_note_lines credit_note_lines_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY credit_note_lines
+    ADD CONSTRAINT credit_note_lines_pkey PRIMARY KEY (credit_note_id, line_no);
+
+
+--
+-- Name: credit_notes credit_notes_number_key; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY credit_notes
+    ADD CONSTRAINT credit_notes_number_key UNIQUE (number);
+
+
+--
+-- Name: credit_notes credit_notes_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY credit_notes
+    ADD CONSTRAINT credit_notes_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: dead_letters dead_letters_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -2579,6 +3030,14 @@ ALTER TABLE ONLY dead_letters
 
 
 --
+-- Name: document_sequences document_sequences_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY document_sequences
+    ADD CONSTRAINT document_sequences_pkey PRIMARY KEY (issuer, kind, year);
+
+
+--
 -- Name: invoice_failures invoice_failures_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -2591,7 +3050,7 @@ ALTER TABLE ONLY invoice_failures
 --
 
 ALTER TABLE ONLY invoice_late_events
-    ADD CONSTRAINT invoice_late_events_pkey PRIMARY KEY (event_id, billing_period);
+    ADD CONSTRAINT invoice_late_events_pkey PRIMARY KEY (event_id, billing_period, invoice_id);
 
 
 --
@@ -2603,11 +3062,19 @@ ALTER TABLE ONLY invoice_lines
 
 
 --
--- Name: invoices invoices_org_period_key; Type: CONSTRAINT; Schema: :schema; Owner: -
+-- Name: invoice_status_changes invoice_status_changes_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY invoice_status_changes
+    ADD CONSTRAINT invoice_status_changes_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: invoices invoices_number_key; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
 ALTER TABLE ONLY invoices
-    ADD CONSTRAINT invoices_org_period_key UNIQUE (org, period);
+    ADD CONSTRAINT invoices_number_key UNIQUE (number);
 
 
 --
@@ -2616,6 +3083,14 @@ ALTER TABLE ONLY invoices
 
 ALTER TABLE ONLY invoices
     ADD CONSTRAINT invoices_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: invoices invoices_replaces_key; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY invoices
+    ADD CONSTRAINT invoices_replaces_key UNIQUE (replaces);
 
 
 --
@@ -2834,6 +3309,13 @@ CREATE INDEX api_keys_account_idx ON api_keys USING btree (account);
 
 
 --
+-- Name: billing_events_org_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX billing_events_org_idx ON billing_events USING btree (org, occurred_at);
+
+
+--
 -- Name: credit_adjustments_event_key; Type: INDEX; Schema: :schema; Owner: -
 --
 
@@ -2869,10 +3351,38 @@ CREATE INDEX credit_grants_account_idx ON credit_grants USING btree (account, un
 
 
 --
+-- Name: credit_notes_org_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX credit_notes_org_idx ON credit_notes USING btree (org, issued_at);
+
+
+--
+-- Name: credit_notes_void_once; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE UNIQUE INDEX credit_notes_void_once ON credit_notes USING btree (invoice_id) WHERE (kind = 'void'::text);
+
+
+--
 -- Name: invoice_failures_period_org_idx; Type: INDEX; Schema: :schema; Owner: -
 --
 
 CREATE INDEX invoice_failures_period_org_idx ON invoice_failures USING btree (period, org);
+
+
+--
+-- Name: invoice_status_changes_invoice_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX invoice_status_changes_invoice_idx ON invoice_status_changes USING btree (invoice_id, id);
+
+
+--
+-- Name: invoices_org_period_key; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE UNIQUE INDEX invoices_org_period_key ON invoices USING btree (org, period) WHERE (replaces IS NULL);
 
 
 --
@@ -3009,6 +3519,20 @@ CREATE TRIGGER api_keys_notify AFTER INSERT OR DELETE OR UPDATE OR TRUNCATE ON a
 
 
 --
+-- Name: billing_events billing_events_append_only; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER billing_events_append_only BEFORE DELETE OR UPDATE ON billing_events FOR EACH ROW EXECUTE FUNCTION append_only('a billing event fires once');
+
+
+--
+-- Name: billing_events billing_events_no_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER billing_events_no_truncate BEFORE TRUNCATE ON billing_events FOR EACH STATEMENT EXECUTE FUNCTION append_only('a billing event fires once');
+
+
+--
 -- Name: credit_adjustments credit_adjustments_no_truncate; Type: TRIGGER; Schema: :schema; Owner: -
 --
 
@@ -3027,6 +3551,48 @@ CREATE TRIGGER credit_adjustments_sealed BEFORE UPDATE ON credit_adjustments FOR
 --
 
 CREATE TRIGGER credit_grants_notify AFTER INSERT OR DELETE OR UPDATE OR TRUNCATE ON credit_grants FOR EACH STATEMENT EXECUTE FUNCTION policy_notify();
+
+
+--
+-- Name: credit_note_lines credit_note_lines_append_only; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER credit_note_lines_append_only BEFORE DELETE OR UPDATE ON credit_note_lines FOR EACH ROW EXECUTE FUNCTION append_only('an issued credit note is a sealed document');
+
+
+--
+-- Name: credit_note_lines credit_note_lines_no_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER credit_note_lines_no_truncate BEFORE TRUNCATE ON credit_note_lines FOR EACH STATEMENT EXECUTE FUNCTION append_only('an issued credit note is a sealed document');
+
+
+--
+-- Name: credit_note_lines credit_note_lines_sealed; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER credit_note_lines_sealed BEFORE INSERT ON credit_note_lines FOR EACH ROW EXECUTE FUNCTION credit_note_sealed_insert();
+
+
+--
+-- Name: credit_notes credit_notes_append_only; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER credit_notes_append_only BEFORE DELETE OR UPDATE ON credit_notes FOR EACH ROW EXECUTE FUNCTION append_only('an issued credit note is a sealed document');
+
+
+--
+-- Name: credit_notes credit_notes_no_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER credit_notes_no_truncate BEFORE TRUNCATE ON credit_notes FOR EACH STATEMENT EXECUTE FUNCTION append_only('an issued credit note is a sealed document');
+
+
+--
+-- Name: credit_notes credit_notes_stamp_issue; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER credit_notes_stamp_issue BEFORE INSERT ON credit_notes FOR EACH ROW EXECUTE FUNCTION credit_note_stamp_issue();
 
 
 --
@@ -3086,6 +3652,20 @@ CREATE TRIGGER invoice_lines_sealed BEFORE INSERT OR UPDATE ON invoice_lines FOR
 
 
 --
+-- Name: invoice_status_changes invoice_status_changes_append_only; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER invoice_status_changes_append_only BEFORE DELETE OR UPDATE ON invoice_status_changes FOR EACH ROW EXECUTE FUNCTION append_only('the audit trail of invoice statuses');
+
+
+--
+-- Name: invoice_status_changes invoice_status_changes_no_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER invoice_status_changes_no_truncate BEFORE TRUNCATE ON invoice_status_changes FOR EACH STATEMENT EXECUTE FUNCTION append_only('the audit trail of invoice statuses');
+
+
+--
 -- Name: invoices invoices_immutable; Type: TRIGGER; Schema: :schema; Owner: -
 --
 
@@ -3103,7 +3683,7 @@ CREATE TRIGGER invoices_no_truncate BEFORE TRUNCATE ON invoices FOR EACH STATEME
 -- Name: invoices invoices_stamp_issue; Type: TRIGGER; Schema: :schema; Owner: -
 --
 
-CREATE TRIGGER invoices_stamp_issue BEFORE INSERT OR UPDATE ON invoices FOR EACH ROW EXECUTE FUNCTION invoice_stamp_issue();
+CREATE TRIGGER invoices_stamp_issue BEFORE INSERT ON invoices FOR EACH ROW EXECUTE FUNCTION invoice_stamp_issue();
 
 
 --
@@ -3235,6 +3815,22 @@ ALTER TABLE ONLY credit_grants
 
 
 --
+-- Name: credit_note_lines credit_note_lines_credit_note_id_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY credit_note_lines
+    ADD CONSTRAINT credit_note_lines_credit_note_id_fkey FOREIGN KEY (credit_note_id) REFERENCES credit_notes(id);
+
+
+--
+-- Name: credit_notes credit_notes_invoice_id_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY credit_notes
+    ADD CONSTRAINT credit_notes_invoice_id_fkey FOREIGN KEY (invoice_id) REFERENCES invoices(id);
+
+
+--
 -- Name: invoice_failures invoice_failures_period_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -3259,6 +3855,14 @@ ALTER TABLE ONLY invoice_lines
 
 
 --
+-- Name: invoice_status_changes invoice_status_changes_invoice_id_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY invoice_status_changes
+    ADD CONSTRAINT invoice_status_changes_invoice_id_fkey FOREIGN KEY (invoice_id) REFERENCES invoices(id);
+
+
+--
 -- Name: invoices invoices_period_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -3272,6 +3876,14 @@ ALTER TABLE ONLY invoices
 
 ALTER TABLE ONLY invoices
     ADD CONSTRAINT invoices_price_version_fkey FOREIGN KEY (plan, price_version) REFERENCES plan_prices(plan, version);
+
+
+--
+-- Name: invoices invoices_replaces_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY invoices
+    ADD CONSTRAINT invoices_replaces_fkey FOREIGN KEY (replaces) REFERENCES invoices(id);
 
 
 --
@@ -3382,6 +3994,20 @@ GRANT ALL ON FUNCTION bills_nothing(outcome_status integer, voided boolean) TO m
 
 
 --
+-- Name: FUNCTION credit_note_sealed_insert(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION credit_note_sealed_insert() TO metergate_app;
+
+
+--
+-- Name: FUNCTION credit_note_stamp_issue(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION credit_note_stamp_issue() TO metergate_app;
+
+
+--
 -- Name: FUNCTION invoice_failures_append_only(); Type: ACL; Schema: :schema; Owner: -
 --
 
@@ -3435,6 +4061,13 @@ GRANT ALL ON FUNCTION price_version(plan text, period date) TO metergate_app;
 --
 
 GRANT ALL ON FUNCTION price_version_frozen() TO metergate_app;
+
+
+--
+-- Name: FUNCTION tax_minor(subtotal bigint, rate_bp integer); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION tax_minor(subtotal bigint, rate_bp integer) TO metergate_app;
 
 
 --
@@ -3530,6 +4163,41 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE billable_events TO metergate_app;
 
 
 --
+-- Name: TABLE invoice_late_events; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE invoice_late_events TO metergate_app;
+
+
+--
+-- Name: TABLE invoices; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE invoices TO metergate_app;
+
+
+--
+-- Name: TABLE billed_late_events; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE billed_late_events TO metergate_app;
+
+
+--
+-- Name: TABLE billing_details; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE billing_details TO metergate_app;
+
+
+--
+-- Name: TABLE billing_events; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE billing_events TO metergate_app;
+
+
+--
 -- Name: TABLE credit_adjustments; Type: ACL; Schema: :schema; Owner: -
 --
 
@@ -3558,6 +4226,27 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE credit_grants TO metergate_app;
 
 
 --
+-- Name: TABLE credit_note_lines; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE credit_note_lines TO metergate_app;
+
+
+--
+-- Name: TABLE credit_notes; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE credit_notes TO metergate_app;
+
+
+--
+-- Name: SEQUENCE credit_notes_id_seq; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,USAGE ON SEQUENCE credit_notes_id_seq TO metergate_app;
+
+
+--
 -- Name: TABLE finance_billable_events; Type: ACL; Schema: :schema; Owner: -
 --
 
@@ -3583,6 +4272,13 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE dead_letters TO metergate_app;
 --
 
 GRANT SELECT,USAGE ON SEQUENCE dead_letters_id_seq TO metergate_app;
+
+
+--
+-- Name: TABLE document_sequences; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE document_sequences TO metergate_app;
 
 
 --
@@ -3628,24 +4324,10 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE invoice_failures TO metergate_app;
 
 
 --
--- Name: TABLE invoices; Type: ACL; Schema: :schema; Owner: -
---
-
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE invoices TO metergate_app;
-
-
---
 -- Name: TABLE finance_invoice_failures; Type: ACL; Schema: :schema; Owner: -
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE finance_invoice_failures TO metergate_app;
-
-
---
--- Name: TABLE invoice_late_events; Type: ACL; Schema: :schema; Owner: -
---
-
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE invoice_late_events TO metergate_app;
 
 
 --
@@ -3684,6 +4366,13 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE finance_invoice_tieout TO metergate_a
 
 
 --
+-- Name: TABLE held_periods; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE held_periods TO metergate_app;
+
+
+--
 -- Name: TABLE finance_late_events; Type: ACL; Schema: :schema; Owner: -
 --
 
@@ -3709,6 +4398,20 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE finance_usage_by_org TO metergate_app
 --
 
 GRANT SELECT,USAGE ON SEQUENCE invoice_failures_id_seq TO metergate_app;
+
+
+--
+-- Name: TABLE invoice_status_changes; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE invoice_status_changes TO metergate_app;
+
+
+--
+-- Name: SEQUENCE invoice_status_changes_id_seq; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,USAGE ON SEQUENCE invoice_status_changes_id_seq TO metergate_app;
 
 
 --
