@@ -123,6 +123,7 @@ install_missing() {
   command -v mvn >/dev/null || pkgs+=(maven)
   command -v nginx >/dev/null || pkgs+=(nginx) # the forward-auth tests (deploy/gateways)
   command -v caddy >/dev/null || pkgs+=(caddy)
+  command -v pdftotext >/dev/null || pkgs+=(poppler-utils) # the PDF tests (internal/document)
   [ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
 }
 
