@@ -24,8 +24,8 @@ var (
 	// ErrLaterPeriodClosed is returned by Close for a period older than a closed one: late
 	// events would otherwise be billed on an earlier invoice than the one they follow.
 	ErrLaterPeriodClosed = errors.New("a later period is already closed")
-	// ErrNotFound is returned by Export when the org has no invoice for the period.
-	ErrNotFound = errors.New("invoice not found")
+	// ErrNotFound is returned for an invoice, credit note or billing details that do not exist.
+	ErrNotFound = errors.New("not found")
 	// ErrInvoicesFailed is returned by Close, with its Result, when some orgs' invoices
 	// could not be issued (Result.Failed): the others are issued and the period is closed;
 	// a close of the period again retries the failed ones.
@@ -39,22 +39,11 @@ type Options struct {
 	Force bool          // close even before the end plus the grace
 	By    string        // who closes, recorded in periods.closed_by; empty = "invoice.Close"
 	Log   *slog.Logger  // where each org's failed invoice is logged; nil: nowhere
+	// Issuer is who issues the invoices: the seller's details, the numbers' prefix, the
+	// tax rates and the payment terms.
+	Issuer Issuer
 }
 
-// Invoice is an issued invoice and its lines.
-type Invoice struct {
-	ID            int64     `json:"id"`
-	Org           string    `json:"org"`
-	Period        string    `json:"period"`
-	Plan          string    `json:"plan"`
-	PriceVersion  int       `json:"price_version"` // the version of the plan's price it was priced with
-	Currency      string    `json:"currency"`
-	SubtotalMinor int64     `json:"subtotal_minor"`
-	TotalMinor    int64     `json:"total_minor"`
-	IssuedAt      time.Time `json:"issued_at"`
-	Status        string    `json:"status"`
-	Lines         []Line    `json:"lines"`
-}
 
 // Result is what Close did.
 type Result struct {
@@ -116,6 +105,9 @@ func Close(ctx context.Context, pool *pgxpool.Pool, month time.Time, opts Option
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if err := opts.Issuer.Validate(); err != nil {
+		return Result{}, fmt.Errorf("close %s: issuer: %w", period.MonthLabel(month), err)
+	}
 	if !opts.Force && now.Before(end.Add(grace)) {
 		return Result{}, fmt.Errorf("close %s before %s: %w", period.MonthLabel(month), end.Add(grace).Format(time.RFC3339), ErrTooEarly)
 	}
@@ -138,7 +130,7 @@ func Close(ctx context.Context, pool *pgxpool.Pool, month time.Time, opts Option
 				return err
 			}
 			if len(open) == 0 {
-				invs, err := loadInvoices(ctx, tx, month, "")
+				invs, err := loadInvoices(ctx, tx, month)
 				res.Invoices = invs
 				return err
 			}
@@ -156,7 +148,7 @@ func Close(ctx context.Context, pool *pgxpool.Pool, month time.Time, opts Option
 			}
 			res.Created = true
 		}
-		issued, failed, err := issue(ctx, tx, month, end, res.ClosedAt, only)
+		issued, failed, err := issue(ctx, tx, opts.Issuer, month, end, res.ClosedAt, only)
 		if err != nil {
 			return err
 		}
@@ -167,7 +159,7 @@ func Close(ctx context.Context, pool *pgxpool.Pool, month time.Time, opts Option
 			}
 			res.Failed = append(res.Failed, f)
 		}
-		invs, err := loadInvoices(ctx, tx, month, "")
+		invs, err := loadInvoices(ctx, tx, month)
 		res.Invoices = invs
 		return err
 	})
@@ -193,10 +185,6 @@ var (
 	openFailuresSQL string
 	//go:embed sql/earlier_failures.sql
 	earlierFailuresSQL string
-	//go:embed sql/period_invoices.sql
-	periodInvoicesSQL string
-	//go:embed sql/org_invoice.sql
-	orgInvoiceSQL string
 )
 
 // lockPartition waits for the meter's transactions writing month, and keeps new ones out
@@ -249,42 +237,6 @@ func earlierFailures(ctx context.Context, tx pgx.Tx, month time.Time) (map[strin
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read earlier failed invoices: %w", err)
-	}
-	return out, nil
-}
-
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// loadInvoices reads the invoices of a period (of one org when org is not empty), with
-// their lines, ordered by org and line number.
-func loadInvoices(ctx context.Context, q querier, period time.Time, org string) ([]Invoice, error) {
-	query, args := periodInvoicesSQL, pgx.StrictNamedArgs{"period": period}
-	if org != "" {
-		query, args = orgInvoiceSQL, pgx.StrictNamedArgs{"period": period, "org": org}
-	}
-	rows, err := q.Query(ctx, query, args)
-	if err != nil {
-		return nil, fmt.Errorf("read invoices: %w", err)
-	}
-	defer rows.Close()
-	var out []Invoice
-	for rows.Next() {
-		var inv Invoice
-		var l Line
-		if err := rows.Scan(&inv.ID, &inv.Org, &inv.Period, &inv.Plan, &inv.PriceVersion, &inv.Currency, &inv.SubtotalMinor, &inv.TotalMinor,
-			&inv.IssuedAt, &inv.Status, &l.Kind, &l.AccountPath, &l.Unit, &l.Quantity, &l.UnitPriceMinor, &l.PerUnits,
-			&l.AmountMinor, &l.ForPeriod); err != nil {
-			return nil, fmt.Errorf("read invoices: %w", err)
-		}
-		if n := len(out); n == 0 || out[n-1].ID != inv.ID {
-			out = append(out, inv)
-		}
-		out[len(out)-1].Lines = append(out[len(out)-1].Lines, l)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read invoices: %w", err)
 	}
 	return out, nil
 }

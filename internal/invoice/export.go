@@ -4,30 +4,37 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/metergate/metergate/internal/period"
 )
 
-// Export writes the org's invoice of a period as "csv" (a header, then one row per line,
+// Export writes the org's invoice of a period (its latest: a reissue's, when one was voided and reissued) as "csv" (a header, then one row per line,
 // the invoice's fields repeated on each) or "json" (the Invoice with its lines).
 func Export(ctx context.Context, pool *pgxpool.Pool, month time.Time, org, format string, w io.Writer) error {
 	if format != "csv" && format != "json" {
 		return fmt.Errorf("export format %q: want csv or json", format)
 	}
-	invs, err := loadInvoices(ctx, pool, period.MonthStart(month), org)
+	var id int64
+	err := pool.QueryRow(ctx, `select id from invoices where org = $1 and period = $2 order by id desc limit 1`,
+		org, period.MonthStart(month)).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("invoice of org %s for %s: %w", org, period.MonthLabel(month), ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("find the invoice of org %s for %s: %w", org, period.MonthLabel(month), err)
+	}
+	inv, err := Get(ctx, pool, id)
 	if err != nil {
 		return err
 	}
-	if len(invs) == 0 {
-		return fmt.Errorf("invoice of org %s for %s: %w", org, period.MonthLabel(month), ErrNotFound)
-	}
-	inv := invs[0]
 	if format == "json" {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

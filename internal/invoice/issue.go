@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/metergate/metergate/internal/document"
 )
 
 // The statements that read what a period's invoices bill, and write them.
@@ -40,17 +42,21 @@ type issuance struct {
 	late             []lateEvent                 // late events to bill, of every org
 	corrections      []correction                // corrections to bill, of every org
 	earlier          map[string]time.Time        // org → its first period with an open failure
+	details          map[string]*BillingDetails  // org → its billing details, of the orgs that have them
+	issuer           Issuer
 	bad              map[string]error            // org → why its own data cannot be invoiced
 	orgs             []string                    // the orgs to invoice, sorted
 }
 
 // draft is an org's invoice as priced, before it is written.
 type draft struct {
-	org   string
-	plan  Plan
-	lines []Line
-	total int64
-	late  []lateEvent // the late events its late lines bill
+	org      string
+	plan     Plan
+	lines    []Line
+	subtotal int64
+	taxBP    int
+	tax      int64
+	late     []lateEvent // the late events its late lines bill
 }
 
 // issue writes the invoices of a period: of every org due one (only nil: usage in the
@@ -58,9 +64,13 @@ type draft struct {
 // in only (a retry of failed ones). Each org's invoice is written under a savepoint: one
 // that fails is rolled back alone and returned in failed, and the others are issued. The
 // error is for what stops every org (the connection, the context, a shared read).
-func issue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time, only []string) (issued int, failed []Failure, err error) {
+func issue(ctx context.Context, tx pgx.Tx, issuer Issuer, period, end, closedAt time.Time, only []string) (issued int, failed []Failure, err error) {
 	is, err := loadIssue(ctx, tx, period, end, closedAt, only)
 	if err != nil {
+		return 0, nil, err
+	}
+	is.issuer = issuer
+	if is.details, err = readBillingDetails(ctx, tx, is.orgs); err != nil {
 		return 0, nil, err
 	}
 	for _, org := range is.orgs {
@@ -333,11 +343,24 @@ func (is *issuance) price(ctx context.Context, tx pgx.Tx, org string) (draft, er
 		return draft{}, fmt.Errorf("price late events of org %s: %w", org, err)
 	}
 	lines = append(lines, lateLines...)
-	total, err := Sum(lines)
+	subtotal, err := Sum(lines)
 	if err != nil {
 		return draft{}, fmt.Errorf("org %s: %w", org, err)
 	}
-	return draft{org: org, plan: plan, lines: lines, total: total, late: late}, nil
+	details := is.details[org]
+	if details != nil && details.Currency != "" && details.Currency != plan.Currency {
+		return draft{}, fmt.Errorf("org %s is invoiced in %s (its billing details), its plan %s prices in %s: %w",
+			org, details.Currency, plan.ID, plan.Currency, ErrCurrencyMismatch)
+	}
+	taxBP := is.issuer.taxRate(details)
+	tax, err := Tax(subtotal, taxBP)
+	if err != nil {
+		return draft{}, fmt.Errorf("tax of org %s: %w", org, err)
+	}
+	if total := subtotal + tax; (tax > 0 && total < subtotal) || (tax < 0 && total > subtotal) {
+		return draft{}, fmt.Errorf("org %s: total: %w", org, ErrOverflow)
+	}
+	return draft{org: org, plan: plan, lines: lines, subtotal: subtotal, taxBP: taxBP, tax: tax, late: late}, nil
 }
 
 // priceUsage prices all of org's invoice under plan but its late events: the base fee and
@@ -365,10 +388,21 @@ func priceUsage(pr prices, plan Plan, org string, usage []Usage, covered map[str
 // writeInvoice is the write step: the invoice as issued at the close, its lines numbered
 // from 1 in order, and the late events it bills.
 func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) error {
+	number, err := nextNumber(ctx, tx, is.issuer, seqInvoice, is.closedAt)
+	if err != nil {
+		return err
+	}
+	var buyer *document.Party
+	if details := is.details[d.org]; details != nil {
+		buyer = &details.Party
+	}
+	due := is.closedAt.Add(is.issuer.terms())
 	var id int64
 	if err := tx.QueryRow(ctx, insertInvoiceSQL, pgx.StrictNamedArgs{
 		"org": d.org, "period": is.period, "plan": d.plan.ID, "price_version": d.plan.Version,
-		"currency": d.plan.Currency, "total_minor": d.total, "issued_at": is.closedAt,
+		"currency": d.plan.Currency, "subtotal_minor": d.subtotal, "tax_rate_bp": d.taxBP, "tax_minor": d.tax,
+		"issued_at": is.closedAt, "due_at": due, "number": number, "issuer": is.issuer.prefix(),
+		"seller": is.issuer.Seller, "buyer": buyer, "replaces": nil, "reason": nil,
 	}).Scan(&id); err != nil {
 		return fmt.Errorf("insert invoice of org %s: %w", d.org, err)
 	}
@@ -387,23 +421,32 @@ func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) error 
 			return fmt.Errorf("record late events of org %s: %w", d.org, err)
 		}
 	}
-	return nil
+	return issuedEvent(ctx, tx, is.issuer, id)
 }
 
 func insertLines(ctx context.Context, tx pgx.Tx, id int64, lines []Line) error {
 	rows := make([][]any, len(lines))
 	for i, l := range lines {
-		var unit, forPeriod any
-		if l.Unit != "" {
-			unit = l.Unit
-		}
-		if l.ForPeriod != "" {
-			forPeriod = l.ForPeriod
-		}
-		rows[i] = []any{id, i + 1, l.Kind, l.AccountPath, unit, l.Quantity, l.UnitPriceMinor, l.PerUnits, l.AmountMinor, forPeriod}
+		rows[i] = lineRow(id, i+1, l)
 	}
-	_, err := tx.CopyFrom(ctx, pgx.Identifier{"invoice_lines"},
-		[]string{"invoice_id", "line_no", "kind", "account_path", "unit", "quantity", "unit_price_minor", "per_units", "amount_minor", "for_period"},
-		pgx.CopyFromRows(rows))
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"invoice_lines"}, lineColumns("invoice_id"), pgx.CopyFromRows(rows))
 	return err
+}
+
+// lineColumns are the columns of a document's line (invoice_lines, credit_note_lines),
+// the document's id first.
+func lineColumns(document string) []string {
+	return []string{document, "line_no", "kind", "account_path", "unit", "quantity", "unit_price_minor", "per_units", "amount_minor", "for_period"}
+}
+
+// lineRow is line l, number no, of document id, as lineColumns lists them.
+func lineRow(id int64, no int, l Line) []any {
+	var unit, forPeriod any
+	if l.Unit != "" {
+		unit = l.Unit
+	}
+	if l.ForPeriod != "" {
+		forPeriod = l.ForPeriod
+	}
+	return []any{id, no, l.Kind, l.AccountPath, unit, l.Quantity, l.UnitPriceMinor, l.PerUnits, l.AmountMinor, forPeriod}
 }

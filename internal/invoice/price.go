@@ -10,6 +10,8 @@ import (
 	"math/big"
 	"sort"
 	"time"
+
+	"github.com/metergate/metergate/internal/document"
 )
 
 // Line kinds, as stored in invoice_lines.kind.
@@ -59,17 +61,9 @@ type Plan struct {
 	CreatedAt       time.Time   `json:"created_at"`
 }
 
-// Line is one invoice line. Amounts are minor units of the invoice's currency.
-type Line struct {
-	Kind           string `json:"kind"`
-	AccountPath    string `json:"account_path"`
-	Unit           string `json:"unit,omitempty"`
-	Quantity       int64  `json:"quantity"`
-	UnitPriceMinor int64  `json:"unit_price_minor"`
-	PerUnits       int64  `json:"per_units"`
-	AmountMinor    int64  `json:"amount_minor"`
-	ForPeriod      string `json:"for_period,omitempty"`
-}
+// Line is one invoice line (document.Line: the same line is rendered). Amounts are minor
+// units of the invoice's currency.
+type Line = document.Line
 
 // TierAmount is the rounding rule: ceil(units × priceMinor / perUnits), computed exactly.
 func TierAmount(units, priceMinor, perUnits int64) (int64, error) {
