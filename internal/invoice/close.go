@@ -44,7 +44,6 @@ type Options struct {
 	Issuer Issuer
 }
 
-
 // Result is what Close did.
 type Result struct {
 	Period   time.Time

@@ -43,9 +43,9 @@ type issuance struct {
 	corrections      []correction                // corrections to bill, of every org
 	earlier          map[string]time.Time        // org → its first period with an open failure
 	details          map[string]*BillingDetails  // org → its billing details, of the orgs that have them
-	issuer           Issuer
 	bad              map[string]error            // org → why its own data cannot be invoiced
 	orgs             []string                    // the orgs to invoice, sorted
+	issuer           Issuer
 }
 
 // draft is an org's invoice as priced, before it is written.
