@@ -380,7 +380,11 @@ func priceUsage(pr prices, plan Plan, org string, usage []Usage, covered map[str
 			return nil, nil, fmt.Errorf("price correction of org %s: %w", org, err)
 		}
 		lines = append(lines, l...)
-		billed[[2]string{c.period.Format(dateLayout), c.unit}] = billedUnits{quantity: c.billable, covered: c.covered}
+		amount := c.billedAmount
+		for _, cl := range l {
+			amount += cl.AmountMinor
+		}
+		billed[[2]string{c.period.Format(dateLayout), c.unit}] = billedUnits{quantity: c.billable, covered: c.covered, amount: amount}
 	}
 	return lines, billed, nil
 }

@@ -28,8 +28,13 @@ func TestUsageAndCorrectionLines(t *testing.T) {
 		{AccountPath: "acme/a", Unit: "tokens", Quantity: 7}, // not billed by the plan
 	}
 	covered := map[string]int64{"requests": 20}
-	// January billed 120 requests; 100 bill now (a 5xx refunded 20).
-	refund := correction{org: "acme", plan: "pro", version: 1, unit: "requests", period: jan, billed: 120, billable: 100}
+	// January billed 120 requests for 200 (20 past the 100 included, at 10); 100 bill now (a
+	// 5xx refunded 20).
+	refund := correction{org: "acme", plan: "pro", version: 1, unit: "requests", period: jan, billed: 120, billable: 100, billedAmount: 200}
+	// January's 130 requests were billed for 150 when a void took a 15-request late line
+	// priced at 150 out: 115 units are left, billed for 150, though price(115) is 150 and
+	// 130 bill now: the margin is priced from the amount billed, not from price(115).
+	broken := correction{org: "acme", plan: "pro", version: 1, unit: "requests", period: jan, billed: 115, billable: 130, billedAmount: 0}
 
 	tests := []struct {
 		name        string
@@ -63,6 +68,20 @@ func TestUsageAndCorrectionLines(t *testing.T) {
 				{Kind: KindAdjustment, AccountPath: "acme", Unit: "requests", Quantity: -20, PerUnits: 1, AmountMinor: -200, ForPeriod: "2025-01-01"},
 			},
 			wantBilled: map[[2]string]billedUnits{{"2025-01-01", "requests"}: {quantity: 100}},
+		},
+		{
+			name:        "a correction after a void is priced from the amount billed",
+			corrections: []correction{broken},
+			wantLines: []Line{
+				{Kind: KindBaseFee, AccountPath: "acme", Quantity: 1, UnitPriceMinor: 500, PerUnits: 1, AmountMinor: 500},
+				{Kind: KindUsage, AccountPath: "acme/a", Unit: "requests", Quantity: 150, PerUnits: 1},
+				{Kind: KindUsage, AccountPath: "acme/b", Unit: "requests", Quantity: 50, PerUnits: 1},
+				{Kind: KindCreditsApplied, AccountPath: "acme", Unit: "requests", Quantity: 20, PerUnits: 1},
+				{Kind: KindIncluded, AccountPath: "acme", Unit: "requests", Quantity: 100, PerUnits: 1},
+				{Kind: KindOverageTier, AccountPath: "acme", Unit: "requests", Quantity: 80, UnitPriceMinor: 10, PerUnits: 1, AmountMinor: 800},
+				{Kind: KindAdjustment, AccountPath: "acme", Unit: "requests", Quantity: 15, PerUnits: 1, AmountMinor: 300, ForPeriod: "2025-01-01"},
+			},
+			wantBilled: map[[2]string]billedUnits{{"2025-01-01", "requests"}: {quantity: 130, amount: 300}},
 		},
 		{
 			name:        "a correction priced in another currency fails the org",

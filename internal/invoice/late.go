@@ -61,17 +61,19 @@ func loadLate(ctx context.Context, tx pgx.Tx, period time.Time) ([]lateEvent, er
 	return out, nil
 }
 
-// billedUnits is what was billed for a closed period and unit so far: units (usage, late
-// and adjustment lines) and, of them, the units credits covered (credits_applied lines).
-// The tiers priced quantity − covered.
+// billedUnits is what live invoices billed for a closed period and unit so far: units
+// (usage, late and adjustment lines), of them the units credits covered (credits_applied
+// lines), and the amount of the priced lines. The tiers priced quantity − covered: amount
+// is price(quantity − covered) unless a void took lines out of the middle of the period's
+// billing, and the next lines priced for the period make it so again.
 type billedUnits struct {
-	quantity, covered int64
+	quantity, covered, amount int64
 }
 
 // priceLate prices late events at the margin of the period they belong to: with B units
 // already billed for that period (its invoice's usage lines and earlier late lines), Cb of
-// them covered by credits, and L late ones of which the org's credits covered C, they cost
-// price(B−Cb+L−C) − price(B−Cb), under the plan of that period's invoice and the price
+// them covered by credits, for an amount A (= price(B−Cb) unless a void broke it), and L
+// late ones of which the org's credits covered C, they cost price(B−Cb+L−C) − A, under the plan of that period's invoice and the price
 // version it was priced with (the current plan if the org had none). One late line per
 // period, account path and unit, each the margin over the lines before it, so the lines add
 // up to the exact margin; each followed by a credits_applied line (amount 0) of its C when
@@ -130,23 +132,19 @@ func priceLate(ctx context.Context, tx pgx.Tx, pr prices, current Plan, org stri
 		if _, ok := billed[pk]; !ok {
 			var b billedUnits
 			if err := tx.QueryRow(ctx, billedUnitsSQL, pgx.StrictNamedArgs{"org": org, "period": k.period, "unit": k.unit}).
-				Scan(&b.quantity, &b.covered); err != nil {
+				Scan(&b.quantity, &b.covered, &b.amount); err != nil {
 				return nil, fmt.Errorf("read billed units: %w", err)
 			}
 			billed[pk] = b
 		}
 		b := billed[pk]
-		before, err := up.Amount(b.quantity - b.covered)
-		if err != nil {
-			return nil, err
-		}
 		after, err := up.Amount(b.quantity - b.covered + qty[k] - cov[k])
 		if err != nil {
 			return nil, err
 		}
-		billed[pk] = billedUnits{quantity: b.quantity + qty[k], covered: b.covered + cov[k]}
+		billed[pk] = billedUnits{quantity: b.quantity + qty[k], covered: b.covered + cov[k], amount: after}
 		lines = append(lines, Line{Kind: KindLate, AccountPath: k.path, Unit: k.unit, Quantity: qty[k],
-			PerUnits: 1, AmountMinor: after - before, ForPeriod: pk[0]})
+			PerUnits: 1, AmountMinor: after - b.amount, ForPeriod: pk[0]})
 		if cov[k] > 0 {
 			lines = append(lines, Line{Kind: KindCreditsApplied, AccountPath: k.path, Unit: k.unit, Quantity: cov[k],
 				PerUnits: 1, ForPeriod: pk[0]})
@@ -155,11 +153,12 @@ func priceLate(ctx context.Context, tx pgx.Tx, pr prices, current Plan, org stri
 	return lines, nil
 }
 
-// pricedWith is the price version org's invoice for the closed period p was priced with,
-// or current when the org has no invoice for p.
+// pricedWith is the price version org's live invoice for the closed period p was priced
+// with, or current when the org has none for p.
 func pricedWith(ctx context.Context, tx pgx.Tx, pr prices, current Plan, org string, p time.Time) (Plan, error) {
 	var priced priceKey
-	err := tx.QueryRow(ctx, `select plan, price_version from invoices where org = $1 and period = $2`, org, p).Scan(&priced.plan, &priced.version)
+	err := tx.QueryRow(ctx, `select plan, price_version from invoices where org = $1 and period = $2 and status <> 'void' order by id desc limit 1`,
+		org, p).Scan(&priced.plan, &priced.version)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return current, nil
@@ -187,6 +186,7 @@ type correction struct {
 	// billedCovered is what credits_applied lines for the period said credits covered;
 	// covered is what the org's credits cover of the period's billed events now.
 	billedCovered, covered int64
+	billedAmount           int64 // what the live invoices' priced lines for the period add up to
 }
 
 // loadCorrections reads, for the closed periods of the correctionWindow months before
@@ -203,7 +203,7 @@ func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correc
 		}
 		for rows.Next() {
 			c := correction{period: period.AddDate(0, -m, 0)}
-			if err := rows.Scan(&c.org, &c.plan, &c.version, &c.unit, &c.billed, &c.billable, &c.billedCovered, &c.covered); err != nil {
+			if err := rows.Scan(&c.org, &c.plan, &c.version, &c.unit, &c.billed, &c.billable, &c.billedCovered, &c.covered, &c.billedAmount); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("read corrections: %w", err)
 			}
@@ -218,8 +218,8 @@ func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correc
 
 // priceCorrection prices the change from billed to billable units of a closed period at its
 // margin, under that period's invoice's plan and price version: price(billable − covered) −
-// price(billed − billed covered), negative for a refund, as an adjustment line (left out
-// when both its quantity and amount are 0), then a credits_applied line (amount 0) of the
+// the amount billed (price(billed − billed covered) unless a void broke it), negative for a
+// refund, as an adjustment line (left out when both its quantity and amount are 0), then a credits_applied line (amount 0) of the
 // change in covered units when there is one. nil when the plan does not bill the unit.
 func priceCorrection(pr prices, current Plan, c correction) ([]Line, error) {
 	plan, err := pr.version(priceKey{c.plan, c.version})
@@ -233,10 +233,7 @@ func priceCorrection(pr prices, current Plan, c correction) ([]Line, error) {
 		if up.Unit != c.unit {
 			continue
 		}
-		before, err := up.Amount(c.billed - c.billedCovered)
-		if err != nil {
-			return nil, err
-		}
+		before := c.billedAmount
 		after, err := up.Amount(c.billable - c.covered)
 		if err != nil {
 			return nil, err

@@ -1,4 +1,5 @@
--- The late events not billed yet of the closed periods before @period (finance_late_events:
+-- The late events not billed yet (nor held: their period's invoice is void, not reissued) of
+-- the closed periods before @period (finance_late_events:
 -- flagged late by the meter, or ingested after their period's close), with what of each
 -- unit the org's own credit grants covered (credits_covered).
 select l.event_id, l.billing_period, l.org, l.account_path,
@@ -11,5 +12,5 @@ cross join lateral (
            coalesce(sum(covered) filter (where unit = 'credits'), 0)::bigint as credits,
            coalesce(sum(covered) filter (where unit = 'cost_micros'), 0)::bigint as cost_micros
     from credits_covered c where c.event_id = l.event_id and c.billing_period = l.billing_period) c
-where l.billed_on is null and l.billing_period < @period
+where l.billed_on is null and not l.held and l.billing_period < @period
 order by l.billing_period, l.org, l.account_path, l.event_id
