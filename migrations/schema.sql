@@ -411,12 +411,106 @@ BEGIN
     INSERT INTO webhook_deliveries (endpoint, alert)
     SELECT e.id, NEW.id
     FROM webhook_endpoints e
-    WHERE e.enabled AND 'usage.threshold.v1' = ANY (e.event_types) AND (e.account IS NULL OR e.account = ANY (NEW.path))
+    WHERE e.enabled AND webhook_takes(e, 'usage.threshold.v1', NEW.path)
     ON CONFLICT ON CONSTRAINT webhook_deliveries_once DO NOTHING;
     PERFORM pg_notify('webhook_deliveries', '');
     RETURN NULL;
 END
 $$;
+
+
+--
+-- Name: webhook_queue_billing_event(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION webhook_queue_billing_event() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO webhook_deliveries (endpoint, billing_event)
+    SELECT e.id, NEW.id
+    FROM webhook_endpoints e
+    WHERE e.enabled AND webhook_takes(e, NEW.type, ARRAY[NEW.org]);
+    PERFORM pg_notify('webhook_deliveries', '');
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: webhook_endpoints; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE webhook_endpoints (
+    id text NOT NULL,
+    url text NOT NULL,
+    event_types text[] NOT NULL,
+    account text,
+    enabled boolean DEFAULT true NOT NULL,
+    disabled_reason text,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT webhook_endpoints_account_check CHECK (((length(account) >= 1) AND (length(account) <= 64))),
+    CONSTRAINT webhook_endpoints_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
+    CONSTRAINT webhook_endpoints_disabled CHECK ((enabled = (disabled_reason IS NULL))),
+    CONSTRAINT webhook_endpoints_event_types_check CHECK (((cardinality(event_types) >= 1) AND (event_types <@ ARRAY['usage.threshold.v1'::text, 'invoice.issued.v1'::text, 'invoice.status_changed.v1'::text, 'credit_note.issued.v1'::text]))),
+    CONSTRAINT webhook_endpoints_id_check CHECK ((id ~ '^wh_[0-9a-f]{32}$'::text)),
+    CONSTRAINT webhook_endpoints_url_check CHECK (((url ~ '^https?://'::text) AND (length(url) <= 2048)))
+);
+
+
+--
+-- Name: TABLE webhook_endpoints; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE webhook_endpoints IS 'Webhook endpoints: where the events of the types they name are POSTed, signed with their secrets (webhook_secrets).';
+
+
+--
+-- Name: COLUMN webhook_endpoints.event_types; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN webhook_endpoints.event_types IS 'Short names of the CloudEvents types delivered: the suffix of io.metergate.<type>; known: usage.threshold.v1, invoice.issued.v1, invoice.status_changed.v1, credit_note.issued.v1.';
+
+
+--
+-- Name: COLUMN webhook_endpoints.account; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN webhook_endpoints.account IS 'Optional filter: an event matches when this account is any account of its path (webhook_takes): an org''s filter takes its whole tree; a billing event''s path is its org. NULL: every event.';
+
+
+--
+-- Name: COLUMN webhook_endpoints.enabled; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN webhook_endpoints.enabled IS 'A disabled endpoint gets no new deliveries and its pending ones are not attempted until it is enabled again.';
+
+
+--
+-- Name: COLUMN webhook_endpoints.consecutive_failures; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN webhook_endpoints.consecutive_failures IS 'Failed attempts in a row across the endpoint''s deliveries, reset by any delivered one and by enabling; the deliverer disables the endpoint when it reaches its limit (WEBHOOK_DISABLE_AFTER).';
+
+
+--
+-- Name: webhook_takes(webhook_endpoints, text, text[]); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION webhook_takes(e webhook_endpoints, event_type text, path text[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT event_type = ANY (e.event_types) AND (e.account IS NULL OR e.account = ANY (path))
+$$;
+
+
+--
+-- Name: FUNCTION webhook_takes(e webhook_endpoints, event_type text, path text[]); Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON FUNCTION webhook_takes(e webhook_endpoints, event_type text, path text[]) IS 'Whether endpoint e takes an event of event_type on the account path (org first): it names the type, and its account filter is none or on the path. Enabled or not is the caller''s to check.';
 
 
 --
@@ -1259,7 +1353,8 @@ CREATE TABLE billing_events (
     org text NOT NULL,
     occurred_at timestamp with time zone DEFAULT now() NOT NULL,
     payload jsonb NOT NULL,
-    CONSTRAINT billing_events_type_check CHECK ((type = ANY (ARRAY['invoice.issued.v1'::text, 'invoice.status_changed.v1'::text, 'credit_note.issued.v1'::text])))
+    CONSTRAINT billing_events_type_check CHECK ((type = ANY (ARRAY['invoice.issued.v1'::text, 'invoice.status_changed.v1'::text, 'credit_note.issued.v1'::text]))),
+    CONSTRAINT billing_events_webhook_id CHECK ((id !~ '^alert/'::text))
 );
 
 
@@ -2726,7 +2821,7 @@ ALTER TABLE webhook_attempts ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 CREATE TABLE webhook_deliveries (
     id bigint NOT NULL,
     endpoint text NOT NULL,
-    alert text NOT NULL,
+    alert text,
     status text DEFAULT 'pending'::text NOT NULL,
     attempts integer DEFAULT 0 NOT NULL,
     next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
@@ -2737,8 +2832,11 @@ CREATE TABLE webhook_deliveries (
     last_error text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    billing_event text,
+    event text GENERATED ALWAYS AS (COALESCE(alert, billing_event)) STORED,
     CONSTRAINT webhook_deliveries_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT webhook_deliveries_delivered CHECK (((status = 'delivered'::text) = (delivered_at IS NOT NULL))),
+    CONSTRAINT webhook_deliveries_one_event CHECK ((num_nonnulls(alert, billing_event) = 1)),
     CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text])))
 );
 
@@ -2747,7 +2845,14 @@ CREATE TABLE webhook_deliveries (
 -- Name: TABLE webhook_deliveries; Type: COMMENT; Schema: :schema; Owner: -
 --
 
-COMMENT ON TABLE webhook_deliveries IS 'One delivery of an alert to an endpoint; its webhook-id is the alert id, the same on every attempt and replay.';
+COMMENT ON TABLE webhook_deliveries IS 'One delivery of an event (an alert or a billing event) to an endpoint; its webhook-id is the event id (event), the same on every attempt and replay.';
+
+
+--
+-- Name: COLUMN webhook_deliveries.alert; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN webhook_deliveries.alert IS 'The alert delivered (usage_alerts); NULL for a billing event.';
 
 
 --
@@ -2772,6 +2877,20 @@ COMMENT ON COLUMN webhook_deliveries.last_status IS 'HTTP status of the last att
 
 
 --
+-- Name: COLUMN webhook_deliveries.billing_event; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN webhook_deliveries.billing_event IS 'The billing event delivered (billing_events); NULL for an alert.';
+
+
+--
+-- Name: COLUMN webhook_deliveries.event; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN webhook_deliveries.event IS 'The id of the event delivered, an alert''s or a billing event''s: the webhook-id.';
+
+
+--
 -- Name: webhook_deliveries_id_seq; Type: SEQUENCE; Schema: :schema; Owner: -
 --
 
@@ -2783,64 +2902,6 @@ ALTER TABLE webhook_deliveries ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY 
     NO MAXVALUE
     CACHE 1
 );
-
-
---
--- Name: webhook_endpoints; Type: TABLE; Schema: :schema; Owner: -
---
-
-CREATE TABLE webhook_endpoints (
-    id text NOT NULL,
-    url text NOT NULL,
-    event_types text[] NOT NULL,
-    account text,
-    enabled boolean DEFAULT true NOT NULL,
-    disabled_reason text,
-    consecutive_failures integer DEFAULT 0 NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT webhook_endpoints_account_check CHECK (((length(account) >= 1) AND (length(account) <= 64))),
-    CONSTRAINT webhook_endpoints_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
-    CONSTRAINT webhook_endpoints_disabled CHECK ((enabled = (disabled_reason IS NULL))),
-    CONSTRAINT webhook_endpoints_event_types_check CHECK (((cardinality(event_types) >= 1) AND (event_types <@ ARRAY['usage.threshold.v1'::text]))),
-    CONSTRAINT webhook_endpoints_id_check CHECK ((id ~ '^wh_[0-9a-f]{32}$'::text)),
-    CONSTRAINT webhook_endpoints_url_check CHECK (((url ~ '^https?://'::text) AND (length(url) <= 2048)))
-);
-
-
---
--- Name: TABLE webhook_endpoints; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON TABLE webhook_endpoints IS 'Webhook endpoints: where the events of the types they name are POSTed, signed with their secrets (webhook_secrets).';
-
-
---
--- Name: COLUMN webhook_endpoints.event_types; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON COLUMN webhook_endpoints.event_types IS 'Short names of the CloudEvents types delivered: the suffix of io.metergate.<type>; known: usage.threshold.v1.';
-
-
---
--- Name: COLUMN webhook_endpoints.account; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON COLUMN webhook_endpoints.account IS 'Optional filter: an event matches when this account is any account of its path (= ANY (usage_alerts.path)), so an org''s filter takes its whole tree. NULL: every event.';
-
-
---
--- Name: COLUMN webhook_endpoints.enabled; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON COLUMN webhook_endpoints.enabled IS 'A disabled endpoint gets no new deliveries and its pending ones are not attempted until it is enabled again.';
-
-
---
--- Name: COLUMN webhook_endpoints.consecutive_failures; Type: COMMENT; Schema: :schema; Owner: -
---
-
-COMMENT ON COLUMN webhook_endpoints.consecutive_failures IS 'Failed attempts in a row across the endpoint''s deliveries, reset by any delivered one and by enabling; the deliverer disables the endpoint when it reaches its limit (WEBHOOK_DISABLE_AFTER).';
 
 
 --
@@ -3218,7 +3279,7 @@ ALTER TABLE ONLY webhook_attempts
 --
 
 ALTER TABLE ONLY webhook_deliveries
-    ADD CONSTRAINT webhook_deliveries_once UNIQUE (endpoint, alert);
+    ADD CONSTRAINT webhook_deliveries_once UNIQUE (endpoint, event);
 
 
 --
@@ -3456,6 +3517,13 @@ CREATE INDEX webhook_deliveries_alert_idx ON webhook_deliveries USING btree (ale
 
 
 --
+-- Name: webhook_deliveries_billing_event_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX webhook_deliveries_billing_event_idx ON webhook_deliveries USING btree (billing_event) WHERE (billing_event IS NOT NULL);
+
+
+--
 -- Name: webhook_deliveries_due_idx; Type: INDEX; Schema: :schema; Owner: -
 --
 
@@ -3530,6 +3598,13 @@ CREATE TRIGGER billing_events_append_only BEFORE DELETE OR UPDATE ON billing_eve
 --
 
 CREATE TRIGGER billing_events_no_truncate BEFORE TRUNCATE ON billing_events FOR EACH STATEMENT EXECUTE FUNCTION append_only('a billing event fires once');
+
+
+--
+-- Name: billing_events billing_events_webhooks; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER billing_events_webhooks AFTER INSERT ON billing_events FOR EACH ROW EXECUTE FUNCTION webhook_queue_billing_event();
 
 
 --
@@ -3943,6 +4018,14 @@ ALTER TABLE ONLY webhook_deliveries
 
 
 --
+-- Name: webhook_deliveries webhook_deliveries_billing_event_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_billing_event_fkey FOREIGN KEY (billing_event) REFERENCES billing_events(id);
+
+
+--
 -- Name: webhook_deliveries webhook_deliveries_endpoint_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -4090,6 +4173,27 @@ GRANT ALL ON FUNCTION usage_of(account text, from_time timestamp with time zone,
 --
 
 GRANT ALL ON FUNCTION webhook_queue_alert() TO metergate_app;
+
+
+--
+-- Name: FUNCTION webhook_queue_billing_event(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION webhook_queue_billing_event() TO metergate_app;
+
+
+--
+-- Name: TABLE webhook_endpoints; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE webhook_endpoints TO metergate_app;
+
+
+--
+-- Name: FUNCTION webhook_takes(e webhook_endpoints, event_type text, path text[]); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION webhook_takes(e webhook_endpoints, event_type text, path text[]) TO metergate_app;
 
 
 --
@@ -4496,13 +4600,6 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE webhook_deliveries TO metergate_app;
 --
 
 GRANT SELECT,USAGE ON SEQUENCE webhook_deliveries_id_seq TO metergate_app;
-
-
---
--- Name: TABLE webhook_endpoints; Type: ACL; Schema: :schema; Owner: -
---
-
-GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE webhook_endpoints TO metergate_app;
 
 
 --
