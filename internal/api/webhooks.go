@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/metergate/metergate/internal/policy"
@@ -40,7 +41,7 @@ func (b endpointBody) request() (webhook.EndpointRequest, *Error) {
 		return r, badRequest("invalid_url", "url is required: an absolute http or https URL")
 	}
 	if len(b.EventTypes) == 0 {
-		return r, badRequest("invalid_event_types", "event_types must name at least one type (known: %s)", webhook.EventThreshold)
+		return r, badRequest("invalid_event_types", "event_types must name at least one type (known: %s)", strings.Join(webhook.EventTypes, ", "))
 	}
 	if b.Account != nil {
 		if !policy.ValidID(*b.Account) {

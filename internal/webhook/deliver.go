@@ -154,7 +154,7 @@ func (d *Deliverer) Ready(context.Context) error {
 type job struct {
 	id       int64
 	endpoint string
-	alert    string
+	event    string // the webhook-id
 	attempts int
 	lease    time.Time
 	first    time.Time
@@ -264,7 +264,7 @@ func (d *Deliverer) claim(ctx context.Context, limit int) ([]job, error) {
 	}
 	jobs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (job, error) {
 		var j job
-		err := row.Scan(&j.id, &j.endpoint, &j.alert, &j.attempts, &j.lease, &j.first, &j.now, &j.url, &j.payload, &j.secrets)
+		err := row.Scan(&j.id, &j.endpoint, &j.event, &j.attempts, &j.lease, &j.first, &j.now, &j.url, &j.payload, &j.secrets)
 		return j, err
 	})
 	if err != nil {
@@ -308,7 +308,7 @@ func (d *Deliverer) attempt(ctx context.Context, j job) {
 func (d *Deliverer) post(ctx context.Context, j job) result {
 	started := time.Now()
 	body := []byte(j.payload)
-	h, err := Sign(j.alert, started, body, j.secrets...)
+	h, err := Sign(j.event, started, body, j.secrets...)
 	if err != nil {
 		return result{started: started, err: err.Error()}
 	}

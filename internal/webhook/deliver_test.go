@@ -94,12 +94,19 @@ func (b *bundle) insertAlert(t *testing.T, id string, path []string, eventTime t
 	require.NoError(t, err)
 }
 
+// endpoint makes an endpoint of the alerts (usage.threshold.v1) and returns it with its secret.
 func (b *bundle) endpoint(t *testing.T, url, account string) (webhook.Endpoint, string) {
+	t.Helper()
+	return b.endpointOf(t, url, account, webhook.EventThreshold)
+}
+
+// endpointOf makes an endpoint of types and returns it with its secret.
+func (b *bundle) endpointOf(t *testing.T, url, account string, types ...string) (webhook.Endpoint, string) {
 	t.Helper()
 	if account != "" {
 		b.org(t, account)
 	}
-	e, secret, err := b.store.CreateEndpoint(b.ctx, webhook.EndpointRequest{URL: url, EventTypes: []string{webhook.EventThreshold}, Account: account})
+	e, secret, err := b.store.CreateEndpoint(b.ctx, webhook.EndpointRequest{URL: url, EventTypes: types, Account: account})
 	require.NoError(t, err)
 	return e, secret
 }
@@ -122,24 +129,24 @@ func (b *bundle) run(t *testing.T, o webhook.DelivererOptions) {
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 }
 
-// delivery reads the delivery of alert to endpoint.
-func (b *bundle) delivery(t *testing.T, endpoint, alert string) webhook.Delivery {
+// delivery reads the delivery of event (an alert's or a billing event's id) to endpoint.
+func (b *bundle) delivery(t *testing.T, endpoint, event string) webhook.Delivery {
 	t.Helper()
 	var id int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT id FROM webhook_deliveries WHERE endpoint = $1 AND alert = $2`, endpoint, alert).Scan(&id))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT id FROM webhook_deliveries WHERE endpoint = $1 AND event = $2`, endpoint, event).Scan(&id))
 	d, err := b.store.Delivery(b.ctx, endpoint, id)
 	require.NoError(t, err)
 	return d
 }
 
-// waitStatus polls until the delivery of alert to endpoint has status.
-func (b *bundle) waitStatus(t *testing.T, endpoint, alert, status string) webhook.Delivery {
+// waitStatus polls until the delivery of event to endpoint has status.
+func (b *bundle) waitStatus(t *testing.T, endpoint, event, status string) webhook.Delivery {
 	t.Helper()
 	var d webhook.Delivery
 	eventually(t, b.ctx, func() bool {
-		d = b.delivery(t, endpoint, alert)
+		d = b.delivery(t, endpoint, event)
 		return d.Status == status
-	}, "delivery of %s never became %s", alert, status)
+	}, "delivery of %s never became %s", event, status)
 	return d
 }
 

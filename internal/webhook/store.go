@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,13 +19,20 @@ import (
 	"github.com/metergate/metergate/internal/policy"
 )
 
-// EventThreshold is the short name of the usage alerts' CloudEvents type,
-// io.metergate.usage.threshold.v1: endpoints name the types they take by the suffix after
-// "io.metergate.".
-const EventThreshold = "usage.threshold.v1"
+// The event types an endpoint may take, by the short names endpoints use: the CloudEvents
+// type's suffix after "io.metergate.". Migration 00023 checks the same list.
+const (
+	// EventThreshold is a usage alert's (usage_alerts).
+	EventThreshold = "usage.threshold.v1"
+	// EventInvoiceIssued, EventInvoiceStatusChanged and EventCreditNoteIssued are the
+	// billing events' (billing_events), written by the invoice code.
+	EventInvoiceIssued        = "invoice.issued.v1"
+	EventInvoiceStatusChanged = "invoice.status_changed.v1"
+	EventCreditNoteIssued     = "credit_note.issued.v1"
+)
 
 // EventTypes are the event types an endpoint may take.
-var EventTypes = []string{EventThreshold}
+var EventTypes = []string{EventThreshold, EventInvoiceIssued, EventInvoiceStatusChanged, EventCreditNoteIssued}
 
 // Limits of an endpoint.
 const (
@@ -84,11 +92,13 @@ type EndpointRequest struct {
 	Enabled    *bool
 }
 
-// Delivery is one alert's delivery to one endpoint; its webhook-id is Alert.
+// Delivery is one event's delivery to one endpoint; its webhook-id is Event.
 type Delivery struct {
-	ID             int64      `json:"id"`
-	Endpoint       string     `json:"endpoint"`
-	Alert          string     `json:"alert"`
+	ID       int64  `json:"id"`
+	Endpoint string `json:"endpoint"`
+	// Event is the id of the event delivered, an alert's or a billing event's. Its JSON
+	// name is "alert" in the admin API, from when alerts were the only events.
+	Event          string     `json:"alert"`
 	Status         string     `json:"status"`
 	Attempts       int        `json:"attempts"`
 	NextAttemptAt  *time.Time `json:"next_attempt_at,omitempty"`
@@ -136,12 +146,13 @@ func CheckURL(raw string, allowPrivate bool) error {
 }
 
 func validTypes(types []string) error {
+	known := strings.Join(EventTypes, ", ")
 	if len(types) == 0 {
-		return invalid("event_types", "event_types must name at least one type (known: %s)", EventThreshold)
+		return invalid("event_types", "event_types must name at least one type (known: %s)", known)
 	}
 	for _, t := range types {
 		if !slices.Contains(EventTypes, t) {
-			return invalid("event_types", "unknown event type %q (known: %s)", t, EventThreshold)
+			return invalid("event_types", "unknown event type %q (known: %s)", t, known)
 		}
 	}
 	return nil
@@ -443,7 +454,7 @@ var (
 
 func scanDelivery(row pgx.Row) (Delivery, error) {
 	var d Delivery
-	err := row.Scan(&d.ID, &d.Endpoint, &d.Alert, &d.Status, &d.Attempts, &d.NextAttemptAt, &d.FirstAttemptAt,
+	err := row.Scan(&d.ID, &d.Endpoint, &d.Event, &d.Status, &d.Attempts, &d.NextAttemptAt, &d.FirstAttemptAt,
 		&d.DeliveredAt, &d.LastStatus, &d.LastError, &d.CreatedAt)
 	for _, t := range []*time.Time{d.NextAttemptAt, d.FirstAttemptAt, d.DeliveredAt} {
 		if t != nil {
@@ -538,10 +549,11 @@ func (s *Store) Replay(ctx context.Context, endpoint string, id int64) (Delivery
 	return d, nil
 }
 
-// ReplayRange queues, due now, a delivery to the endpoint of every alert with an event
-// time in [from, to) that the endpoint's types and account filter match: a delivery made
-// before is queued again (as Replay), a missing one (an alert from before the endpoint,
-// or from while it was disabled) is created. It returns how many it queued.
+// ReplayRange queues, due now, a delivery to the endpoint of every event in [from, to) (an
+// alert's event time, a billing event's occurred_at) that the endpoint's types and account
+// filter match: a delivery made before is queued again (as Replay), a missing one (an
+// event from before the endpoint, or from while it was disabled) is created. It returns
+// how many it queued.
 func (s *Store) ReplayRange(ctx context.Context, endpoint string, from, to time.Time) (int64, error) {
 	if !from.Before(to) {
 		return 0, invalid("range", "from must be before to")

@@ -3,8 +3,9 @@
 // HMAC-SHA256 over "<id>.<timestamp>.<body>") and sends them with an HTTP client that
 // refuses private targets, follows no redirect and reads a bounded reply.
 //
-// It is the delivering side of usage alerts (issue 19); the signing itself is the
-// specification's own Go library (github.com/standard-webhooks/standard-webhooks).
+// It is the delivering side of usage alerts (issue 19) and billing events (issue 31); the
+// signing itself is the specification's own Go library
+// (github.com/standard-webhooks/standard-webhooks).
 package webhook
 
 import (

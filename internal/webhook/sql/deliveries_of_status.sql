@@ -1,5 +1,5 @@
 -- @endpoint's latest deliveries of @status, newest first, at most @limit.
-select id, endpoint, alert, status, attempts,
+select id, endpoint, event, status, attempts,
   case when status = 'pending' then next_attempt_at end, first_attempt_at, delivered_at,
   last_status, coalesce(last_error, ''), created_at
 from webhook_deliveries

@@ -3,6 +3,6 @@
 update webhook_deliveries set status = 'pending', next_attempt_at = now(), lease_until = null,
   first_attempt_at = null, delivered_at = null, updated_at = now()
 where id = @id and endpoint = @endpoint
-returning id, endpoint, alert, status, attempts,
+returning id, endpoint, event, status, attempts,
   case when status = 'pending' then next_attempt_at end, first_attempt_at, delivered_at,
   last_status, coalesce(last_error, ''), created_at
