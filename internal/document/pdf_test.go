@@ -2,9 +2,6 @@ package document
 
 import (
 	"bytes"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -20,20 +17,7 @@ func renderPDF(t *testing.T, d Document) []byte {
 	return b.Bytes()
 }
 
-// pdfText is the text of a PDF as `pdftotext -layout` extracts it (poppler-utils), one
-// string per page.
-func pdfText(t *testing.T, pdf []byte) []string {
-	t.Helper()
-	tool, err := exec.LookPath("pdftotext")
-	if err != nil {
-		testenv.SkipOrFail(t, "pdftotext not found: install poppler-utils (make up does)")
-	}
-	path := filepath.Join(t.TempDir(), "document.pdf")
-	require.NoError(t, os.WriteFile(path, pdf, 0o600))
-	out, err := exec.Command(tool, "-layout", "-enc", "UTF-8", path, "-").Output()
-	require.NoError(t, err)
-	return strings.Split(strings.TrimSuffix(string(out), "\f"), "\f")
-}
+func pdfText(t *testing.T, pdf []byte) []string { return testenv.PDFText(t, pdf) }
 
 func TestPDFIsByteStable(t *testing.T) {
 	t.Parallel()

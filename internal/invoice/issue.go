@@ -34,7 +34,10 @@ var units = []string{"requests", "tokens", "credits", "cost_micros"}
 // every org (loadIssue), then each org's invoice is priced (price) and written
 // (writeInvoice) under a savepoint of its own (issueOrg).
 type issuance struct {
-	period, closedAt time.Time
+	period, closedAt time.Time // closedAt: the period's close, which decides the events it covers
+	issuedAt         time.Time // when the invoices are issued: closedAt, or a reissue's now
+	replaces         *Invoice  // a reissue: the voided invoice it replaces
+	reason           string    // a reissue: why
 	pr               prices
 	orgPlan          map[string]string           // org → its plan, of the orgs in accounts
 	usage            map[string][]Usage          // org → what its account paths bill for the period
@@ -95,7 +98,7 @@ func issue(ctx context.Context, tx pgx.Tx, issuer Issuer, period, end, closedAt 
 // failures) and which orgs to invoice: those in only, or when only is nil every org due
 // an invoice (due; active ones are those created before end).
 func loadIssue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time, only []string) (*issuance, error) {
-	is := &issuance{period: period, closedAt: closedAt, bad: map[string]error{}}
+	is := &issuance{period: period, closedAt: closedAt, issuedAt: closedAt, bad: map[string]error{}}
 	var err error
 	if is.pr, err = loadPlans(ctx, tx, period); err != nil {
 		return nil, err
@@ -170,7 +173,7 @@ func (is *issuance) planOf(org string) string {
 // an org's own data makes impossible to invoice (a sum past bigint) goes to is.bad: that
 // org fails, the others are issued.
 func (is *issuance) readUsage(ctx context.Context, tx pgx.Tx) error {
-	rows, err := tx.Query(ctx, billableUsageSQL, pgx.StrictNamedArgs{"period": is.period})
+	rows, err := tx.Query(ctx, billableUsageSQL, pgx.StrictNamedArgs{"period": is.period, "closed_at": is.closedAt})
 	if err != nil {
 		return fmt.Errorf("read usage: %w", err)
 	}
@@ -199,7 +202,7 @@ func (is *issuance) readUsage(ctx context.Context, tx pgx.Tx) error {
 // readCovered reads what each org's own credit grants covered of the same events into
 // is.covered; a sum past bigint goes to is.bad, as in readUsage.
 func (is *issuance) readCovered(ctx context.Context, tx pgx.Tx) error {
-	rows, err := tx.Query(ctx, coveredUsageSQL, pgx.StrictNamedArgs{"period": is.period})
+	rows, err := tx.Query(ctx, coveredUsageSQL, pgx.StrictNamedArgs{"period": is.period, "closed_at": is.closedAt})
 	if err != nil {
 		return fmt.Errorf("read covered usage: %w", err)
 	}
@@ -311,7 +314,8 @@ func (is *issuance) issueOrg(ctx context.Context, tx pgx.Tx, org string) (err er
 	if err != nil {
 		return err
 	}
-	return is.writeInvoice(ctx, sp, d)
+	_, err = is.writeInvoice(ctx, sp, d)
+	return err
 }
 
 // price is the price step: org's invoice lines and total, from its usage and corrections
@@ -343,6 +347,13 @@ func (is *issuance) price(ctx context.Context, tx pgx.Tx, org string) (draft, er
 		return draft{}, fmt.Errorf("price late events of org %s: %w", org, err)
 	}
 	lines = append(lines, lateLines...)
+	if is.replaces != nil {
+		self, err := is.reissueCorrections(ctx, tx, plan, org, lines)
+		if err != nil {
+			return draft{}, err
+		}
+		lines = append(lines, self...)
+	}
 	subtotal, err := Sum(lines)
 	if err != nil {
 		return draft{}, fmt.Errorf("org %s: %w", org, err)
@@ -391,27 +402,31 @@ func priceUsage(pr prices, plan Plan, org string, usage []Usage, covered map[str
 
 // writeInvoice is the write step: the invoice as issued at the close, its lines numbered
 // from 1 in order, and the late events it bills.
-func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) error {
-	number, err := nextNumber(ctx, tx, is.issuer, seqInvoice, is.closedAt)
+func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) (int64, error) {
+	number, err := nextNumber(ctx, tx, is.issuer, seqInvoice, is.issuedAt)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var buyer *document.Party
 	if details := is.details[d.org]; details != nil {
 		buyer = &details.Party
 	}
-	due := is.closedAt.Add(is.issuer.terms())
+	due := is.issuedAt.Add(is.issuer.terms())
+	var replaces, reason any
+	if is.replaces != nil {
+		replaces, reason = is.replaces.ID, is.reason
+	}
 	var id int64
 	if err := tx.QueryRow(ctx, insertInvoiceSQL, pgx.StrictNamedArgs{
 		"org": d.org, "period": is.period, "plan": d.plan.ID, "price_version": d.plan.Version,
 		"currency": d.plan.Currency, "subtotal_minor": d.subtotal, "tax_rate_bp": d.taxBP, "tax_minor": d.tax,
-		"issued_at": is.closedAt, "due_at": due, "number": number, "issuer": is.issuer.prefix(),
-		"seller": is.issuer.Seller, "buyer": buyer, "replaces": nil, "reason": nil,
+		"issued_at": is.issuedAt, "due_at": due, "number": number, "issuer": is.issuer.prefix(),
+		"seller": is.issuer.Seller, "buyer": buyer, "replaces": replaces, "reason": reason,
 	}).Scan(&id); err != nil {
-		return fmt.Errorf("insert invoice of org %s: %w", d.org, err)
+		return 0, fmt.Errorf("insert invoice of org %s: %w", d.org, err)
 	}
 	if err := insertLines(ctx, tx, id, d.lines); err != nil {
-		return fmt.Errorf("insert lines of org %s: %w", d.org, err)
+		return 0, fmt.Errorf("insert lines of org %s: %w", d.org, err)
 	}
 	if len(d.late) > 0 {
 		ids := make([]string, len(d.late))
@@ -422,10 +437,10 @@ func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) error 
 		if _, err := tx.Exec(ctx, insertLateEventsSQL, pgx.StrictNamedArgs{
 			"event_ids": ids, "billing_periods": periods, "invoice_id": id,
 		}); err != nil {
-			return fmt.Errorf("record late events of org %s: %w", d.org, err)
+			return 0, fmt.Errorf("record late events of org %s: %w", d.org, err)
 		}
 	}
-	return issuedEvent(ctx, tx, is.issuer, id)
+	return id, issuedEvent(ctx, tx, is.issuer, id)
 }
 
 func insertLines(ctx context.Context, tx pgx.Tx, id int64, lines []Line) error {

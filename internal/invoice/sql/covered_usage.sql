@@ -2,5 +2,5 @@
 -- that billable_usage.sql sums (credits_covered); numeric, given as text like it.
 select org, unit, sum(covered)::text
 from credits_covered
-where billing_period = @period and not late
+where billing_period = @period and not late and ingest_time <= @closed_at
 group by org, unit

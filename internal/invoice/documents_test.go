@@ -1,0 +1,217 @@
+package invoice_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/internal/document"
+	"github.com/metergate/metergate/internal/invoice"
+	"github.com/metergate/metergate/internal/testenv"
+)
+
+// issuer is the seller of these tests: German customers are taxed at 19 %.
+var issuer = invoice.Issuer{
+	Prefix:       "MG",
+	Seller:       document.Party{LegalName: "Metergate Ltd", Address: []string{"1 Dock Road"}, City: "Dublin", Country: "IE", TaxID: "IE1234567X"},
+	CountryTaxBP: map[string]int{"DE": 1900},
+}
+
+func (b *testBundle) close(t *testing.T, m time.Time) invoice.Result {
+	t.Helper()
+	res, err := invoice.Close(b.ctx, b.pool, m, invoice.Options{Force: true, Issuer: issuer})
+	require.NoError(t, err)
+	return res
+}
+
+// line is what the fixture checks of an invoice line.
+type line struct {
+	kind, unit string
+	quantity   int64
+	amount     int64
+	forPeriod  string
+}
+
+func pricedLines(inv invoice.Invoice) []line {
+	var out []line
+	for _, l := range inv.Lines {
+		if l.AmountMinor != 0 || l.Kind == invoice.KindAdjustment || l.Kind == invoice.KindLate {
+			out = append(out, line{l.Kind, l.Unit, l.Quantity, l.AmountMinor, l.ForPeriod})
+		}
+	}
+	return out
+}
+
+// TestThreeMonthsOfDocuments follows one pro customer (seeded prices: base fee 4,900; 5M
+// requests included then 50 per 100,000; 10M tokens included then 2 per 1,000) taxed at
+// 19 % through January to March: tiers, a 5xx refund after January's close, a late
+// January event, January voided (a credit note) and reissued under new billing details.
+// Every number is computed by hand here, then read back and tied out.
+func TestThreeMonthsOfDocuments(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.org(t, "acme", "pro", "acme/team-a", "acme/team-b")
+	_, err := invoice.PutBillingDetails(b.ctx, b.pool, invoice.BillingDetails{Org: "acme", Currency: "EUR", UpdatedBy: "test",
+		Party: document.Party{LegalName: "Acme GmbH", Address: []string{"Hauptstr. 1"}, City: "Berlin", PostalCode: "10115", Country: "DE"}}, time.Now())
+	require.NoError(t, err)
+	jan, feb, mar := month(2025, time.January), month(2025, time.February), month(2025, time.March)
+	at := func(m time.Time) time.Time { return m.Add(36 * time.Hour) }
+
+	b.event(t, event{path: "acme/team-a", at: at(jan), requests: 6_000_000})
+	refunded := b.event(t, event{path: "acme/team-a", at: at(jan), requests: 500_000})
+	b.event(t, event{path: "acme/team-b", at: at(jan), requests: 1_000_000, tokens: 12_000_000})
+
+	// January: 7,500,000 requests: 2,500,000 past the included at 50 per 100,000 = 1,250;
+	// 12,000,000 tokens: 2,000,000 at 2 per 1,000 = 4,000. 4,900 + 1,250 + 4,000 = 10,150;
+	// tax 19 % = 1,928.5, half away from zero 1,929; total 12,079.
+	janInv := b.close(t, jan).Invoices[0]
+	require.Equal(t, "MG-2026-000001", strings.Replace(janInv.Number, fmt.Sprint(time.Now().Year()), "2026", 1))
+	require.Equal(t, []int64{10150, 1900, 1929, 12079}, []int64{janInv.SubtotalMinor, int64(janInv.TaxRateBP), janInv.TaxMinor, janInv.TotalMinor})
+	require.Equal(t, []line{
+		{kind: "base_fee", quantity: 1, amount: 4900},
+		{kind: "overage_tier", unit: "requests", quantity: 2_500_000, amount: 1250},
+		{kind: "overage_tier", unit: "tokens", quantity: 2_000_000, amount: 4000},
+	}, pricedLines(janInv))
+	require.Equal(t, "Acme GmbH", janInv.Buyer.LegalName)
+	require.Equal(t, janInv.IssuedAt.Add(invoice.DefaultPaymentTerms), *janInv.DueAt)
+
+	// After the close: the 500,000 requests' outcome is a 5xx, and 300,000 late requests.
+	_, err = b.pool.Exec(b.ctx, `insert into usage_outcomes (event_id, status, outcome_time, source, kafka_partition, kafka_offset)
+		values ($1, 503, $2, 'test', 0, 999999)`, refunded, at(jan))
+	require.NoError(t, err)
+	b.event(t, event{path: "acme/team-a", at: at(jan), requests: 300_000, late: true})
+	b.event(t, event{path: "acme/team-a", at: at(feb), requests: 4_000_000})
+
+	// February: 4,000,000 requests, all included: 4,900. January's correction first: 7,000,000
+	// bill now, price 1,000 against 1,250 billed: -250 for -500,000. Then the late 300,000 at
+	// the margin: price(7,300,000) - price(7,000,000) = 1,150 - 1,000 = 150. 4,900 - 250 + 150
+	// = 4,800; tax 912; total 5,712.
+	febInv := b.close(t, feb).Invoices[0]
+	require.Equal(t, []int64{4800, 912, 5712}, []int64{febInv.SubtotalMinor, febInv.TaxMinor, febInv.TotalMinor})
+	require.Equal(t, []line{
+		{kind: "base_fee", quantity: 1, amount: 4900},
+		{kind: "adjustment", unit: "requests", quantity: -500_000, amount: -250, forPeriod: "2025-01-01"},
+		{kind: "late", unit: "requests", quantity: 300_000, amount: 150, forPeriod: "2025-01-01"},
+	}, pricedLines(febInv))
+	b.tiesOut(t)
+
+	// January is voided: a credit note of its whole amount, in the credit notes' sequence.
+	voided, note, err := invoice.SetStatus(b.ctx, b.pool, issuer, janInv.ID, invoice.StatusVoid, "wrong legal name", "finance@test")
+	require.NoError(t, err)
+	require.Equal(t, invoice.StatusVoid, voided.Status)
+	require.Regexp(t, `^MG-CN-\d{4}-000001$`, note.Number)
+	require.Equal(t, []int64{10150, 1929, 12079}, []int64{note.SubtotalMinor, note.TaxMinor, note.TotalMinor})
+	require.Equal(t, janInv.Lines, note.Lines, "the credit note credits the invoice's lines as they were")
+	b.tiesOut(t)
+
+	// The reissue, under the new legal name: January as it bills now (7,000,000 requests:
+	// 1,000; tokens 4,000; base fee 4,900), and what February billed for January (-500,000
+	// for -250, +300,000 for +150) re-priced against it: January bills 7,300,000 requests
+	// for price 1,150; billed 7,000,000 - 200,000 = 6,800,000 for 1,000 - 100 = 900; the
+	// adjustment is +500,000 for +250. 4,900 + 1,000 + 4,000 + 250 = 10,150; tax 1,929;
+	// total 12,079. With February's -100, January costs 10,050 = 4,900 + 1,150 + 4,000.
+	_, err = invoice.PutBillingDetails(b.ctx, b.pool, invoice.BillingDetails{Org: "acme", UpdatedBy: "test",
+		Party: document.Party{LegalName: "Acme Deutschland GmbH", City: "Berlin", Country: "DE"}}, time.Now())
+	require.NoError(t, err)
+	re, err := invoice.Reissue(b.ctx, b.pool, issuer, janInv.ID, "legal name corrected", "finance@test", time.Now())
+	require.NoError(t, err)
+	require.Equal(t, janInv.ID, *re.Replaces)
+	require.Equal(t, []int64{10150, 1929, 12079}, []int64{re.SubtotalMinor, re.TaxMinor, re.TotalMinor})
+	require.Equal(t, []line{
+		{kind: "base_fee", quantity: 1, amount: 4900},
+		{kind: "overage_tier", unit: "requests", quantity: 2_000_000, amount: 1000},
+		{kind: "overage_tier", unit: "tokens", quantity: 2_000_000, amount: 4000},
+		{kind: "adjustment", unit: "requests", quantity: 500_000, amount: 250, forPeriod: "2025-01-01"},
+	}, pricedLines(re))
+	require.Equal(t, "Acme Deutschland GmbH", re.Buyer.LegalName)
+	b.tiesOut(t)
+	_, err = invoice.Reissue(b.ctx, b.pool, issuer, janInv.ID, "again", "finance@test", time.Now())
+	require.ErrorIs(t, err, invoice.ErrAlreadyReissued)
+
+	// March: nothing used, nothing to correct: the base fee; 4,900 + 931 = 5,831.
+	marInv := b.close(t, mar).Invoices[0]
+	require.Equal(t, []int64{4900, 931, 5831}, []int64{marInv.SubtotalMinor, marInv.TaxMinor, marInv.TotalMinor})
+	require.Equal(t, []line{{kind: "base_fee", quantity: 1, amount: 4900}}, pricedLines(marInv))
+	b.tiesOut(t)
+
+	// Numbers: January 1, February 2, the reissue 3, March 4.
+	var numbers []string
+	for _, inv := range []invoice.Invoice{janInv, febInv, re, marInv} {
+		numbers = append(numbers, inv.Number[len(inv.Number)-6:])
+	}
+	require.Equal(t, []string{"000001", "000002", "000003", "000004"}, numbers)
+
+	// The PDF of the reissue, as pdftotext reads it, says what its JSON says.
+	var pdf bytes.Buffer
+	require.NoError(t, document.PDF(&pdf, re.Document(janInv.Number)))
+	text := strings.Join(testenv.PDFText(t, pdf.Bytes()), "\n")
+	for _, want := range []string{re.Number, janInv.Number, "Acme Deutschland GmbH", "Metergate Ltd", "EUR 101.50", "EUR 19.29",
+		"EUR 120.79", "EUR 2.50", "19.00 %"} {
+		require.Contains(t, text, want)
+	}
+}
+
+// TestConcurrentClosesAndVoidsLeaveNoGap runs two closes of a month and the void of an
+// invoice of the month before at once, with an org whose invoice fails (its number is taken
+// and given back): the numbers given are 1..n, each once, with no gap.
+func TestConcurrentClosesAndVoidsLeaveNoGap(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dec, jan := month(2024, time.December), month(2025, time.January)
+	for i := range 12 {
+		org := fmt.Sprintf("org-%02d", i)
+		b.org(t, org, "pro")
+		b.event(t, event{path: org, at: dec.Add(time.Hour), requests: 100})
+		b.event(t, event{path: org, at: jan.Add(time.Hour), requests: 6_000_000})
+	}
+	b.org(t, "huge", "pro")
+	for range 2 {
+		b.event(t, event{path: "huge", at: jan.Add(time.Hour), tokens: 4_650_000_000_000_000_000}) // sums past bigint
+	}
+	decInvs := b.close(t, dec).Invoices
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for range 2 {
+		wg.Go(func() {
+			_, err := invoice.Close(b.ctx, b.pool, jan, invoice.Options{Force: true, Issuer: issuer})
+			if !errors.Is(err, invoice.ErrInvoicesFailed) {
+				errs <- fmt.Errorf("close: want ErrInvoicesFailed (huge), got %w", err)
+			}
+		})
+	}
+	wg.Go(func() {
+		if _, _, err := invoice.SetStatus(b.ctx, b.pool, issuer, decInvs[3].ID, invoice.StatusVoid, "duplicate", "test"); err != nil {
+			errs <- err
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	rows, err := b.pool.Query(b.ctx, `select right(number, 6) from invoices order by number`)
+	require.NoError(t, err)
+	var got []string
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		got = append(got, n)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, got, 25, "13 December invoices (huge pays the base fee), 12 January ones: huge's failed twice")
+	for i, n := range got {
+		require.Equal(t, fmt.Sprintf("%06d", i+1), n, "invoice numbers run 1..n with no gap")
+	}
+	require.Equal(t, int64(1), b.count(t, `select count(*) from credit_notes where right(number, 6) = '000001'`))
+	require.Equal(t, int64(25), b.count(t, `select last from document_sequences where kind = 'invoice'`))
+	require.Equal(t, int64(2), b.count(t, `select count(*) from invoice_failures where org = 'huge'`))
+	b.tiesOut(t)
+}
