@@ -14,7 +14,7 @@
 //	                           freeze a period and issue one invoice per org (refused before
 //	                           the period's end plus the grace unless -force; again: no-op);
 //	                           without -period, the last month whose end plus grace has passed
-//	reconcile invoice -period YYYY-MM -org ID [-format csv|json]
+//	reconcile invoice -period YYYY-MM -org ID [-format json|csv|pdf|html]
 //	                           print an issued invoice
 //	reconcile migrate [flags]  apply pending database migrations and exit
 //	reconcile help [command]   list the commands, or a command's flags
@@ -51,7 +51,7 @@ func main() {
 		command("run", "one reconcile run (-dry-run: change nothing; -json)", runOnce),
 		command("verify", "check the counters and the issued invoices; list every difference", verify),
 		command("close", "close a period: issue one invoice per org (-period, -force, -grace)", closePeriod),
-		command("invoice", "print an issued invoice (-period, -org, -format csv|json)", printInvoice),
+		command("invoice", "print an issued invoice (-period, -org, -format json|csv|pdf|html)", printInvoice),
 		command("migrate", "apply pending database migrations and exit", migrate),
 	)
 }

@@ -2,25 +2,29 @@ package invoice
 
 import (
 	"context"
-	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/metergate/metergate/internal/document"
 	"github.com/metergate/metergate/internal/period"
 )
 
-// Export writes the org's invoice of a period (its latest: a reissue's, when one was voided and reissued) as "csv" (a header, then one row per line,
-// the invoice's fields repeated on each) or "json" (the Invoice with its lines).
+// Formats are the formats Export writes.
+var Formats = []string{"json", "csv", "pdf", "html"}
+
+// Export writes the org's invoice of a period (its latest: a reissue's, when one was
+// voided and reissued) as "json" (the Invoice with its lines), or rendered from the same
+// Invoice (Document) as "csv", "pdf" or "html".
 func Export(ctx context.Context, pool *pgxpool.Pool, month time.Time, org, format string, w io.Writer) error {
-	if format != "csv" && format != "json" {
-		return fmt.Errorf("export format %q: want csv or json", format)
+	render := map[string]func(io.Writer, document.Document) error{"csv": document.CSV, "pdf": document.PDF, "html": document.HTML}
+	if _, ok := render[format]; !ok && format != "json" {
+		return fmt.Errorf("export format %q: want json, csv, pdf or html", format)
 	}
 	var id int64
 	err := pool.QueryRow(ctx, `select id from invoices where org = $1 and period = $2 order by id desc limit 1`,
@@ -43,17 +47,21 @@ func Export(ctx context.Context, pool *pgxpool.Pool, month time.Time, org, forma
 		}
 		return nil
 	}
-	cw := csv.NewWriter(w)
-	_ = cw.Write([]string{"invoice_id", "org", "period", "currency", "total_minor", "line_no", "kind", "account_path",
-		"unit", "quantity", "unit_price_minor", "per_units", "amount_minor", "for_period"})
-	for i, l := range inv.Lines {
-		_ = cw.Write([]string{strconv.FormatInt(inv.ID, 10), inv.Org, inv.Period, inv.Currency, strconv.FormatInt(inv.TotalMinor, 10),
-			strconv.Itoa(i + 1), l.Kind, l.AccountPath, l.Unit, strconv.FormatInt(l.Quantity, 10),
-			strconv.FormatInt(l.UnitPriceMinor, 10), strconv.FormatInt(l.PerUnits, 10), strconv.FormatInt(l.AmountMinor, 10), l.ForPeriod})
+	replaces, err := ReplacedNumber(ctx, pool, inv)
+	if err != nil {
+		return err
 	}
-	cw.Flush()
-	if err := cw.Error(); err != nil {
-		return fmt.Errorf("write csv: %w", err)
+	return render[format](w, inv.Document(replaces))
+}
+
+// ReplacedNumber is the number of the invoice inv replaces: "" unless inv is a reissue.
+func ReplacedNumber(ctx context.Context, q querier, inv Invoice) (string, error) {
+	if inv.Replaces == nil {
+		return "", nil
 	}
-	return nil
+	orig, err := readInvoices(ctx, q, []int64{*inv.Replaces}, false)
+	if err != nil || len(orig) == 0 {
+		return "", fmt.Errorf("the invoice %d replaces: %w", inv.ID, errors.Join(err, ErrNotFound))
+	}
+	return orig[0].Number, nil
 }
