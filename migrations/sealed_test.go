@@ -296,3 +296,42 @@ func TestLaterTablesAreTheServicesToo(t *testing.T) {
 	refused(t, b.ctx, b.app, denied, "permission denied", `truncate later_table`)
 	refused(t, b.ctx, b.app, denied, "must be owner", `alter table later_table add column w int`)
 }
+
+// An invoice's status changes only along an audit row of invoice_status_changes written by
+// the same transaction, and only its status: a forged status, a change of anything else
+// under an audit row, a transition the table refuses, and any change of a credit note or
+// of the audit trail are refused.
+func TestStatusChangesOnlyWithItsAuditRow(t *testing.T) {
+	t.Parallel()
+	b := setupSealed(t)
+	refused(t, b.ctx, b.app, raised, "only its status changes, with a row of invoice_status_changes",
+		`update invoices set status = 'paid' where id = $1`, b.jan)
+	refused(t, b.ctx, b.app, "23514", "invoice_status_changes_allowed",
+		`insert into invoice_status_changes (invoice_id, from_status, to_status, reason, changed_by) values ($1, 'void', 'paid', 'x', 'test')`, b.jan)
+
+	audit := `insert into invoice_status_changes (invoice_id, from_status, to_status, reason, changed_by) values ($1, 'issued', 'paid', 'paid by wire', 'test')`
+	tx, err := b.app.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, audit, b.jan)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, `update invoices set status = 'paid', total_minor = 0 where id = $1`, b.jan)
+	require.ErrorContains(t, err, "is issued and immutable", "an audit row allows the status alone")
+	require.NoError(t, tx.Rollback(b.ctx))
+
+	// The audit row of another transaction does not do.
+	_, err = b.app.Exec(b.ctx, audit, b.jan)
+	require.NoError(t, err)
+	refused(t, b.ctx, b.app, raised, "only its status changes", `update invoices set status = 'paid' where id = $1`, b.jan)
+
+	tx, err = b.app.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, audit, b.jan)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, `update invoices set status = 'paid' where id = $1`, b.jan)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(b.ctx))
+	require.Equal(t, int64(1), b.count(t, `select count(*) from invoices where id = $1 and status = 'paid'`, b.jan))
+
+	refused(t, b.ctx, b.app, raised, "invoice_status_changes is append-only", `delete from invoice_status_changes where invoice_id = $1`, b.jan)
+	refused(t, b.ctx, b.app, raised, "invoice_status_changes is append-only", `update invoice_status_changes set reason = 'x' where invoice_id = $1`, b.jan)
+}
