@@ -215,3 +215,35 @@ func TestConcurrentClosesAndVoidsLeaveNoGap(t *testing.T) {
 	require.Equal(t, int64(2), b.count(t, `select count(*) from invoice_failures where org = 'huge'`))
 	b.tiesOut(t)
 }
+
+// TestAVoidHoldsItsPeriodUntilReissued voids January without reissuing it: February's close
+// neither bills January again (no correction re-bills the voided usage) nor its late event,
+// which waits; once January is reissued, March's close bills the late event.
+func TestAVoidHoldsItsPeriodUntilReissued(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.org(t, "acme", "pro", "acme/team-a")
+	jan, feb, mar := month(2025, time.January), month(2025, time.February), month(2025, time.March)
+	b.event(t, event{path: "acme/team-a", at: jan.Add(time.Hour), requests: 6_000_000})
+	janInv := b.close(t, jan).Invoices[0]
+	_, _, err := invoice.SetStatus(b.ctx, b.pool, issuer, janInv.ID, invoice.StatusVoid, "disputed", "test")
+	require.NoError(t, err)
+	b.event(t, event{path: "acme/team-a", at: jan.Add(2 * time.Hour), requests: 200_000, late: true})
+	require.Equal(t, int64(1), b.count(t, `select count(*) from finance_late_events where held and billed_on is null`))
+
+	febInv := b.close(t, feb).Invoices[0]
+	require.Equal(t, []line{{kind: "base_fee", quantity: 1, amount: 4900}}, pricedLines(febInv), "nothing of the held January")
+	b.tiesOut(t)
+
+	re, err := invoice.Reissue(b.ctx, b.pool, issuer, janInv.ID, "dispute settled", "test", time.Now())
+	require.NoError(t, err)
+	require.Equal(t, janInv.SubtotalMinor, re.SubtotalMinor, "the same usage, the same amount")
+	// March bills the late 200,000 at January's margin: 6,200,000 - 5,000,000 included at 50
+	// per 100,000 = 600, against 500 billed: 100.
+	marInv := b.close(t, mar).Invoices[0]
+	require.Equal(t, []line{
+		{kind: "base_fee", quantity: 1, amount: 4900},
+		{kind: "late", unit: "requests", quantity: 200_000, amount: 100, forPeriod: "2025-01-01"},
+	}, pricedLines(marInv))
+	b.tiesOut(t)
+}
