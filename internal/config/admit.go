@@ -16,6 +16,7 @@ import (
 	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/estimate"
 	"github.com/metergate/metergate/internal/gate"
+	"github.com/metergate/metergate/internal/invoice"
 	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/meter"
 	"github.com/metergate/metergate/internal/ops"
@@ -35,6 +36,8 @@ type Admit struct {
 	RLS RLS
 	// Webhooks: admit reads only AllowPrivate, to check endpoints' URLs.
 	Webhooks Webhooks
+	// Billing is who issues the documents the invoices API voids and renders.
+	Billing Billing
 	// Migrate applies pending migrations before serving.
 	Migrate bool
 }
@@ -303,6 +306,7 @@ func (c *Admit) Register(l *Loader) {
 	c.Admission.Register(l)
 	c.RLS.register(l)
 	c.Webhooks.registerAllowPrivate(l)
+	c.Billing.Register(l)
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 }
 
@@ -322,7 +326,15 @@ func (c *Admit) Validate() error {
 			c.Server.WriteTimeout, answerMargin, need))
 	}
 	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), c.Kafka.Validate(),
-		c.Admission.Validate(), c.RLS.Validate(), prefix("server", errs))
+		c.Admission.Validate(), c.RLS.Validate(), c.Billing.Validate(), prefix("server", errs))
+}
+
+// Issuer is who issues the documents of the invoices API: the billing settings, with this
+// node's name as the CloudEvents source of the billing events.
+func (c Admit) Issuer() invoice.Issuer {
+	is := c.Billing.Issuer()
+	is.Source = c.Admission.Node
+	return is
 }
 
 // GRPC is the rate-limit service's listener limits as internal/ops applies them; its metadata
