@@ -90,6 +90,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	server := api.New(cfg.Admission.APIConfig(api.Config{
 		Log: log, Policies: cache, Admin: policy.NewStore(pool), Decider: admitter, Recorder: recorder, Registerer: reg,
 		Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil), Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
+		Invoices: api.InvoiceStore{Pool: pool, Issuer: cfg.Issuer()},
 	}))
 	probes := readiness(rdb, pool, cache)
 	mux := http.NewServeMux()

@@ -1,6 +1,7 @@
 // Package api is admit's HTTP interface: the decision API for calling services
 // (POST /v1/admit, POST /v1/estimate, POST /v1/outcomes, GET /v1/usage/{account}) and the admin API for
-// accounts, API keys, and plans with their prices, described by the OpenAPI document served at /openapi.yaml.
+// accounts, API keys, plans with their prices, and invoices with their documents, described by the OpenAPI
+// document served at /openapi.yaml.
 package api
 
 import (
@@ -122,6 +123,9 @@ type Config struct {
 	// Webhooks keeps webhook endpoints and their delivery log (webhook.Store, which refuses
 	// private targets unless WEBHOOK_ALLOW_PRIVATE); nil answers those routes 503.
 	Webhooks Webhooks
+	// Invoices reads invoices and credit notes, changes statuses and keeps billing details
+	// (InvoiceStore); nil answers those routes 503.
+	Invoices Invoices
 	// Check names the headers of the forward-auth check (check.go); an empty name takes
 	// DefaultCheckHeaders' (but Account, which stays off unless named).
 	Check CheckHeaders
@@ -197,6 +201,14 @@ var Routes = []string{
 	"GET /v1/admin/webhooks/{id}/deliveries/{delivery}",
 	"POST /v1/admin/webhooks/{id}/deliveries/{delivery}/replay",
 	"POST /v1/admin/webhooks/{id}/replay",
+	"GET /v1/admin/invoices",
+	"GET /v1/admin/invoices/{id}",
+	"POST /v1/admin/invoices/{id}/status",
+	"POST /v1/admin/invoices/{id}/void",
+	"GET /v1/admin/credit-notes",
+	"GET /v1/admin/credit-notes/{id}",
+	"PUT /v1/admin/accounts/{id}/billing",
+	"GET /v1/admin/accounts/{id}/billing",
 	"GET /openapi.yaml",
 	// The forward-auth check answers every method: gateways send the original one.
 	"/v1/check",
@@ -262,6 +274,17 @@ func (s *Server) routes() {
 		"GET /v1/admin/webhooks/{id}/deliveries/{delivery}":         s.webhooks(s.getDelivery),
 		"POST /v1/admin/webhooks/{id}/deliveries/{delivery}/replay": s.webhooks(s.replayDelivery),
 		"POST /v1/admin/webhooks/{id}/replay":                       s.webhooks(s.replayWebhooks),
+
+		// Invoices, their renderings (123.pdf, .html, .csv), statuses and credit notes, and
+		// customers' billing details (invoices.go).
+		"GET /v1/admin/invoices":              s.invoices(s.listInvoices),
+		"GET /v1/admin/invoices/{id}":         s.invoices(s.getInvoice),
+		"POST /v1/admin/invoices/{id}/status": s.invoices(s.setInvoiceStatus),
+		"POST /v1/admin/invoices/{id}/void":   s.invoices(s.voidInvoice),
+		"GET /v1/admin/credit-notes":          s.invoices(s.listCreditNotes),
+		"GET /v1/admin/credit-notes/{id}":     s.invoices(s.getCreditNote),
+		"PUT /v1/admin/accounts/{id}/billing": s.invoices(s.putBillingDetails),
+		"GET /v1/admin/accounts/{id}/billing": s.invoices(s.getBillingDetails),
 
 		// Forward-auth for nginx, Traefik, Caddy and Envoy's ext_authz (check.go); below
 		// /v1/check/ for Envoy, which appends the original path to its path_prefix.

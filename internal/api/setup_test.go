@@ -30,6 +30,7 @@ import (
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/internal/webhook"
+	"github.com/metergate/metergate/migrations"
 )
 
 const (
@@ -102,6 +103,9 @@ type setupOpts struct {
 	grpc        bool
 	rls         *api.RLS
 	grpcOptions []grpc.ServerOption
+	// invoices wires an invoice store issuing as testIssuer, on a migrated schema of the
+	// test's own: a closed period is closed for the whole schema (invoices_test.go).
+	invoices bool
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -116,9 +120,16 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	}
 	log := slog.New(&levelCounter{min: slog.LevelError, n: shared.errors})
 	keyPrefix := testenv.Prefix(t) + "mg"
+	schema := ""
+	if o.invoices {
+		schema = migratedSchema(t)
+	}
 	for i := range shared.nodes {
 		b := shared
 		b.reg, b.pool = prometheus.NewRegistry(), testenv.Postgres(t)
+		if schema != "" {
+			b.pool = schemaPool(t, schema)
+		}
 		b.serve(t, o, log, keyPrefix, i)
 		shared.nodes[i] = &b
 	}
@@ -141,6 +152,9 @@ func (b *testBundle) serve(t *testing.T, o setupOpts, log *slog.Logger, keyPrefi
 		Check: o.check, Shadow: o.shadow, RevealAccounts: o.reveal, MaxEstimates: o.maxEstimates, MaxWait: o.maxWait}
 	if o.webhooks {
 		cfg.Webhooks = webhook.NewStore(b.pool, o.allowPrivate)
+	}
+	if o.invoices {
+		cfg.Invoices = api.InvoiceStore{Pool: b.pool, Issuer: testIssuer}
 	}
 	if o.bare {
 		b.srv = api.New(cfg)
@@ -218,6 +232,24 @@ func (b *testBundle) serveRLS(t *testing.T, o setupOpts) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.conn.Close() })
 	b.client = rlsv3.NewRateLimitServiceClient(b.conn)
+}
+
+// migratedSchema makes a schema of the test's own, migrated, and returns its name.
+func migratedSchema(t *testing.T) string {
+	t.Helper()
+	owner, schema := testenv.EmptySchema(t)
+	_, err := migrations.Up(testenv.Context(t, 2*time.Minute), owner)
+	require.NoError(t, err)
+	return schema
+}
+
+// schemaPool opens a pool on schema as the services connect (DATABASE_URL's role).
+func schemaPool(t *testing.T, schema string) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(testenv.Context(t, 30*time.Second), testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
 }
 
 // onRedisAndCluster runs f against the single Redis server and the 3-master Redis Cluster.

@@ -105,6 +105,10 @@ var Inexpressible = []struct {
 		"whether thresholds are percentages depends on the rule's kind; and, as for units, 1.0 is an integer to the document"},
 	{"invalid_price_base_fee_minor", []string{"whole number"},
 		"as for units: 1.0 and 1e3 are integers to the document, not whole numbers to the API"},
+	{"invalid_billing_details", []string{"bytes, more than", "is not an address"},
+		"the API bounds billing details in bytes, the document in characters (the same for ASCII); and an email must parse as one address (net/mail), which a pattern cannot state"},
+	{"invalid_reason", []string{"bytes, more than"},
+		"the API bounds a reason in bytes, the document in characters (the same for ASCII)"},
 }
 
 // Unchecked lists the paths served beside the API that the document does not describe.
