@@ -205,6 +205,7 @@ var Routes = []string{
 	"GET /v1/admin/invoices/{id}",
 	"POST /v1/admin/invoices/{id}/status",
 	"POST /v1/admin/invoices/{id}/void",
+	"POST /v1/admin/invoices/{id}/reissue",
 	"GET /v1/admin/credit-notes",
 	"GET /v1/admin/credit-notes/{id}",
 	"PUT /v1/admin/accounts/{id}/billing",
@@ -277,14 +278,15 @@ func (s *Server) routes() {
 
 		// Invoices, their renderings (123.pdf, .html, .csv), statuses and credit notes, and
 		// customers' billing details (invoices.go).
-		"GET /v1/admin/invoices":              s.invoices(s.listInvoices),
-		"GET /v1/admin/invoices/{id}":         s.invoices(s.getInvoice),
-		"POST /v1/admin/invoices/{id}/status": s.invoices(s.setInvoiceStatus),
-		"POST /v1/admin/invoices/{id}/void":   s.invoices(s.voidInvoice),
-		"GET /v1/admin/credit-notes":          s.invoices(s.listCreditNotes),
-		"GET /v1/admin/credit-notes/{id}":     s.invoices(s.getCreditNote),
-		"PUT /v1/admin/accounts/{id}/billing": s.invoices(s.putBillingDetails),
-		"GET /v1/admin/accounts/{id}/billing": s.invoices(s.getBillingDetails),
+		"GET /v1/admin/invoices":               s.invoices(s.listInvoices),
+		"GET /v1/admin/invoices/{id}":          s.invoices(s.getInvoice),
+		"POST /v1/admin/invoices/{id}/status":  s.invoices(s.setInvoiceStatus),
+		"POST /v1/admin/invoices/{id}/void":    s.invoices(s.voidInvoice),
+		"POST /v1/admin/invoices/{id}/reissue": s.invoices(s.reissueInvoice),
+		"GET /v1/admin/credit-notes":           s.invoices(s.listCreditNotes),
+		"GET /v1/admin/credit-notes/{id}":      s.invoices(s.getCreditNote),
+		"PUT /v1/admin/accounts/{id}/billing":  s.invoices(s.putBillingDetails),
+		"GET /v1/admin/accounts/{id}/billing":  s.invoices(s.getBillingDetails),
 
 		// Forward-auth for nginx, Traefik, Caddy and Envoy's ext_authz (check.go); below
 		// /v1/check/ for Envoy, which appends the original path to its path_prefix.

@@ -27,6 +27,8 @@ type Invoices interface {
 	// Invoice returns an invoice with its lines, status history and credit notes.
 	Invoice(ctx context.Context, id int64) (InvoiceRecord, error)
 	SetStatus(ctx context.Context, id int64, to, reason, by string) (invoice.Invoice, *invoice.CreditNote, error)
+	// Reissue issues the replacement of a voided invoice (invoice.Reissue).
+	Reissue(ctx context.Context, id int64, reason, by string) (invoice.Invoice, error)
 	CreditNotes(ctx context.Context, org string, after int64, limit int) ([]invoice.CreditNote, error)
 	CreditNote(ctx context.Context, id int64) (invoice.CreditNote, error)
 	PutBillingDetails(ctx context.Context, d invoice.BillingDetails) (invoice.BillingDetails, error)
@@ -111,6 +113,11 @@ func (s InvoiceStore) SetStatus(ctx context.Context, id int64, to, reason, by st
 	return invoice.SetStatus(ctx, s.Pool, s.Issuer, id, to, reason, by)
 }
 
+// Reissue issues the replacement of voided invoice id (invoice.Reissue).
+func (s InvoiceStore) Reissue(ctx context.Context, id int64, reason, by string) (invoice.Invoice, error) {
+	return invoice.Reissue(ctx, s.Pool, s.Issuer, id, reason, by, s.Clock.Now())
+}
+
 // CreditNotes returns a page of org's credit notes (every org's when empty).
 func (s InvoiceStore) CreditNotes(ctx context.Context, org string, after int64, limit int) ([]invoice.CreditNote, error) {
 	return invoice.CreditNotes(ctx, s.Pool, org, after, limit)
@@ -158,6 +165,8 @@ func (s *Server) invoiceError(w http.ResponseWriter, op string, err error) {
 	switch {
 	case errors.Is(err, invoice.ErrNotFound):
 		writeError(w, &Error{Status: http.StatusNotFound, Code: "not_found", Message: err.Error()})
+	case errors.Is(err, invoice.ErrAlreadyReissued):
+		writeError(w, &Error{Status: http.StatusConflict, Code: "already_reissued", Message: err.Error()})
 	case errors.Is(err, invoice.ErrTransition):
 		writeError(w, &Error{Status: http.StatusConflict, Code: "invalid_transition", Message: err.Error() +
 			" (issued may become paid, void or uncollectible; uncollectible paid or void; paid and void are final)"})
@@ -392,6 +401,25 @@ func (s *Server) voidInvoice(w http.ResponseWriter, r *http.Request, store Invoi
 		return
 	}
 	s.changeStatus(w, r, store, id, invoice.StatusVoid, b.Reason)
+}
+
+func (s *Server) reissueInvoice(w http.ResponseWriter, r *http.Request, store Invoices) {
+	id, _, e := documentID(r.PathValue("id"), false)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	var b voidBody
+	if e := decodeJSON(r.Body, &b); e != nil {
+		writeError(w, e)
+		return
+	}
+	inv, err := store.Reissue(r.Context(), id, b.Reason, adminActor)
+	if err != nil {
+		s.invoiceError(w, "reissue invoice", err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, statusReply{Invoice: inv})
 }
 
 func (s *Server) changeStatus(w http.ResponseWriter, r *http.Request, store Invoices, id int64, to, reason string) {

@@ -257,6 +257,23 @@ func TestInvoiceStatusAndVoid(t *testing.T) {
 	require.EqualValues(t, 1, notes(), "a second void issues no second credit note")
 	require.EqualValues(t, 2, changes())
 
+	// The reissue replaces beta once, with the next number and the same amounts (nothing
+	// changed in the log since).
+	r = b.call(t, "POST", url(f.beta, "/reissue"), adminToken, map[string]any{"reason": "billed to the right entity"})
+	require.Equal(t, http.StatusCreated, r.Status, r.Raw)
+	var re struct{ Invoice invoice.Invoice }
+	require.NoError(t, json.Unmarshal([]byte(r.Raw), &re))
+	require.Equal(t, beta.ID, *re.Invoice.Replaces)
+	require.NotEqual(t, beta.Number, re.Invoice.Number)
+	require.Equal(t, beta.TotalMinor, re.Invoice.TotalMinor)
+	require.Equal(t, "billed to the right entity", re.Invoice.Reason)
+	r = b.call(t, "POST", url(f.beta, "/reissue"), adminToken, map[string]any{"reason": "again"})
+	require.Equal(t, http.StatusConflict, r.Status, r.Raw)
+	require.Equal(t, "already_reissued", errCode(r))
+	r = b.call(t, "POST", url(f.acme, "/reissue"), adminToken, map[string]any{"reason": "not void"})
+	require.Equal(t, http.StatusConflict, r.Status, r.Raw)
+	require.Equal(t, "invalid_transition", errCode(r))
+
 	var rec api.InvoiceRecord
 	b.getJSON(t, url(f.beta, ""), &rec)
 	require.Equal(t, invoice.StatusVoid, rec.Status)
@@ -460,7 +477,7 @@ func TestInvoicesAuthAndUnavailable(t *testing.T) {
 	b := setup(t, setupOpts{bare: true, invoices: true})
 	for _, rt := range []struct{ method, path string }{
 		{"GET", "/v1/admin/invoices"}, {"GET", "/v1/admin/invoices/1"}, {"GET", "/v1/admin/invoices/1.pdf"},
-		{"POST", "/v1/admin/invoices/1/status"}, {"POST", "/v1/admin/invoices/1/void"},
+		{"POST", "/v1/admin/invoices/1/status"}, {"POST", "/v1/admin/invoices/1/void"}, {"POST", "/v1/admin/invoices/1/reissue"},
 		{"GET", "/v1/admin/credit-notes"}, {"GET", "/v1/admin/credit-notes/1.html"},
 		{"PUT", "/v1/admin/accounts/acme/billing"}, {"GET", "/v1/admin/accounts/acme/billing"},
 	} {
