@@ -181,6 +181,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		// The demo's webhook receiver listens on 127.0.0.1.
 		"WEBHOOK_ALLOW_PRIVATE=true",
 	}
+	env = append(env, billingEnv...)
 
 	// meter first, with -migrate: the schema is there once it is ready.
 	meterAddr, err := sandbox.FreeAddr()
@@ -232,6 +233,10 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 		return r, err
 	}
 	printTree(out, tree)
+	done = step("billing details of acme (PUT /v1/admin/accounts/acme/billing): Acme GmbH, Berlin, taxed at 19 %%")
+	if err := done(admin.Do(ctx, http.MethodPut, "/v1/admin/accounts/acme/billing", acmeBilling, http.StatusOK, nil)); err != nil {
+		return r, err
+	}
 	r.Credits = Credits{Account: prepaidOrg, Unit: prepaidUnit, Expect: true}
 	firstGrant, topUp := prepaidGrants(cfg.Duration)
 	done = step("grant %s %s %s (POST /v1/admin/accounts/%s/grants, idempotency key %s), then retry it",
@@ -349,6 +354,20 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 				continue
 			}
 			r.Invoices = append(r.Invoices, exp)
+			done = step("GET /v1/admin/invoices/%d.pdf: write %s.pdf", exp.ID, exp.Number)
+			path, err := writePDF(ctx, admin, cfg.LogDir, exp)
+			if err := done(err); err != nil {
+				problem(err)
+				continue
+			}
+			r.Documents.PDFs = append(r.Documents.PDFs, path)
+		}
+	}
+	if len(r.Invoices) > 0 {
+		inv := r.Invoices[0]
+		done = step("void invoice %s (POST /v1/admin/invoices/%d/void): a credit note of its total", inv.Number, inv.ID)
+		if err := done(voidOne(ctx, admin, inv, &r.Documents)); err != nil {
+			problem(err)
 		}
 	}
 	done = step("bin/reconcile verify (counters = billable totals, invoices tie out)")

@@ -67,6 +67,8 @@ type Report struct {
 	Adjustments []Adjustment
 	// Invoices as exported by reconcile invoice, one per org and closed period.
 	Invoices []invoice.Invoice
+	// Documents: the invoices' PDFs, and the void of the first with its credit note.
+	Documents Documents
 	// Verified: reconcile verify passed after the close.
 	Verified bool
 	// Problems are the steps after the traffic that failed (reconcile, close, verify,
@@ -233,6 +235,9 @@ func (r *Report) Check() error {
 	}
 	errs = append(errs, r.Credits.check()...)
 	errs = append(errs, r.Alerts.check()...)
+	if len(r.Invoices) > 0 && (len(r.Documents.PDFs) != len(r.Invoices) || r.Documents.CreditNote == nil) {
+		errs = append(errs, fmt.Errorf("documents: %d PDFs of %d invoices, credit note %v", len(r.Documents.PDFs), len(r.Invoices), r.Documents.CreditNote != nil))
+	}
 	for _, p := range r.Problems {
 		errs = append(errs, errors.New(p))
 	}
@@ -332,7 +337,8 @@ func (r *Report) Print(w io.Writer) {
 
 	fmt.Fprintf(w, "\nInvoices (reconcile close -force, then reconcile invoice -format json)\n")
 	for _, inv := range r.Invoices {
-		fmt.Fprintf(w, "\n  %s  %s  plan %s  invoice #%d  %s  total %s\n", inv.Org, inv.Period[:min(7, len(inv.Period))], inv.Plan, inv.ID, inv.Status, money(inv.TotalMinor, inv.Currency))
+		fmt.Fprintf(w, "\n  %s  %s  plan %s  invoice %s  %s  subtotal %s  tax %s  total %s\n", inv.Org, inv.Period[:min(7, len(inv.Period))],
+			inv.Plan, inv.Number, inv.Status, money(inv.SubtotalMinor, inv.Currency), money(inv.TaxMinor, inv.Currency), money(inv.TotalMinor, inv.Currency))
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, l := range inv.Lines {
 			price := ""
@@ -346,6 +352,13 @@ func (r *Report) Print(w io.Writer) {
 			fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", l.Kind, l.AccountPath, l.Unit, qty, price, money(l.AmountMinor, inv.Currency))
 		}
 		tw.Flush()
+	}
+	for _, p := range r.Documents.PDFs {
+		fmt.Fprintf(w, "\n  PDF written: %s", p)
+	}
+	if n := r.Documents.CreditNote; n != nil {
+		fmt.Fprintf(w, "\n\n  invoice %s voided: credit note %s of %s (GET /v1/admin/credit-notes/%d.pdf)\n", r.Documents.Voided, n.Number,
+			money(n.TotalMinor, n.Currency), n.ID)
 	}
 	if r.Verified {
 		fmt.Fprintf(w, "\nreconcile verify: every quota counter equals its billable total; every invoice ties out\n")
