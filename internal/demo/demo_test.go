@@ -102,8 +102,14 @@ func TestDemo(t *testing.T) {
 				overage += l.AmountMinor
 			}
 		}
-		if sum != inv.TotalMinor {
-			t.Errorf("invoice of %s: total %d, lines sum to %d", inv.Org, inv.TotalMinor, sum)
+		if sum != inv.SubtotalMinor || inv.TotalMinor != inv.SubtotalMinor+inv.TaxMinor {
+			t.Errorf("invoice of %s: lines sum to %d, subtotal %d + tax %d = total %d", inv.Org, sum, inv.SubtotalMinor, inv.TaxMinor, inv.TotalMinor)
+		}
+		if wantTax := (inv.Org == "acme"); (inv.TaxRateBP == 1900) != wantTax || (inv.Buyer != nil) != wantTax {
+			t.Errorf("invoice of %s: tax rate %d, buyer %v: only acme has billing details (Germany, 19 %%)", inv.Org, inv.TaxRateBP, inv.Buyer)
+		}
+		if !strings.HasPrefix(inv.Number, "MG-") {
+			t.Errorf("invoice of %s: number %q", inv.Org, inv.Number)
 		}
 		if inv.Org == "acme" && overage <= 0 {
 			t.Errorf("acme's invoice has no priced usage past the team plan's included units: %+v", inv.Lines)
@@ -111,6 +117,14 @@ func TestDemo(t *testing.T) {
 	}
 	if len(orgs) != 4 || orgs["acme"] != 1 || orgs["tinyco"] != 1 || orgs["bigcorp"] != 1 || orgs[prepaidOrg] != 1 {
 		t.Errorf("invoices by org: %v, want one each for acme, tinyco, bigcorp and %s", orgs, prepaidOrg)
+	}
+	if n := r.Documents.CreditNote; n == nil || len(r.Documents.PDFs) != len(r.Invoices) {
+		t.Errorf("documents: %d PDFs for %d invoices, credit note %v", len(r.Documents.PDFs), len(r.Invoices), n)
+	}
+	for _, p := range r.Documents.PDFs {
+		if b, err := os.ReadFile(p); err != nil || !bytes.HasPrefix(b, []byte("%PDF-")) {
+			t.Errorf("PDF %s: %v, starts %q", p, err, b[:min(8, len(b))])
+		}
 	}
 	if !r.Verified {
 		t.Error("reconcile verify did not pass")
