@@ -53,6 +53,7 @@ ALTER TABLE invoices
     ADD COLUMN due_at      timestamptz,
     ADD COLUMN replaces    bigint UNIQUE REFERENCES invoices (id),
     ADD COLUMN reason      text CHECK (length(reason) <= 1000),
+    ADD COLUMN issued_by   text,
     DROP CONSTRAINT invoices_status_check,
     ADD CONSTRAINT invoices_status_check CHECK (status IN ('issued', 'paid', 'void', 'uncollectible')),
     ADD CONSTRAINT invoices_total CHECK (total_minor = subtotal_minor + tax_minor),
@@ -70,6 +71,7 @@ COMMENT ON COLUMN invoices.buyer IS 'The customer''s billing details (billing_de
 COMMENT ON COLUMN invoices.subtotal_minor IS 'Sum of the lines, in minor units of currency.';
 COMMENT ON COLUMN invoices.tax_minor IS 'round(subtotal_minor * tax_rate_bp / 10000), halves away from zero; total_minor = subtotal_minor + tax_minor.';
 COMMENT ON COLUMN invoices.status IS 'issued, then paid, void or uncollectible (uncollectible may still become paid or void); each change is a row of invoice_status_changes.';
+COMMENT ON COLUMN invoices.issued_by IS 'Who issued it: the close (periods.closed_by), or who reissued it; NULL before migration 00022.';
 COMMENT ON COLUMN invoices.replaces IS 'A reissue: the voided invoice it replaces (reason: why it was reissued).';
 
 -- Every change of an invoice's status, with who and why: the audit trail, append-only.
@@ -409,9 +411,12 @@ SELECT n.invoice_id, n.org, i.period, 'credit note ' || n.number || ': subtotal 
 FROM credit_notes n JOIN invoices i ON i.id = n.invoice_id LEFT JOIN note_lines nl ON nl.credit_note_id = n.id
 WHERE n.subtotal_minor <> coalesce(nl.amount, 0)
 UNION ALL
-SELECT n.invoice_id, n.org, i.period, 'credit note ' || n.number || ': voids the invoice''s total', NULL, i.total_minor, n.total_minor
-FROM credit_notes n JOIN invoices i ON i.id = n.invoice_id
-WHERE n.kind = 'void' AND (n.total_minor <> i.total_minor OR n.tax_minor <> i.tax_minor)
+SELECT n.invoice_id, n.org, i.period, 'credit note ' || n.number || ': with the invoice''s other credit notes, credits its total', NULL,
+       i.total_minor, c.total
+FROM credit_notes n
+JOIN invoices i ON i.id = n.invoice_id
+CROSS JOIN LATERAL (SELECT sum(o.total_minor) AS total, sum(o.tax_minor) AS tax FROM credit_notes o WHERE o.invoice_id = n.invoice_id) c
+WHERE n.kind = 'void' AND (c.total <> i.total_minor OR c.tax <> i.tax_minor)
 UNION ALL
 SELECT i.id, i.org, i.period, 'a void invoice has its credit note', NULL, 1, 0
 FROM invoices i WHERE i.status = 'void' AND NOT EXISTS (SELECT 1 FROM credit_notes n WHERE n.invoice_id = i.id AND n.kind = 'void');
@@ -439,6 +444,7 @@ ALTER TABLE invoices
     DROP CONSTRAINT invoices_status_check,
     ADD CONSTRAINT invoices_status_check CHECK (status = 'issued'),
     ADD CONSTRAINT invoices_org_period_key UNIQUE (org, period),
+    DROP COLUMN issued_by,
     DROP COLUMN reason,
     DROP COLUMN replaces,
     DROP COLUMN due_at,

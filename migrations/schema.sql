@@ -796,6 +796,100 @@ COMMENT ON COLUMN alert_rules.thresholds IS 'quota_percent and balance_percent: 
 
 
 --
+-- Name: amendment_events; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE amendment_events (
+    amendment_id bigint NOT NULL,
+    event_id text NOT NULL,
+    billing_period date NOT NULL
+);
+
+
+--
+-- Name: TABLE amendment_events; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE amendment_events IS 'The events an amendment amends (append-only).';
+
+
+--
+-- Name: amendments; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE amendments (
+    id bigint NOT NULL,
+    org text NOT NULL,
+    billing_period date NOT NULL,
+    action text NOT NULL,
+    requests bigint,
+    tokens bigint,
+    credits bigint,
+    cost_micros bigint,
+    reason text NOT NULL,
+    settle text NOT NULL,
+    events integer NOT NULL,
+    amended_by text NOT NULL,
+    amended_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT amendments_action_check CHECK ((action = ANY (ARRAY['void'::text, 'set_units'::text]))),
+    CONSTRAINT amendments_cost_micros_check CHECK (((cost_micros >= 0) AND (cost_micros <= '1000000000000000'::bigint))),
+    CONSTRAINT amendments_credits_check CHECK (((credits >= 0) AND (credits <= '1000000000000000'::bigint))),
+    CONSTRAINT amendments_events_check CHECK ((events >= 1)),
+    CONSTRAINT amendments_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT amendments_requests_check CHECK (((requests >= 0) AND (requests <= '1000000000000000'::bigint))),
+    CONSTRAINT amendments_settle_check CHECK ((settle = ANY (ARRAY['credit_note'::text, 'next_invoice'::text]))),
+    CONSTRAINT amendments_tokens_check CHECK (((tokens >= 0) AND (tokens <= '1000000000000000'::bigint))),
+    CONSTRAINT amendments_units CHECK (((action = 'void'::text) = ((requests IS NULL) AND (tokens IS NULL) AND (credits IS NULL) AND (cost_micros IS NULL))))
+);
+
+
+--
+-- Name: TABLE amendments; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE amendments IS 'An operator''s amendment of recorded events of a closed period (amendment_events): void them (they bill nothing) or set the units they bill (NULL: unchanged), with a reason and how the difference is settled. Append-only; an event''s latest amendment counts.';
+
+
+--
+-- Name: amended_events; Type: VIEW; Schema: :schema; Owner: -
+--
+
+CREATE VIEW amended_events AS
+ SELECT DISTINCT ON (ae.event_id, ae.billing_period) ae.event_id,
+    ae.billing_period,
+    a.id AS amendment_id,
+    a.action,
+    a.requests,
+    a.tokens,
+    a.credits,
+    a.cost_micros
+   FROM (amendment_events ae
+     JOIN amendments a ON ((a.id = ae.amendment_id)))
+  ORDER BY ae.event_id, ae.billing_period, a.id DESC;
+
+
+--
+-- Name: VIEW amended_events; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON VIEW amended_events IS 'Each amended event with its latest amendment: what it bills from then on.';
+
+
+--
+-- Name: amendments_id_seq; Type: SEQUENCE; Schema: :schema; Owner: -
+--
+
+ALTER TABLE amendments ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME amendments_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
 -- Name: api_keys; Type: TABLE; Schema: :schema; Owner: -
 --
 
@@ -1183,6 +1277,7 @@ CREATE TABLE invoices (
     due_at timestamp with time zone,
     replaces bigint,
     reason text,
+    issued_by text,
     CONSTRAINT invoices_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
     CONSTRAINT invoices_numbered CHECK (((number IS NULL) = (issuer IS NULL))),
     CONSTRAINT invoices_reason_check CHECK ((length(reason) <= 1000)),
@@ -1268,6 +1363,13 @@ COMMENT ON COLUMN invoices.tax_minor IS 'round(subtotal_minor * tax_rate_bp / 10
 --
 
 COMMENT ON COLUMN invoices.replaces IS 'A reissue: the voided invoice it replaces (reason: why it was reissued).';
+
+
+--
+-- Name: COLUMN invoices.issued_by; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN invoices.issued_by IS 'Who issued it: the close (periods.closed_by), or who reissued it; NULL before migration 00022.';
 
 
 --
@@ -1537,8 +1639,10 @@ CREATE TABLE credit_notes (
     seller jsonb NOT NULL,
     buyer jsonb,
     issued_xact xid8,
+    amendment_id bigint,
+    CONSTRAINT credit_notes_amendment CHECK (((kind = 'amendment'::text) = (amendment_id IS NOT NULL))),
     CONSTRAINT credit_notes_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
-    CONSTRAINT credit_notes_kind_check CHECK ((kind = 'void'::text)),
+    CONSTRAINT credit_notes_kind_check CHECK ((kind = ANY (ARRAY['void'::text, 'amendment'::text]))),
     CONSTRAINT credit_notes_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
     CONSTRAINT credit_notes_tax_rate_bp_check CHECK (((tax_rate_bp >= 0) AND (tax_rate_bp <= 10000))),
     CONSTRAINT credit_notes_total CHECK ((total_minor = (subtotal_minor + tax_minor)))
@@ -1550,6 +1654,13 @@ CREATE TABLE credit_notes (
 --
 
 COMMENT ON TABLE credit_notes IS 'Credit notes: documents crediting an invoice (amounts positive: what is credited), numbered per issuer and year in their own sequence. kind void: the whole invoice, issued when it is voided. Sealed as invoices are.';
+
+
+--
+-- Name: COLUMN credit_notes.amendment_id; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON COLUMN credit_notes.amendment_id IS 'kind amendment: the amendment whose difference it credits, once.';
 
 
 --
@@ -1571,35 +1682,48 @@ ALTER TABLE credit_notes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 --
 
 CREATE VIEW finance_billable_events AS
- SELECT billable_events.event_id,
-    billable_events.billing_period,
-    billable_events.event_time,
-    billable_events.ingest_time,
-    billable_events.org,
-    billable_events.account,
-    billable_events.path,
-    array_to_string(billable_events.path, '/'::text) AS account_path,
-    billable_events.plan,
-    billable_events.late,
-    billable_events.outcome_status,
-    billable_events.refunded,
-    billable_events.requests,
-    billable_events.tokens,
-    billable_events.credits,
-    billable_events.cost_micros,
-    billable_events.billable_requests,
-    billable_events.billable_tokens,
-    billable_events.billable_credits,
-    billable_events.billable_cost_micros,
-    (billable_events.void_reason IS NOT NULL) AS voided
-   FROM billable_events;
+ SELECT b.event_id,
+    b.billing_period,
+    b.event_time,
+    b.ingest_time,
+    b.org,
+    b.account,
+    b.path,
+    array_to_string(b.path, '/'::text) AS account_path,
+    b.plan,
+    b.late,
+    b.outcome_status,
+    (b.refunded OR COALESCE((a.action = 'void'::text), false)) AS refunded,
+    b.requests,
+    b.tokens,
+    b.credits,
+    b.cost_micros,
+        CASE
+            WHEN (a.action = 'void'::text) THEN (0)::bigint
+            ELSE COALESCE(a.requests, b.billable_requests)
+        END AS billable_requests,
+        CASE
+            WHEN (a.action = 'void'::text) THEN (0)::bigint
+            ELSE COALESCE(a.tokens, b.billable_tokens)
+        END AS billable_tokens,
+        CASE
+            WHEN (a.action = 'void'::text) THEN (0)::bigint
+            ELSE COALESCE(a.credits, b.billable_credits)
+        END AS billable_credits,
+        CASE
+            WHEN (a.action = 'void'::text) THEN (0)::bigint
+            ELSE COALESCE(a.cost_micros, b.billable_cost_micros)
+        END AS billable_cost_micros,
+    (b.void_reason IS NOT NULL) AS voided
+   FROM (billable_events b
+     LEFT JOIN amended_events a ON (((a.event_id = b.event_id) AND (a.billing_period = b.billing_period))));
 
 
 --
 -- Name: VIEW finance_billable_events; Type: COMMENT; Schema: :schema; Owner: -
 --
 
-COMMENT ON VIEW finance_billable_events IS 'Each admitted request and what it bills (billable_events): refunded requests (outcome 5xx, or voided: no caller was told 200) bill 0; every unit is settled to the outcome''s actual units when reported.';
+COMMENT ON VIEW finance_billable_events IS 'Each admitted request and what it bills (billable_events, then its latest amendment): refunded requests (outcome 5xx, voided: no caller was told 200, or voided by an amendment) bill 0; every unit is settled to the outcome''s actual units when reported, or set by an amendment (amended_events).';
 
 
 --
@@ -2085,17 +2209,36 @@ CREATE VIEW finance_period_billing AS
              LEFT JOIN billed_late_events l ON (((l.event_id = c.event_id) AND (l.billing_period = c.billing_period))))
           WHERE (((NOT c.late) AND (c.ingest_time <= p.closed_at)) OR (l.invoice_id IS NOT NULL))
           GROUP BY c.org, c.billing_period, c.unit
-        ), billed AS (
+        ), lines AS (
          SELECT i_1.org,
             COALESCE(l.for_period, i_1.period) AS period,
             l.unit,
-            COALESCE(sum(l.quantity) FILTER (WHERE (l.kind = ANY (ARRAY['usage'::text, 'late'::text, 'adjustment'::text]))), (0)::numeric) AS quantity,
-            COALESCE(sum(l.amount_minor) FILTER (WHERE (l.kind = ANY (ARRAY['included'::text, 'overage_tier'::text, 'late'::text, 'adjustment'::text]))), (0)::numeric) AS amount,
-            COALESCE(sum(l.quantity) FILTER (WHERE (l.kind = 'credits_applied'::text)), (0)::numeric) AS covered
+            l.kind,
+            l.quantity,
+            l.amount_minor
            FROM (invoices i_1
              JOIN invoice_lines l ON ((l.invoice_id = i_1.id)))
           WHERE ((l.unit IS NOT NULL) AND (i_1.status <> 'void'::text))
-          GROUP BY i_1.org, COALESCE(l.for_period, i_1.period), l.unit
+        UNION ALL
+         SELECT n.org,
+            l.for_period,
+            l.unit,
+            l.kind,
+            (- l.quantity),
+            (- l.amount_minor)
+           FROM ((credit_notes n
+             JOIN invoices i_1 ON ((i_1.id = n.invoice_id)))
+             JOIN credit_note_lines l ON ((l.credit_note_id = n.id)))
+          WHERE ((n.kind = 'amendment'::text) AND (i_1.status <> 'void'::text) AND (l.unit IS NOT NULL))
+        ), billed AS (
+         SELECT lines.org,
+            lines.period,
+            lines.unit,
+            COALESCE(sum(lines.quantity) FILTER (WHERE (lines.kind = ANY (ARRAY['usage'::text, 'late'::text, 'adjustment'::text]))), (0)::numeric) AS quantity,
+            COALESCE(sum(lines.amount_minor) FILTER (WHERE (lines.kind = ANY (ARRAY['included'::text, 'overage_tier'::text, 'late'::text, 'adjustment'::text]))), (0)::numeric) AS amount,
+            COALESCE(sum(lines.quantity) FILTER (WHERE (lines.kind = 'credits_applied'::text)), (0)::numeric) AS covered
+           FROM lines
+          GROUP BY lines.org, lines.period, lines.unit
         )
  SELECT i.id AS invoice_id,
     i.org,
@@ -2120,7 +2263,7 @@ CREATE VIEW finance_period_billing AS
 -- Name: VIEW finance_period_billing; Type: COMMENT; Schema: :schema; Owner: -
 --
 
-COMMENT ON VIEW finance_period_billing IS 'Per live (not void) invoice''s period, org and billed unit of its price version: billable units now (covered events and late events billed by a live invoice, today''s outcomes) and the units of them the org''s credits covered (covered_quantity), against units, amounts and credits applied billed for the period by live invoices (its own usage lines, later late, adjustment and credits_applied lines).';
+COMMENT ON VIEW finance_period_billing IS 'Per live (not void) invoice''s period, org and billed unit of its price version: billable units now (covered events and late events billed by a live invoice, today''s outcomes and amendments) and the units of them the org''s credits covered (covered_quantity), against units, amounts and credits applied billed for the period by live invoices (its own usage lines, later late, adjustment and credits_applied lines), less what amendment credit notes on them credited.';
 
 
 --
@@ -2250,13 +2393,17 @@ UNION ALL
  SELECT n.invoice_id,
     n.org,
     i.period,
-    (('credit note '::text || n.number) || ': voids the invoice''s total'::text) AS "check",
+    (('credit note '::text || n.number) || ': with the invoice''s other credit notes, credits its total'::text) AS "check",
     NULL::text AS unit,
     i.total_minor AS expected,
-    n.total_minor AS actual
-   FROM (credit_notes n
+    c.total AS actual
+   FROM ((credit_notes n
      JOIN invoices i ON ((i.id = n.invoice_id)))
-  WHERE ((n.kind = 'void'::text) AND ((n.total_minor <> i.total_minor) OR (n.tax_minor <> i.tax_minor)))
+     CROSS JOIN LATERAL ( SELECT sum(o.total_minor) AS total,
+            sum(o.tax_minor) AS tax
+           FROM credit_notes o
+          WHERE (o.invoice_id = n.invoice_id)) c)
+  WHERE ((n.kind = 'void'::text) AND ((c.total <> (i.total_minor)::numeric) OR (c.tax <> (i.tax_minor)::numeric)))
 UNION ALL
  SELECT i.id AS invoice_id,
     i.org,
@@ -2987,6 +3134,22 @@ ALTER TABLE ONLY alert_rules
 
 
 --
+-- Name: amendment_events amendment_events_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY amendment_events
+    ADD CONSTRAINT amendment_events_pkey PRIMARY KEY (event_id, billing_period, amendment_id);
+
+
+--
+-- Name: amendments amendments_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY amendments
+    ADD CONSTRAINT amendments_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: api_keys api_keys_hash_key; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -3056,6 +3219,14 @@ ALTER TABLE ONLY credit_grants
 
 ALTER TABLE ONLY credit_note_lines
     ADD CONSTRAINT credit_note_lines_pkey PRIMARY KEY (credit_note_id, line_no);
+
+
+--
+-- Name: credit_notes credit_notes_amendment_id_key; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY credit_notes
+    ADD CONSTRAINT credit_notes_amendment_id_key UNIQUE (amendment_id);
 
 
 --
@@ -3363,6 +3534,13 @@ CREATE UNIQUE INDEX alert_rules_plan_idx ON alert_rules USING btree (plan, kind,
 
 
 --
+-- Name: amendments_amended_at_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX amendments_amended_at_idx ON amendments USING btree (amended_at);
+
+
+--
 -- Name: api_keys_account_idx; Type: INDEX; Schema: :schema; Owner: -
 --
 
@@ -3503,6 +3681,20 @@ CREATE INDEX usage_events_path_idx ON ONLY usage_events USING gin (path);
 
 
 --
+-- Name: usage_outcomes_ingest_time_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX usage_outcomes_ingest_time_idx ON usage_outcomes USING brin (ingest_time);
+
+
+--
+-- Name: usage_voids_ingest_time_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX usage_voids_ingest_time_idx ON usage_voids USING brin (ingest_time);
+
+
+--
 -- Name: webhook_attempts_delivery_idx; Type: INDEX; Schema: :schema; Owner: -
 --
 
@@ -3577,6 +3769,34 @@ CREATE TRIGGER adjustments_sealed BEFORE UPDATE ON adjustments FOR EACH ROW EXEC
 --
 
 CREATE TRIGGER alert_rules_notify AFTER INSERT OR DELETE OR UPDATE OR TRUNCATE ON alert_rules FOR EACH STATEMENT EXECUTE FUNCTION policy_notify();
+
+
+--
+-- Name: amendment_events amendment_events_append_only; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER amendment_events_append_only BEFORE DELETE OR UPDATE ON amendment_events FOR EACH ROW EXECUTE FUNCTION append_only('an amendment is a row of the books; a later one supersedes it');
+
+
+--
+-- Name: amendment_events amendment_events_no_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER amendment_events_no_truncate BEFORE TRUNCATE ON amendment_events FOR EACH STATEMENT EXECUTE FUNCTION append_only('an amendment is a row of the books; a later one supersedes it');
+
+
+--
+-- Name: amendments amendments_append_only; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER amendments_append_only BEFORE DELETE OR UPDATE ON amendments FOR EACH ROW EXECUTE FUNCTION append_only('an amendment is a row of the books; a later one supersedes it');
+
+
+--
+-- Name: amendments amendments_no_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER amendments_no_truncate BEFORE TRUNCATE ON amendments FOR EACH STATEMENT EXECUTE FUNCTION append_only('an amendment is a row of the books; a later one supersedes it');
 
 
 --
@@ -3866,6 +4086,22 @@ ALTER TABLE ONLY alert_rules
 
 
 --
+-- Name: amendment_events amendment_events_amendment_id_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY amendment_events
+    ADD CONSTRAINT amendment_events_amendment_id_fkey FOREIGN KEY (amendment_id) REFERENCES amendments(id);
+
+
+--
+-- Name: amendments amendments_billing_period_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY amendments
+    ADD CONSTRAINT amendments_billing_period_fkey FOREIGN KEY (billing_period) REFERENCES periods(period);
+
+
+--
 -- Name: api_keys api_keys_account_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -3895,6 +4131,14 @@ ALTER TABLE ONLY credit_grants
 
 ALTER TABLE ONLY credit_note_lines
     ADD CONSTRAINT credit_note_lines_credit_note_id_fkey FOREIGN KEY (credit_note_id) REFERENCES credit_notes(id);
+
+
+--
+-- Name: credit_notes credit_notes_amendment_id_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY credit_notes
+    ADD CONSTRAINT credit_notes_amendment_id_fkey FOREIGN KEY (amendment_id) REFERENCES amendments(id);
 
 
 --
@@ -4229,6 +4473,34 @@ GRANT SELECT,USAGE ON SEQUENCE adjustments_id_seq TO metergate_app;
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE alert_rules TO metergate_app;
+
+
+--
+-- Name: TABLE amendment_events; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE amendment_events TO metergate_app;
+
+
+--
+-- Name: TABLE amendments; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE amendments TO metergate_app;
+
+
+--
+-- Name: TABLE amended_events; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE amended_events TO metergate_app;
+
+
+--
+-- Name: SEQUENCE amendments_id_seq; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,USAGE ON SEQUENCE amendments_id_seq TO metergate_app;
 
 
 --

@@ -147,7 +147,7 @@ func Close(ctx context.Context, pool *pgxpool.Pool, month time.Time, opts Option
 			}
 			res.Created = true
 		}
-		issued, failed, err := issue(ctx, tx, opts.Issuer, month, end, res.ClosedAt, only)
+		issued, failed, err := issue(ctx, tx, opts.Issuer, by, month, end, res.ClosedAt, only)
 		if err != nil {
 			return err
 		}

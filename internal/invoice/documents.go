@@ -36,6 +36,7 @@ type Invoice struct {
 	// Replaces is the voided invoice a reissue replaces, and Reason why it was reissued.
 	Replaces *int64 `json:"replaces,omitempty"`
 	Reason   string `json:"reason,omitempty"`
+	IssuedBy string `json:"issued_by,omitempty"` // the close (reconcile close), or who reissued it
 	Lines    []Line `json:"lines,omitempty"`
 }
 
@@ -137,7 +138,7 @@ func readInvoices(ctx context.Context, q querier, ids []int64, lines bool) ([]In
 		var inv Invoice
 		if err := rows.Scan(&inv.ID, &inv.Number, &inv.Org, &inv.Period, &inv.Plan, &inv.PriceVersion, &inv.Currency,
 			&inv.Status, &inv.Seller, &inv.Buyer, &inv.SubtotalMinor, &inv.TaxRateBP, &inv.TaxMinor, &inv.TotalMinor,
-			&inv.IssuedAt, &inv.DueAt, &inv.Replaces, &inv.Reason); err != nil {
+			&inv.IssuedAt, &inv.DueAt, &inv.Replaces, &inv.Reason, &inv.IssuedBy); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read invoices: %w", err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/metergate/metergate/internal/document"
 	"github.com/metergate/metergate/internal/invoice"
+	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/testenv"
 )
 
@@ -246,4 +247,112 @@ func TestAVoidHoldsItsPeriodUntilReissued(t *testing.T) {
 		{kind: "late", unit: "requests", quantity: 200_000, amount: 100, forPeriod: "2025-01-01"},
 	}, pricedLines(marInv))
 	b.tiesOut(t)
+}
+
+// TestAmendmentsOfAClosedPeriod amends January after its close: one event voided and
+// settled at once by a credit note, another's units cut and settled on February's invoice;
+// then January is voided, and its credit note credits what the first did not. Bad
+// amendments write nothing.
+func TestAmendmentsOfAClosedPeriod(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.org(t, "acme", "pro", "acme/team-a", "acme/team-b")
+	_, err := invoice.PutBillingDetails(b.ctx, b.pool, invoice.BillingDetails{Org: "acme", UpdatedBy: "test",
+		Party: document.Party{LegalName: "Acme GmbH", Country: "DE"}}, time.Now())
+	require.NoError(t, err)
+	jan, feb := month(2025, time.January), month(2025, time.February)
+	b.event(t, event{path: "acme/team-a", at: jan.Add(time.Hour), requests: 6_000_000})
+	cut := b.event(t, event{path: "acme/team-b", at: jan.Add(time.Hour), requests: 1_000_000})
+	wrong := b.event(t, event{path: "acme/team-a", at: jan.Add(time.Hour), requests: 400_000})
+	open := b.event(t, event{path: "acme/team-a", at: feb.Add(time.Hour), requests: 1})
+
+	// January: 7,400,000 requests, 2,400,000 past the included at 50 per 100,000 = 1,200;
+	// 4,900 + 1,200 = 6,100; tax 1,159; total 7,259.
+	janInv := b.close(t, jan).Invoices[0]
+	require.Equal(t, []int64{6100, 1159, 7259}, []int64{janInv.SubtotalMinor, janInv.TaxMinor, janInv.TotalMinor})
+
+	amend := func(a invoice.Amendment) (invoice.Amended, error) {
+		a.By = "finance@test"
+		return invoice.Amend(b.ctx, b.pool, issuer, a)
+	}
+	written := func() int64 {
+		return b.count(t, `select (select count(*) from amendments) + (select count(*) from credit_notes)`)
+	}
+	for _, bad := range []struct {
+		a    invoice.Amendment
+		want error
+	}{
+		{invoice.Amendment{EventIDs: []string{"no-such-event"}, Action: invoice.AmendVoid, Reason: "x", Settle: invoice.SettleNextInvoice}, invoice.ErrUnknownEvent},
+		{invoice.Amendment{EventIDs: []string{wrong, "no-such-event"}, Action: invoice.AmendVoid, Reason: "x", Settle: invoice.SettleNextInvoice}, invoice.ErrUnknownEvent},
+		{invoice.Amendment{EventIDs: []string{open}, Action: invoice.AmendVoid, Reason: "x", Settle: invoice.SettleNextInvoice}, invoice.ErrPeriodOpen},
+		{invoice.Amendment{EventIDs: []string{wrong}, Action: invoice.AmendSetUnits, Units: map[string]int64{"requests": 500_000}, Reason: "x", Settle: invoice.SettleCreditNote}, invoice.ErrNotACredit},
+		{invoice.Amendment{EventIDs: []string{wrong}, Action: invoice.AmendSetUnits, Units: map[string]int64{"requests": invoice.MaxUnits + 1}, Reason: "x", Settle: invoice.SettleNextInvoice}, invoice.ErrInvalidAmendment},
+		{invoice.Amendment{EventIDs: []string{wrong}, Action: invoice.AmendSetUnits, Units: map[string]int64{"apples": 1}, Reason: "x", Settle: invoice.SettleNextInvoice}, invoice.ErrInvalidAmendment},
+		{invoice.Amendment{EventIDs: []string{wrong}, Action: invoice.AmendVoid, Settle: invoice.SettleNextInvoice}, invoice.ErrInvalidReason},
+	} {
+		_, err := amend(bad.a)
+		require.ErrorIs(t, err, bad.want, "%+v", bad.a)
+	}
+	require.Zero(t, written(), "a refused amendment writes nothing")
+
+	// The 400,000 requests were billed in error: voided, credited at once. January bills
+	// 7,000,000 now: price 1,000 against 1,200 charged: a credit of 200, tax 38, total 238.
+	am, err := amend(invoice.Amendment{EventIDs: []string{wrong}, Action: invoice.AmendVoid, Reason: "test traffic", Settle: invoice.SettleCreditNote})
+	require.NoError(t, err)
+	note := am.CreditNote
+	require.NotNil(t, note)
+	require.Equal(t, []int64{200, 38, 238}, []int64{note.SubtotalMinor, note.TaxMinor, note.TotalMinor})
+	require.Equal(t, janInv.ID, note.InvoiceID)
+	require.Equal(t, []line{{kind: "adjustment", unit: "requests", quantity: 400_000, amount: 200, forPeriod: "2025-01-01"}},
+		pricedLines(invoice.Invoice{Lines: note.Lines}))
+	b.tiesOut(t)
+
+	// team-b's 1,000,000 were 500,000: settled on February's invoice. February: 4,900, and
+	// January's correction: 6,500,000 bill now, price 750 against 1,000 charged: -250.
+	// 4,650; tax 883.5, half away from zero 884; total 5,534.
+	_, err = amend(invoice.Amendment{EventIDs: []string{cut}, Action: invoice.AmendSetUnits, Units: map[string]int64{"requests": 500_000},
+		Reason: "double-counted retries", Settle: invoice.SettleNextInvoice})
+	require.NoError(t, err)
+	febInv := b.close(t, feb).Invoices[0]
+	require.Equal(t, []int64{4650, 884, 5534}, []int64{febInv.SubtotalMinor, febInv.TaxMinor, febInv.TotalMinor})
+	require.Equal(t, []line{
+		{kind: "base_fee", quantity: 1, amount: 4900},
+		{kind: "adjustment", unit: "requests", quantity: -500_000, amount: -250, forPeriod: "2025-01-01"},
+	}, pricedLines(febInv))
+	b.tiesOut(t)
+
+	// January voided: its credit note credits 7,259 less the 238 credited already.
+	_, void, err := invoice.SetStatus(b.ctx, b.pool, issuer, janInv.ID, invoice.StatusVoid, "re-issue", "finance@test")
+	require.NoError(t, err)
+	require.Equal(t, []int64{5900, 1121, 7021}, []int64{void.SubtotalMinor, void.TaxMinor, void.TotalMinor})
+	b.tiesOut(t)
+}
+
+// TestCorrectionsPastTheWindow: a 5xx reported five months after its month, past the
+// three months every close looks at, is still corrected by the next close.
+func TestCorrectionsPastTheWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.org(t, "acme", "pro")
+	jan := month(2025, time.January)
+	b.event(t, event{path: "acme", at: jan.Add(time.Hour), requests: 6_000_000})
+	failed := b.event(t, event{path: "acme", at: jan.Add(time.Hour), requests: 500_000})
+	for m := range 5 { // January to May
+		b.close(t, jan.AddDate(0, m, 0))
+	}
+	_, err := b.pool.Exec(b.ctx, `insert into usage_outcomes (event_id, status, outcome_time, source, kafka_partition, kafka_offset)
+		values ($1, 502, $2, 'test', 0, 999999)`, failed, jan.Add(time.Hour))
+	require.NoError(t, err)
+	// June: 4,900, and January's correction: 6,000,000 bill now, price 500 against 750: -250.
+	jun := b.close(t, jan.AddDate(0, 5, 0)).Invoices[0]
+	require.Equal(t, []line{
+		{kind: "base_fee", quantity: 1, amount: 4900},
+		{kind: "adjustment", unit: "requests", quantity: -500_000, amount: -250, forPeriod: "2025-01-01"},
+	}, pricedLines(jun))
+	b.tiesOut(t)
+}
+
+func TestMaxUnitsIsPolicysMaxAmount(t *testing.T) {
+	t.Parallel()
+	require.EqualValues(t, policy.MaxAmount, invoice.MaxUnits)
 }

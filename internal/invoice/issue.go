@@ -38,6 +38,7 @@ type issuance struct {
 	issuedAt         time.Time // when the invoices are issued: closedAt, or a reissue's now
 	replaces         *Invoice  // a reissue: the voided invoice it replaces
 	reason           string    // a reissue: why
+	by               string    // who issues the invoices
 	pr               prices
 	orgPlan          map[string]string           // org → its plan, of the orgs in accounts
 	usage            map[string][]Usage          // org → what its account paths bill for the period
@@ -67,12 +68,12 @@ type draft struct {
 // in only (a retry of failed ones). Each org's invoice is written under a savepoint: one
 // that fails is rolled back alone and returned in failed, and the others are issued. The
 // error is for what stops every org (the connection, the context, a shared read).
-func issue(ctx context.Context, tx pgx.Tx, issuer Issuer, period, end, closedAt time.Time, only []string) (issued int, failed []Failure, err error) {
+func issue(ctx context.Context, tx pgx.Tx, issuer Issuer, by string, period, end, closedAt time.Time, only []string) (issued int, failed []Failure, err error) {
 	is, err := loadIssue(ctx, tx, period, end, closedAt, only)
 	if err != nil {
 		return 0, nil, err
 	}
-	is.issuer = issuer
+	is.issuer, is.by = issuer, by
 	if is.details, err = readBillingDetails(ctx, tx, is.orgs); err != nil {
 		return 0, nil, err
 	}
@@ -421,7 +422,7 @@ func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) (int64
 		"org": d.org, "period": is.period, "plan": d.plan.ID, "price_version": d.plan.Version,
 		"currency": d.plan.Currency, "subtotal_minor": d.subtotal, "tax_rate_bp": d.taxBP, "tax_minor": d.tax,
 		"issued_at": is.issuedAt, "due_at": due, "number": number, "issuer": is.issuer.prefix(),
-		"seller": is.issuer.Seller, "buyer": buyer, "replaces": replaces, "reason": reason,
+		"seller": is.issuer.Seller, "buyer": buyer, "replaces": replaces, "reason": reason, "issued_by": is.by,
 	}).Scan(&id); err != nil {
 		return 0, fmt.Errorf("insert invoice of org %s: %w", d.org, err)
 	}

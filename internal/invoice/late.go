@@ -22,6 +22,8 @@ var (
 	billedUnitsSQL string
 	//go:embed sql/corrections.sql
 	correctionsSQL string
+	//go:embed sql/changed_periods.sql
+	changedPeriodsSQL string
 )
 
 // lateEvent is a late event to bill: of a closed period, not billed yet.
@@ -172,8 +174,10 @@ func pricedWith(ctx context.Context, tx pgx.Tx, pr prices, current Plan, org str
 	return plan, nil
 }
 
-// correctionWindow is how far back a close looks for closed periods whose billable usage
-// changed after their close (outcomes reported late: a 5xx refunds, actual tokens settle).
+// correctionWindow is how many closed months before its own a close always looks at for
+// usage whose billing changed after their close (outcomes reported late: a 5xx refunds,
+// actual tokens settle). Older months are looked at when something of theirs changed
+// since the previous close (changedPeriods).
 const correctionWindow = 3
 
 // correction is a change, since it was invoiced, of what an org's units of a closed
@@ -190,30 +194,59 @@ type correction struct {
 }
 
 // loadCorrections reads, for the closed periods of the correctionWindow months before
-// period, every (org, period, unit) whose billed units differ from its billable units now,
-// or whose credits applied differ from what the org's credits cover now
-// (finance_period_billing).
+// period and the older ones that changed since the previous close (changedPeriods), every
+// (org, period, unit) whose billed units differ from its billable units now, whose credits
+// applied differ from what the org's credits cover now, or whose amount billed is not the
+// price of what was billed (finance_period_billing).
 func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correction, error) {
-	var out []correction
+	months, err := changedPeriods(ctx, tx, period)
+	if err != nil {
+		return nil, err
+	}
 	for m := correctionWindow; m >= 1; m-- {
+		months = append(months, period.AddDate(0, -m, 0))
+	}
+	var out []correction
+	for _, month := range months {
 		// One period per query: the equality reaches into the view's grouped subqueries.
-		rows, err := tx.Query(ctx, correctionsSQL, pgx.StrictNamedArgs{"period": period.AddDate(0, -m, 0)})
+		rows, err := tx.Query(ctx, correctionsSQL, pgx.StrictNamedArgs{"period": month})
 		if err != nil {
 			return nil, fmt.Errorf("read corrections: %w", err)
 		}
-		for rows.Next() {
-			c := correction{period: period.AddDate(0, -m, 0)}
-			if err := rows.Scan(&c.org, &c.plan, &c.version, &c.unit, &c.billed, &c.billable, &c.billedCovered, &c.covered, &c.billedAmount); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("read corrections: %w", err)
-			}
-			out = append(out, c)
-		}
-		if err := rows.Err(); err != nil {
+		cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (correction, error) {
+			c := correction{period: month}
+			err := r.Scan(&c.org, &c.plan, &c.version, &c.unit, &c.billed, &c.billable, &c.billedCovered, &c.covered, &c.billedAmount)
+			return c, err
+		})
+		if err != nil {
 			return nil, fmt.Errorf("read corrections: %w", err)
 		}
+		out = append(out, cs...)
 	}
 	return out, nil
+}
+
+// changedPeriods lists, oldest first, the closed periods older than the correction window
+// before period whose billing changed since the previous close (the last closed_at of a
+// period before it): an outcome or void of their events ingested since, an amendment, an
+// invoice voided. None when no period before it is closed.
+func changedPeriods(ctx context.Context, tx pgx.Tx, period time.Time) ([]time.Time, error) {
+	var since *time.Time
+	if err := tx.QueryRow(ctx, `select max(closed_at) from periods where period < $1`, period).Scan(&since); err != nil {
+		return nil, fmt.Errorf("read the previous close: %w", err)
+	}
+	if since == nil {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, changedPeriodsSQL, pgx.StrictNamedArgs{"since": *since, "before": period.AddDate(0, -correctionWindow, 0)})
+	if err != nil {
+		return nil, fmt.Errorf("read changed periods: %w", err)
+	}
+	months, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		return nil, fmt.Errorf("read changed periods: %w", err)
+	}
+	return months, nil
 }
 
 // priceCorrection prices the change from billed to billable units of a closed period at its

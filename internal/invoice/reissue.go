@@ -70,7 +70,7 @@ func Reissue(ctx context.Context, pool *pgxpool.Pool, is Issuer, id int64, reaso
 		if err != nil {
 			return err
 		}
-		iss.issuer, iss.issuedAt, iss.replaces, iss.reason = is, now, &orig, reason
+		iss.issuer, iss.by, iss.issuedAt, iss.replaces, iss.reason = is, by, now, &orig, reason
 		if iss.details, err = readBillingDetails(ctx, tx, iss.orgs); err != nil {
 			return err
 		}

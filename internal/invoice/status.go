@@ -51,7 +51,8 @@ type CreditNote struct {
 	Org           string          `json:"org"`
 	InvoiceID     int64           `json:"invoice_id"`
 	InvoiceNumber string          `json:"invoice_number,omitempty"`
-	Kind          string          `json:"kind"` // void
+	Kind          string          `json:"kind"`                   // void, or amendment
+	AmendmentID   *int64          `json:"amendment_id,omitempty"` // kind amendment: the amendment it settles
 	Reason        string          `json:"reason"`
 	Currency      string          `json:"currency"`
 	SubtotalMinor int64           `json:"subtotal_minor"`
@@ -165,36 +166,63 @@ func summary(inv Invoice) Invoice {
 }
 
 // creditInvoice issues, in tx, the credit note of a voided invoice: its lines, tax and
-// total as they were, numbered in the credit notes' sequence, and credit_note.issued.v1.
+// total as they were, less what its amendment credit notes credited already (a line for
+// each, so that all its credit notes add up to the invoice, never more).
 func creditInvoice(ctx context.Context, tx pgx.Tx, is Issuer, inv Invoice, reason, by string, at time.Time) (*CreditNote, error) {
-	number, err := nextNumber(ctx, tx, is, seqCreditNote, at)
+	n := CreditNote{
+		Org: inv.Org, InvoiceID: inv.ID, InvoiceNumber: inv.Number, Kind: "void", Reason: reason,
+		Currency: inv.Currency, SubtotalMinor: inv.SubtotalMinor, TaxRateBP: inv.TaxRateBP, TaxMinor: inv.TaxMinor,
+		TotalMinor: inv.TotalMinor, IssuedAt: at, IssuedBy: by, Seller: &is.Seller, Buyer: inv.Buyer, Lines: slices.Clone(inv.Lines),
+	}
+	rows, err := tx.Query(ctx, `select id from credit_notes where invoice_id = $1 and kind = 'amendment' order by id`, inv.ID)
+	if err != nil {
+		return nil, fmt.Errorf("read the credit notes of invoice %d: %w", inv.ID, err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read the credit notes of invoice %d: %w", inv.ID, err)
+	}
+	earlier, err := readCreditNotes(ctx, tx, ids, false)
 	if err != nil {
 		return nil, err
 	}
-	n := CreditNote{
-		Number: number, Org: inv.Org, InvoiceID: inv.ID, InvoiceNumber: inv.Number, Kind: "void", Reason: reason,
-		Currency: inv.Currency, SubtotalMinor: inv.SubtotalMinor, TaxRateBP: inv.TaxRateBP, TaxMinor: inv.TaxMinor,
-		TotalMinor: inv.TotalMinor, IssuedAt: at, IssuedBy: by, Seller: &is.Seller, Buyer: inv.Buyer, Lines: inv.Lines,
+	for _, e := range earlier {
+		n.Lines = append(n.Lines, Line{Kind: KindAdjustment, AccountPath: inv.Org, PerUnits: 1, AmountMinor: -e.SubtotalMinor})
+		n.SubtotalMinor -= e.SubtotalMinor
+		n.TaxMinor -= e.TaxMinor
+		n.TotalMinor -= e.TotalMinor
 	}
+	if err := issueCreditNote(ctx, tx, is, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// issueCreditNote writes credit note n in tx with the next number of the credit notes'
+// sequence (set on n), its lines, and credit_note.issued.v1.
+func issueCreditNote(ctx context.Context, tx pgx.Tx, is Issuer, n *CreditNote) error {
+	number, err := nextNumber(ctx, tx, is, seqCreditNote, n.IssuedAt)
+	if err != nil {
+		return err
+	}
+	n.Number = number
 	if err := tx.QueryRow(ctx, insertCreditNoteSQL, pgx.StrictNamedArgs{
 		"number": n.Number, "issuer": is.prefix(), "org": n.Org, "invoice_id": n.InvoiceID, "kind": n.Kind,
 		"reason": n.Reason, "currency": n.Currency, "subtotal_minor": n.SubtotalMinor, "tax_rate_bp": n.TaxRateBP,
 		"tax_minor": n.TaxMinor, "issued_at": n.IssuedAt, "issued_by": n.IssuedBy, "seller": n.Seller, "buyer": n.Buyer,
+		"amendment_id": n.AmendmentID,
 	}).Scan(&n.ID); err != nil {
-		return nil, fmt.Errorf("issue the credit note of invoice %d: %w", inv.ID, err)
+		return fmt.Errorf("issue the credit note of invoice %d: %w", n.InvoiceID, err)
 	}
 	rows := make([][]any, len(n.Lines))
 	for i, l := range n.Lines {
 		rows[i] = lineRow(n.ID, i+1, l)
 	}
 	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"credit_note_lines"}, lineColumns("credit_note_id"), pgx.CopyFromRows(rows)); err != nil {
-		return nil, fmt.Errorf("write the lines of credit note %s: %w", n.Number, err)
+		return fmt.Errorf("write the lines of credit note %s: %w", n.Number, err)
 	}
-	if err := recordEvent(ctx, tx, is, "credit_note.issued/"+n.Number, EventCreditNoteIssued, n.Org, "credit_note/"+n.Number,
-		n.IssuedAt, creditSummary(n)); err != nil {
-		return nil, err
-	}
-	return &n, nil
+	return recordEvent(ctx, tx, is, "credit_note.issued/"+n.Number, EventCreditNoteIssued, n.Org, "credit_note/"+n.Number,
+		n.IssuedAt, creditSummary(*n))
 }
 
 // creditSummary is the credit note without its lines: the data of its billing event.
@@ -274,7 +302,7 @@ func readCreditNotes(ctx context.Context, q querier, ids []int64, lines bool) ([
 	notes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (CreditNote, error) {
 		var n CreditNote
 		err := r.Scan(&n.ID, &n.Number, &n.Org, &n.InvoiceID, &n.InvoiceNumber, &n.Kind, &n.Reason, &n.Currency,
-			&n.SubtotalMinor, &n.TaxRateBP, &n.TaxMinor, &n.TotalMinor, &n.IssuedAt, &n.IssuedBy, &n.Seller, &n.Buyer)
+			&n.SubtotalMinor, &n.TaxRateBP, &n.TaxMinor, &n.TotalMinor, &n.IssuedAt, &n.IssuedBy, &n.Seller, &n.Buyer, &n.AmendmentID)
 		return n, err
 	})
 	if err != nil {

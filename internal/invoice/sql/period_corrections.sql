@@ -1,0 +1,7 @@
+-- The (org, unit) rows of @org's closed period @period that corrections.sql would bill.
+select org, plan, price_version, unit, billed_quantity, billable_quantity, billed_covered, covered_quantity, billed_amount
+from finance_period_billing
+where period = @period and org = @org
+  and (billed_quantity <> billable_quantity or billed_covered <> covered_quantity
+       or billed_amount <> price_usage(plan, price_version, unit, billed_quantity - billed_covered))
+order by unit
