@@ -339,11 +339,11 @@ WITH billable AS (
     GROUP BY i.org, coalesce(l.for_period, i.period), l.unit
 )
 SELECT i.id AS invoice_id, i.org, i.period, i.plan, i.price_version, pu.unit,
-       coalesce(bl.quantity, 0)::bigint AS billable_quantity,
-       coalesce(bd.quantity, 0)::bigint AS billed_quantity,
-       coalesce(bd.amount, 0)::bigint AS billed_amount,
-       coalesce(cv.quantity, 0)::bigint AS covered_quantity,
-       coalesce(bd.covered, 0)::bigint AS billed_covered
+       coalesce(bl.quantity, 0) AS billable_quantity,
+       coalesce(bd.quantity, 0) AS billed_quantity,
+       coalesce(bd.amount, 0) AS billed_amount,
+       coalesce(cv.quantity, 0) AS covered_quantity,
+       coalesce(bd.covered, 0) AS billed_covered
 FROM invoices i
 JOIN plan_price_units pu ON pu.plan = i.plan AND pu.version = i.price_version
 LEFT JOIN billable bl ON bl.org = i.org AND bl.period = i.period AND bl.unit = pu.unit
@@ -351,6 +351,9 @@ LEFT JOIN covered cv ON cv.org = i.org AND cv.period = i.period AND cv.unit = pu
 LEFT JOIN billed bd ON bd.org = i.org AND bd.period = i.period AND bd.unit = pu.unit
 WHERE i.status <> 'void';
 
+-- Its sums are numeric: an org's month grown past bigint (late data) is that org's
+-- problem, reported by the tie-out and refused by its close, never an error of the query for
+-- every org.
 COMMENT ON VIEW finance_period_billing IS 'Per live (not void) invoice''s period, org and billed unit of its price version: billable units now (covered events and late events billed by a live invoice, today''s outcomes) and the units of them the org''s credits covered (covered_quantity), against units, amounts and credits applied billed for the period by live invoices (its own usage lines, later late, adjustment and credits_applied lines).';
 
 -- Rounding of tax: half away from zero, exactly.

@@ -126,11 +126,11 @@ WITH billable AS (
     GROUP BY org, period, unit
 )
 SELECT i.id AS invoice_id, i.org, i.period, i.plan, i.price_version, pu.unit,
-       coalesce(bl.quantity, 0)::bigint AS billable_quantity,
-       coalesce(bd.quantity, 0)::bigint AS billed_quantity,
-       coalesce(bd.amount, 0)::bigint AS billed_amount,
-       coalesce(cv.quantity, 0)::bigint AS covered_quantity,
-       coalesce(bd.covered, 0)::bigint AS billed_covered
+       coalesce(bl.quantity, 0) AS billable_quantity,
+       coalesce(bd.quantity, 0) AS billed_quantity,
+       coalesce(bd.amount, 0) AS billed_amount,
+       coalesce(cv.quantity, 0) AS covered_quantity,
+       coalesce(bd.covered, 0) AS billed_covered
 FROM invoices i
 JOIN plan_price_units pu ON pu.plan = i.plan AND pu.version = i.price_version
 LEFT JOIN billable bl ON bl.org = i.org AND bl.period = i.period AND bl.unit = pu.unit
@@ -170,11 +170,11 @@ WITH billable AS (
     GROUP BY i.org, coalesce(l.for_period, i.period), l.unit
 )
 SELECT i.id AS invoice_id, i.org, i.period, i.plan, i.price_version, pu.unit,
-       coalesce(bl.quantity, 0)::bigint AS billable_quantity,
-       coalesce(bd.quantity, 0)::bigint AS billed_quantity,
-       coalesce(bd.amount, 0)::bigint AS billed_amount,
-       coalesce(cv.quantity, 0)::bigint AS covered_quantity,
-       coalesce(bd.covered, 0)::bigint AS billed_covered
+       coalesce(bl.quantity, 0) AS billable_quantity,
+       coalesce(bd.quantity, 0) AS billed_quantity,
+       coalesce(bd.amount, 0) AS billed_amount,
+       coalesce(cv.quantity, 0) AS covered_quantity,
+       coalesce(bd.covered, 0) AS billed_covered
 FROM invoices i
 JOIN plan_price_units pu ON pu.plan = i.plan AND pu.version = i.price_version
 LEFT JOIN billable bl ON bl.org = i.org AND bl.period = i.period AND bl.unit = pu.unit

@@ -2246,11 +2246,11 @@ CREATE VIEW finance_period_billing AS
     i.plan,
     i.price_version,
     pu.unit,
-    (COALESCE(bl.quantity, (0)::numeric))::bigint AS billable_quantity,
-    (COALESCE(bd.quantity, (0)::numeric))::bigint AS billed_quantity,
-    (COALESCE(bd.amount, (0)::numeric))::bigint AS billed_amount,
-    (COALESCE(cv.quantity, (0)::numeric))::bigint AS covered_quantity,
-    (COALESCE(bd.covered, (0)::numeric))::bigint AS billed_covered
+    COALESCE(bl.quantity, (0)::numeric) AS billable_quantity,
+    COALESCE(bd.quantity, (0)::numeric) AS billed_quantity,
+    COALESCE(bd.amount, (0)::numeric) AS billed_amount,
+    COALESCE(cv.quantity, (0)::numeric) AS covered_quantity,
+    COALESCE(bd.covered, (0)::numeric) AS billed_covered
    FROM ((((invoices i
      JOIN plan_price_units pu ON (((pu.plan = i.plan) AND (pu.version = i.price_version))))
      LEFT JOIN billable bl ON (((bl.org = i.org) AND (bl.period = i.period) AND (bl.unit = pu.unit))))
@@ -2363,10 +2363,10 @@ UNION ALL
     b.period,
     'amount billed for the period = price_usage(billed)'::text AS "check",
     b.unit,
-    price_usage(b.plan, b.price_version, b.unit, ((b.billed_quantity - b.billed_covered))::numeric) AS expected,
+    price_usage(b.plan, b.price_version, b.unit, (b.billed_quantity - b.billed_covered)) AS expected,
     b.billed_amount AS actual
    FROM finance_period_billing b
-  WHERE ((b.billed_amount)::numeric <> price_usage(b.plan, b.price_version, b.unit, ((b.billed_quantity - b.billed_covered))::numeric))
+  WHERE (b.billed_amount <> price_usage(b.plan, b.price_version, b.unit, (b.billed_quantity - b.billed_covered)))
 UNION ALL
  SELECT b.invoice_id,
     b.org,

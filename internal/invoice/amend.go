@@ -275,16 +275,15 @@ func creditAmendment(ctx context.Context, tx pgx.Tx, is Issuer, am Amended, a Am
 	if err != nil {
 		return nil, fmt.Errorf("read the period's corrections: %w", err)
 	}
-	cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (correction, error) {
-		c := correction{period: month}
-		err := r.Scan(&c.org, &c.plan, &c.version, &c.unit, &c.billed, &c.billable, &c.billedCovered, &c.covered, &c.billedAmount)
-		return c, err
-	})
+	cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (correction, error) { return scanCorrection(r, month) })
 	if err != nil {
 		return nil, fmt.Errorf("read the period's corrections: %w", err)
 	}
 	var lines []Line
 	for _, c := range cs {
+		if c.err != nil {
+			return nil, c.err
+		}
 		ls, err := priceCorrection(pr, plan, c)
 		if err != nil {
 			return nil, err

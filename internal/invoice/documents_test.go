@@ -356,3 +356,39 @@ func TestMaxUnitsIsPolicysMaxAmount(t *testing.T) {
 	t.Parallel()
 	require.EqualValues(t, policy.MaxAmount, invoice.MaxUnits)
 }
+
+// TestOneOrgPastBigintDoesNotStopTheBooks: after January's close, outcomes make one org's
+// billable tokens for January sum past bigint. The tie-out still answers (a row for that
+// org), and February's close issues the other org's invoice and fails that org alone.
+func TestOneOrgPastBigintDoesNotStopTheBooks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.org(t, "acme", "pro")
+	b.org(t, "huge", "pro")
+	jan, feb := month(2025, time.January), month(2025, time.February)
+	b.event(t, event{path: "acme", at: jan.Add(time.Hour), requests: 10})
+	var huge []string
+	for range 2 {
+		huge = append(huge, b.event(t, event{path: "huge", at: jan.Add(time.Hour), tokens: 1_000}))
+	}
+	b.close(t, jan)
+	for i, id := range huge {
+		_, err := b.pool.Exec(b.ctx, `insert into usage_outcomes (event_id, status, tokens, outcome_time, source, kafka_partition, kafka_offset)
+			values ($1, 200, 4650000000000000000, $2, 'test', 0, $3)`, id, jan.Add(time.Hour), 900000+i)
+		require.NoError(t, err)
+	}
+
+	diffs, err := invoice.TieOut(b.ctx, b.pool)
+	require.NoError(t, err, "one org's sum past bigint is a row of the tie-out, not an error for everyone")
+	require.NotEmpty(t, diffs)
+	for _, d := range diffs {
+		require.Equal(t, "huge", d.Org)
+	}
+	res, err := invoice.Close(b.ctx, b.pool, feb, invoice.Options{Force: true, Issuer: issuer})
+	require.ErrorIs(t, err, invoice.ErrInvoicesFailed)
+	require.Len(t, res.Invoices, 1)
+	require.Equal(t, "acme", res.Invoices[0].Org)
+	require.Len(t, res.Failed, 1)
+	require.Equal(t, "huge", res.Failed[0].Org)
+	require.Contains(t, res.Failed[0].Error, "past the largest quantity")
+}

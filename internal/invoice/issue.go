@@ -116,8 +116,16 @@ func loadIssue(ctx context.Context, tx pgx.Tx, period, end, closedAt time.Time, 
 	if is.late, err = loadLate(ctx, tx, period); err != nil {
 		return nil, err
 	}
-	if is.corrections, err = loadCorrections(ctx, tx, period); err != nil {
+	corrections, err := loadCorrections(ctx, tx, period)
+	if err != nil {
 		return nil, err
+	}
+	for _, c := range corrections {
+		if c.err != nil {
+			is.bad[c.org] = fmt.Errorf("correction of %w", c.err)
+			continue
+		}
+		is.corrections = append(is.corrections, c)
 	}
 	if is.earlier, err = earlierFailures(ctx, tx, period); err != nil {
 		return nil, err
@@ -261,10 +269,13 @@ func readActiveOrgs(ctx context.Context, tx pgx.Tx, end time.Time) ([]string, er
 }
 
 // due lists, sorted, the orgs due an invoice: with usage in the period, late events or
-// corrections to bill, or among active on a plan with a base fee.
+// corrections to bill (or whose own data fails them), or among active on a plan with a base fee.
 func (is *issuance) due(active []string) []string {
 	orgs := map[string]bool{}
 	for org := range is.usage {
+		orgs[org] = true
+	}
+	for org := range is.bad { // its own data fails it: recorded as a failure, not skipped
 		orgs[org] = true
 	}
 	for _, e := range is.late {

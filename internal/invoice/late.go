@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -97,8 +98,11 @@ func priceLate(ctx context.Context, tx pgx.Tx, pr prices, current Plan, org stri
 			if _, ok := qty[k]; !ok {
 				keys = append(keys, k)
 			}
+			if qty[k] > math.MaxInt64-e.units[u] {
+				return nil, fmt.Errorf("late %s of %s: total past the largest quantity %d (bigint)", u, e.period.Format("2006-01"), int64(math.MaxInt64))
+			}
 			qty[k] += e.units[u]
-			cov[k] += min(e.covered[u], e.units[u])
+			cov[k] += min(e.covered[u], e.units[u]) // at most qty[k]: no overflow
 		}
 	}
 	sort.Slice(keys, func(i, j int) bool {
@@ -191,6 +195,28 @@ type correction struct {
 	// covered is what the org's credits cover of the period's billed events now.
 	billedCovered, covered int64
 	billedAmount           int64 // what the live invoices' priced lines for the period add up to
+	// err is why the org's numbers for the period cannot be billed (a sum past bigint):
+	// that org fails, the others do not.
+	err error
+}
+
+// scanCorrection reads a row of corrections.sql or period_corrections.sql for month: the
+// sums come as text and are parsed here (parseSum), so that one org's sum past bigint is
+// its correction's err, not an error of the query for every org.
+func scanCorrection(r pgx.CollectableRow, month time.Time) (correction, error) {
+	c := correction{period: month}
+	var raw [5]string
+	if err := r.Scan(&c.org, &c.plan, &c.version, &c.unit, &raw[0], &raw[1], &raw[2], &raw[3], &raw[4]); err != nil {
+		return correction{}, err
+	}
+	for i, v := range []*int64{&c.billed, &c.billable, &c.billedCovered, &c.covered, &c.billedAmount} {
+		n, err := parseSum(raw[i])
+		if err != nil && c.err == nil {
+			c.err = fmt.Errorf("%s of %s: %w", c.unit, month.Format("2006-01"), err)
+		}
+		*v = n
+	}
+	return c, nil
 }
 
 // loadCorrections reads, for the closed periods of the correctionWindow months before
@@ -213,11 +239,7 @@ func loadCorrections(ctx context.Context, tx pgx.Tx, period time.Time) ([]correc
 		if err != nil {
 			return nil, fmt.Errorf("read corrections: %w", err)
 		}
-		cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (correction, error) {
-			c := correction{period: month}
-			err := r.Scan(&c.org, &c.plan, &c.version, &c.unit, &c.billed, &c.billable, &c.billedCovered, &c.covered, &c.billedAmount)
-			return c, err
-		})
+		cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (correction, error) { return scanCorrection(r, month) })
 		if err != nil {
 			return nil, fmt.Errorf("read corrections: %w", err)
 		}
