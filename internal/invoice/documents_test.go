@@ -51,9 +51,10 @@ func pricedLines(inv invoice.Invoice) []line {
 
 // TestThreeMonthsOfDocuments follows one pro customer (seeded prices: base fee 4,900; 5M
 // requests included then 50 per 100,000; 10M tokens included then 2 per 1,000) taxed at
-// 19 % through January to March: tiers, a 5xx refund after January's close, a late
-// January event, January voided (a credit note) and reissued under new billing details.
-// Every number is computed by hand here, then read back and tied out.
+// 19 % through January to March: tiers, prepaid credits, a 5xx refund after January's
+// close, a late January event, January voided (a credit note) and reissued under new
+// billing details, and an amendment of January settled by a credit note. Every number is
+// computed by hand here, then read back and tied out.
 func TestThreeMonthsOfDocuments(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -66,7 +67,7 @@ func TestThreeMonthsOfDocuments(t *testing.T) {
 
 	b.event(t, event{path: "acme/team-a", at: at(jan), requests: 6_000_000})
 	refunded := b.event(t, event{path: "acme/team-a", at: at(jan), requests: 500_000})
-	b.event(t, event{path: "acme/team-b", at: at(jan), requests: 1_000_000, tokens: 12_000_000})
+	teamB := b.event(t, event{path: "acme/team-b", at: at(jan), requests: 1_000_000, tokens: 12_000_000})
 
 	// January: 7,500,000 requests: 2,500,000 past the included at 50 per 100,000 = 1,250;
 	// 12,000,000 tokens: 2,000,000 at 2 per 1,000 = 4,000. 4,900 + 1,250 + 4,000 = 10,150;
@@ -88,18 +89,31 @@ func TestThreeMonthsOfDocuments(t *testing.T) {
 	require.NoError(t, err)
 	b.event(t, event{path: "acme/team-a", at: at(jan), requests: 300_000, late: true})
 	b.event(t, event{path: "acme/team-a", at: at(feb), requests: 4_000_000})
+	// February's 14,000,000 tokens drew 3,000,000 from the org's prepaid grant.
+	grant := b.grant(t, "acme", "acme", "tokens", 3_000_000)
+	febTokens := b.event(t, event{path: "acme/team-b", at: at(feb), tokens: 14_000_000})
+	b.draw(t, febTokens, at(feb), "acme", grant, "acme", "tokens", 3_000_000)
 
-	// February: 4,000,000 requests, all included: 4,900. January's correction first: 7,000,000
-	// bill now, price 1,000 against 1,250 billed: -250 for -500,000. Then the late 300,000 at
-	// the margin: price(7,300,000) - price(7,000,000) = 1,150 - 1,000 = 150. 4,900 - 250 + 150
-	// = 4,800; tax 912; total 5,712.
+	// February: 4,000,000 requests, all included; tokens: 14,000,000 less 3,000,000 paid by
+	// credits = 11,000,000, 1,000,000 past the included at 2 per 1,000 = 2,000. January's
+	// correction first: 7,000,000 requests bill now, price 1,000 against 1,250 billed: -250
+	// for -500,000. Then the late 300,000 at the margin: price(7,300,000) - price(7,000,000)
+	// = 1,150 - 1,000 = 150. 4,900 + 2,000 - 250 + 150 = 6,800; tax 1,292; total 8,092.
 	febInv := b.close(t, feb).Invoices[0]
-	require.Equal(t, []int64{4800, 912, 5712}, []int64{febInv.SubtotalMinor, febInv.TaxMinor, febInv.TotalMinor})
+	require.Equal(t, []int64{6800, 1292, 8092}, []int64{febInv.SubtotalMinor, febInv.TaxMinor, febInv.TotalMinor})
 	require.Equal(t, []line{
 		{kind: "base_fee", quantity: 1, amount: 4900},
+		{kind: "overage_tier", unit: "tokens", quantity: 1_000_000, amount: 2000},
 		{kind: "adjustment", unit: "requests", quantity: -500_000, amount: -250, forPeriod: "2025-01-01"},
 		{kind: "late", unit: "requests", quantity: 300_000, amount: 150, forPeriod: "2025-01-01"},
 	}, pricedLines(febInv))
+	var applied int64
+	for _, l := range febInv.Lines {
+		if l.Kind == invoice.KindCreditsApplied {
+			applied += l.Quantity
+		}
+	}
+	require.Equal(t, int64(3_000_000), applied, "the credits' 3,000,000 tokens")
 	b.tiesOut(t)
 
 	// January is voided: a credit note of its whole amount, in the credit notes' sequence.
@@ -135,7 +149,19 @@ func TestThreeMonthsOfDocuments(t *testing.T) {
 	_, err = invoice.Reissue(b.ctx, b.pool, issuer, janInv.ID, "again", "finance@test", time.Now())
 	require.ErrorIs(t, err, invoice.ErrAlreadyReissued)
 
-	// March: nothing used, nothing to correct: the base fee; 4,900 + 931 = 5,831.
+	// team-b's January tokens were 11,000,000, not 12,000,000: amended, settled by a credit
+	// note on the reissue. January's tokens price 2,000 now against 4,000 charged: 2,000,
+	// tax 380, total 2,380; the second credit note.
+	am, err := invoice.Amend(b.ctx, b.pool, issuer, invoice.Amendment{EventIDs: []string{teamB}, Action: invoice.AmendSetUnits,
+		Units: map[string]int64{"tokens": 11_000_000}, Reason: "metered twice", Settle: invoice.SettleCreditNote, By: "finance@test"})
+	require.NoError(t, err)
+	require.Equal(t, re.ID, am.CreditNote.InvoiceID)
+	require.Equal(t, []int64{2000, 380, 2380}, []int64{am.CreditNote.SubtotalMinor, am.CreditNote.TaxMinor, am.CreditNote.TotalMinor})
+	require.Regexp(t, `^MG-CN-\d{4}-000002$`, am.CreditNote.Number)
+	b.tiesOut(t)
+
+	// March: nothing used, nothing to correct (the credit note settled the amendment): the
+	// base fee; 4,900 + 931 = 5,831.
 	marInv := b.close(t, mar).Invoices[0]
 	require.Equal(t, []int64{4900, 931, 5831}, []int64{marInv.SubtotalMinor, marInv.TaxMinor, marInv.TotalMinor})
 	require.Equal(t, []line{{kind: "base_fee", quantity: 1, amount: 4900}}, pricedLines(marInv))
