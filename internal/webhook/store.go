@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/metergate/metergate/internal/invoice"
 	"github.com/metergate/metergate/internal/policy"
 )
 
@@ -25,10 +26,10 @@ const (
 	// EventThreshold is a usage alert's (usage_alerts).
 	EventThreshold = "usage.threshold.v1"
 	// EventInvoiceIssued, EventInvoiceStatusChanged and EventCreditNoteIssued are the
-	// billing events' (billing_events), written by the invoice code.
-	EventInvoiceIssued        = "invoice.issued.v1"
-	EventInvoiceStatusChanged = "invoice.status_changed.v1"
-	EventCreditNoteIssued     = "credit_note.issued.v1"
+	// billing events' (billing_events), written by the invoice code, which names them.
+	EventInvoiceIssued        = invoice.EventInvoiceIssued
+	EventInvoiceStatusChanged = invoice.EventInvoiceStatusChanged
+	EventCreditNoteIssued     = invoice.EventCreditNoteIssued
 )
 
 // EventTypes are the event types an endpoint may take.
