@@ -208,6 +208,7 @@ var Routes = []string{
 	"POST /v1/admin/invoices/{id}/reissue",
 	"GET /v1/admin/credit-notes",
 	"GET /v1/admin/credit-notes/{id}",
+	"POST /v1/admin/amendments",
 	"PUT /v1/admin/accounts/{id}/billing",
 	"GET /v1/admin/accounts/{id}/billing",
 	"GET /openapi.yaml",
@@ -276,8 +277,9 @@ func (s *Server) routes() {
 		"POST /v1/admin/webhooks/{id}/deliveries/{delivery}/replay": s.webhooks(s.replayDelivery),
 		"POST /v1/admin/webhooks/{id}/replay":                       s.webhooks(s.replayWebhooks),
 
-		// Invoices, their renderings (123.pdf, .html, .csv), statuses and credit notes, and
-		// customers' billing details (invoices.go).
+		// Invoices, their renderings (123.pdf, .html, .csv), statuses and credit notes,
+		// amendments of closed periods (amendments.go), and customers' billing details
+		// (invoices.go).
 		"GET /v1/admin/invoices":               s.invoices(s.listInvoices),
 		"GET /v1/admin/invoices/{id}":          s.invoices(s.getInvoice),
 		"POST /v1/admin/invoices/{id}/status":  s.invoices(s.setInvoiceStatus),
@@ -285,6 +287,7 @@ func (s *Server) routes() {
 		"POST /v1/admin/invoices/{id}/reissue": s.invoices(s.reissueInvoice),
 		"GET /v1/admin/credit-notes":           s.invoices(s.listCreditNotes),
 		"GET /v1/admin/credit-notes/{id}":      s.invoices(s.getCreditNote),
+		"POST /v1/admin/amendments":            s.invoices(s.amend),
 		"PUT /v1/admin/accounts/{id}/billing":  s.invoices(s.putBillingDetails),
 		"GET /v1/admin/accounts/{id}/billing":  s.invoices(s.getBillingDetails),
 

@@ -18,7 +18,8 @@ import (
 	"github.com/metergate/metergate/internal/policy"
 )
 
-// MaxBodyBytes bounds every request body but those that carry a model request to estimate.
+// MaxBodyBytes bounds every request body but those that carry a model request to estimate
+// and an amendment's (MaxAmendmentBodyBytes).
 const MaxBodyBytes = 64 << 10
 
 // MaxEstimateBodyBytes bounds the bodies that carry a model request to estimate: POST
@@ -28,8 +29,11 @@ const MaxEstimateBodyBytes = 1 << 20
 
 // bodyLimit is the most bytes a request to path may send.
 func bodyLimit(path string) int {
-	if path == "/v1/admit" || path == "/v1/estimate" {
+	switch path {
+	case "/v1/admit", "/v1/estimate":
 		return MaxEstimateBodyBytes
+	case "/v1/admin/amendments":
+		return MaxAmendmentBodyBytes
 	}
 	return MaxBodyBytes
 }

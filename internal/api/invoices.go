@@ -21,7 +21,8 @@ import (
 )
 
 // Invoices reads issued invoices and credit notes, changes invoices' statuses (a void
-// issues a credit note) and keeps the customers' billing details (InvoiceStore).
+// issues a credit note), amends closed periods' usage and keeps the customers' billing
+// details (InvoiceStore).
 type Invoices interface {
 	Invoices(ctx context.Context, f invoice.Filter) ([]invoice.Invoice, error)
 	// Invoice returns an invoice with its lines, status history and credit notes.
@@ -31,6 +32,8 @@ type Invoices interface {
 	Reissue(ctx context.Context, id int64, reason, by string) (invoice.Invoice, error)
 	CreditNotes(ctx context.Context, org string, after int64, limit int) ([]invoice.CreditNote, error)
 	CreditNote(ctx context.Context, id int64) (invoice.CreditNote, error)
+	// Amend records an amendment of recorded events of a closed period (invoice.Amend).
+	Amend(ctx context.Context, a invoice.Amendment) (invoice.Amended, error)
 	PutBillingDetails(ctx context.Context, d invoice.BillingDetails) (invoice.BillingDetails, error)
 	BillingDetails(ctx context.Context, org string) (invoice.BillingDetails, error)
 }
@@ -128,6 +131,12 @@ func (s InvoiceStore) CreditNote(ctx context.Context, id int64) (invoice.CreditN
 	return invoice.GetCreditNote(ctx, s.Pool, id)
 }
 
+// Amend records amendment a of a closed period's usage, settled on the next invoice or by
+// a credit note issued as Issuer (invoice.Amend).
+func (s InvoiceStore) Amend(ctx context.Context, a invoice.Amendment) (invoice.Amended, error) {
+	return invoice.Amend(ctx, s.Pool, s.Issuer, a)
+}
+
 // PutBillingDetails writes d (invoice.PutBillingDetails), checking its currency against
 // the org's plan this month.
 func (s InvoiceStore) PutBillingDetails(ctx context.Context, d invoice.BillingDetails) (invoice.BillingDetails, error) {
@@ -178,6 +187,16 @@ func (s *Server) invoiceError(w http.ResponseWriter, op string, err error) {
 		writeError(w, &Error{Status: http.StatusConflict, Code: "not_an_org", Message: err.Error()})
 	case errors.Is(err, invoice.ErrCurrencyMismatch):
 		writeError(w, &Error{Status: http.StatusConflict, Code: "currency_mismatch", Message: err.Error()})
+	case errors.Is(err, invoice.ErrInvalidAmendment):
+		writeError(w, badRequest("invalid_amendment", "%s", err.Error()))
+	case errors.Is(err, invoice.ErrUnknownEvent):
+		writeError(w, &Error{Status: http.StatusNotFound, Code: "unknown_event", Message: err.Error()})
+	case errors.Is(err, invoice.ErrPeriodOpen):
+		writeError(w, &Error{Status: http.StatusConflict, Code: "period_open", Message: err.Error()})
+	case errors.Is(err, invoice.ErrNotACredit):
+		writeError(w, &Error{Status: http.StatusConflict, Code: "not_a_credit", Message: err.Error()})
+	case errors.Is(err, invoice.ErrNoLiveInvoice):
+		writeError(w, &Error{Status: http.StatusConflict, Code: "no_live_invoice", Message: err.Error()})
 	default:
 		if err != nil {
 			s.cfg.Log.Error(op, "err", err)

@@ -109,6 +109,8 @@ var Inexpressible = []struct {
 		"the API bounds billing details in bytes, the document in characters (the same for ASCII); and an email must parse as one address (net/mail), which a pattern cannot state"},
 	{"invalid_reason", []string{"bytes, more than"},
 		"the API bounds a reason in bytes, the document in characters (the same for ASCII)"},
+	{"invalid_amendment", []string{"more than one org or period", "amend them in parts"},
+		"which org and period each event of an amendment is of, and how many events a filter matches, are data"},
 }
 
 // Unchecked lists the paths served beside the API that the document does not describe.
