@@ -219,6 +219,8 @@ func TestAmendmentsBadInput(t *testing.T) {
 		{"one of two unknown", body("event_ids", []string{f.wrong, "no-such-event"}), 404, "unknown_event"},
 		{"filter matching nothing", filter("period", "2025-02"), 404, "unknown_event"},
 		{"account matching nothing", filter("account", f.team), 404, "unknown_event"},
+		{"the first month there is", filter("period", "0000-01"), 404, "unknown_event"},
+		{"the last month there is", filter("period", "9999-12"), 404, "unknown_event"},
 		{"open period", body("event_ids", []string{open}), 409, "period_open"},
 		{"open period by filter", filter("period", "2025-04"), 409, "period_open"},
 		{"an increase by credit note", setUnits(map[string]any{"requests": 500_000}, "settle", "credit_note"), 409, "not_a_credit"},
