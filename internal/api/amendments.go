@@ -14,9 +14,9 @@ import (
 // rest (MaxBodyBytes).
 const MaxAmendmentBodyBytes = invoice.MaxAmendEvents*(maxAmendEventID+3) + MaxBodyBytes
 
-// maxAmendEventID is the longest event id an amendment names, in bytes (invoice.Amend's
-// bound).
-const maxAmendEventID = 200
+// maxAmendEventID is the longest event id an amendment names, in bytes: the longest the
+// meter records (invoice.MaxEventID).
+const maxAmendEventID = invoice.MaxEventID
 
 // amendmentBody is the body of POST /v1/admin/amendments: the events (event_ids, or the
 // filter org, period and account), what to do to them, why, and how to settle it.

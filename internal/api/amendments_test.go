@@ -233,7 +233,7 @@ func TestAmendmentsBadInput(t *testing.T) {
 		{"a filter without an org", filter("org", nil), 400, "invalid_amendment"},
 		{"no event ids", body("event_ids", []string{}), 400, "invalid_amendment"},
 		{"too many event ids", body("event_ids", many), 400, "invalid_amendment"},
-		{"an event id too long", body("event_ids", []string{strings.Repeat("e", 201)}), 400, "invalid_event_id"},
+		{"an event id too long", body("event_ids", []string{strings.Repeat("e", invoice.MaxEventID+1)}), 400, "invalid_event_id"},
 		{"an empty event id", body("event_ids", []string{""}), 400, "invalid_event_id"},
 		{"an event id with a space", body("event_ids", []string{"ev 1"}), 400, "invalid_event_id"},
 		{"units out of range", setUnits(map[string]any{"requests": invoice.MaxUnits + 1}), 400, "invalid_units"},

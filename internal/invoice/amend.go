@@ -28,6 +28,9 @@ const (
 // MaxAmendEvents bounds the events one amendment amends.
 const MaxAmendEvents = 10000
 
+// MaxEventID is the longest event id, in bytes: what the meter records.
+const MaxEventID = 255
+
 // MaxUnits is the most units an amendment sets an event to bill: policy.MaxAmount, the
 // largest amount of any unit anywhere (policy imports this package, so it is repeated
 // here, and a test holds them equal).
@@ -116,8 +119,8 @@ func (a Amendment) validate() error {
 		return bad("action %q: want %s or %s", a.Action, AmendVoid, AmendSetUnits)
 	}
 	for _, id := range a.EventIDs {
-		if id == "" || len(id) > 200 {
-			return bad("event id %q: 1 to 200 bytes", id)
+		if id == "" || len(id) > MaxEventID {
+			return bad("event id %q: 1 to %d bytes", id, MaxEventID)
 		}
 	}
 	for u, n := range a.Units {
