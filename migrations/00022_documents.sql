@@ -35,11 +35,11 @@ CREATE TABLE document_sequences (
     issuer text    NOT NULL CHECK (issuer ~ '^[A-Z0-9]{1,10}$'),
     kind   text    NOT NULL CHECK (kind IN ('invoice', 'credit_note')),
     year   integer NOT NULL CHECK (year BETWEEN 2000 AND 9999),
-    last   bigint  NOT NULL CHECK (last BETWEEN 1 AND 999999999),
+    last   bigint  NOT NULL CHECK (last BETWEEN 0 AND 999999999),
     PRIMARY KEY (issuer, kind, year)
 );
 
-COMMENT ON TABLE document_sequences IS 'The last number given per issuer (BILLING_NUMBER_PREFIX), kind and year of issue: MG-2026-000123 is the 123rd invoice of 2026, MG-CN-2026-000004 the 4th credit note. Taken in the issuing transaction: no gap.';
+COMMENT ON TABLE document_sequences IS 'The last number given per issuer (BILLING_NUMBER_PREFIX), kind and year of issue: MG-2026-000123 is the 123rd invoice of 2026, MG-CN-2026-000004 the 4th credit note. Taken in the issuing transaction, which holds the row locked until it commits: no gap.';
 
 -- Invoices: a number, the issuer's and the customer's details as they were, tax, a due
 -- date, statuses and reissues.

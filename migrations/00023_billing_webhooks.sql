@@ -70,7 +70,9 @@ BEGIN
     SELECT e.id, NEW.id
     FROM webhook_endpoints e
     WHERE e.enabled AND webhook_takes(e, NEW.type, ARRAY[NEW.org]);
-    PERFORM pg_notify('webhook_deliveries', '');
+    IF FOUND THEN -- a close writes an event per invoice: wake the deliverers only for work
+        PERFORM pg_notify('webhook_deliveries', '');
+    END IF;
     RETURN NULL;
 END
 $$;

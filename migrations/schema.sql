@@ -431,7 +431,9 @@ BEGIN
     SELECT e.id, NEW.id
     FROM webhook_endpoints e
     WHERE e.enabled AND webhook_takes(e, NEW.type, ARRAY[NEW.org]);
-    PERFORM pg_notify('webhook_deliveries', '');
+    IF FOUND THEN -- a close writes an event per invoice: wake the deliverers only for work
+        PERFORM pg_notify('webhook_deliveries', '');
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -1814,7 +1816,7 @@ CREATE TABLE document_sequences (
     last bigint NOT NULL,
     CONSTRAINT document_sequences_issuer_check CHECK ((issuer ~ '^[A-Z0-9]{1,10}$'::text)),
     CONSTRAINT document_sequences_kind_check CHECK ((kind = ANY (ARRAY['invoice'::text, 'credit_note'::text]))),
-    CONSTRAINT document_sequences_last_check CHECK (((last >= 1) AND (last <= 999999999))),
+    CONSTRAINT document_sequences_last_check CHECK (((last >= 0) AND (last <= 999999999))),
     CONSTRAINT document_sequences_year_check CHECK (((year >= 2000) AND (year <= 9999)))
 );
 
@@ -1823,7 +1825,7 @@ CREATE TABLE document_sequences (
 -- Name: TABLE document_sequences; Type: COMMENT; Schema: :schema; Owner: -
 --
 
-COMMENT ON TABLE document_sequences IS 'The last number given per issuer (BILLING_NUMBER_PREFIX), kind and year of issue: MG-2026-000123 is the 123rd invoice of 2026, MG-CN-2026-000004 the 4th credit note. Taken in the issuing transaction: no gap.';
+COMMENT ON TABLE document_sequences IS 'The last number given per issuer (BILLING_NUMBER_PREFIX), kind and year of issue: MG-2026-000123 is the 123rd invoice of 2026, MG-CN-2026-000004 the 4th credit note. Taken in the issuing transaction, which holds the row locked until it commits: no gap.';
 
 
 --

@@ -254,7 +254,9 @@ func creditAmendment(ctx context.Context, tx pgx.Tx, is Issuer, am Amended, a Am
 		return nil, err
 	}
 	var id int64
-	err = tx.QueryRow(ctx, `select id from invoices where org = $1 and period = $2 and status <> 'void' order by id desc limit 1`,
+	// Locked: a void of the same invoice at the same time waits, and then credits what this
+	// note did not (or this one finds the invoice void, and refuses).
+	err = tx.QueryRow(ctx, `select id from invoices where org = $1 and period = $2 and status <> 'void' order by id desc limit 1 for update`,
 		am.Org, month).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%s of org %s: %w: settle it on the next invoice", month.Format("2006-01"), am.Org, ErrNoLiveInvoice)

@@ -167,6 +167,19 @@ func TestThreeMonthsOfDocuments(t *testing.T) {
 	require.Equal(t, []line{{kind: "base_fee", quantity: 1, amount: 4900}}, pricedLines(marInv))
 	b.tiesOut(t)
 
+	// Billing events, one per document and status change, written with them: four invoices
+	// issued, January voided, two credit notes. The reissue's says what its invoice says.
+	for typ, want := range map[string]int64{invoice.EventInvoiceIssued: 4, invoice.EventInvoiceStatusChanged: 1, invoice.EventCreditNoteIssued: 2} {
+		require.Equal(t, want, b.count(t, `select count(*) from billing_events where type = $1 and org = 'acme'`, typ), typ)
+	}
+	var ceType, subject, number string
+	var total int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `select payload->>'type', payload->>'subject', payload->'data'->>'number',
+		(payload->'data'->>'total_minor')::bigint from billing_events where id = $1`, "invoice.issued/"+re.Number).
+		Scan(&ceType, &subject, &number, &total))
+	require.Equal(t, []any{"io.metergate.invoice.issued.v1", "invoice/" + re.Number, re.Number, re.TotalMinor},
+		[]any{ceType, subject, number, total})
+
 	// Numbers: January 1, February 2, the reissue 3, March 4.
 	var numbers []string
 	for _, inv := range []invoice.Invoice{janInv, febInv, re, marInv} {

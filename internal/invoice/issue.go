@@ -50,6 +50,8 @@ type issuance struct {
 	bad              map[string]error            // org → why its own data cannot be invoiced
 	orgs             []string                    // the orgs to invoice, sorted
 	issuer           Issuer
+	seq              *sequence      // the invoices' numbers
+	events           []billingEvent // of the invoices written, recorded at the end
 }
 
 // draft is an org's invoice as priced, before it is written.
@@ -77,6 +79,9 @@ func issue(ctx context.Context, tx pgx.Tx, issuer Issuer, by string, period, end
 	if is.details, err = readBillingDetails(ctx, tx, is.orgs); err != nil {
 		return 0, nil, err
 	}
+	if is.seq, err = lockSequence(ctx, tx, issuer, seqInvoice, is.issuedAt); err != nil {
+		return 0, nil, err
+	}
 	for _, org := range is.orgs {
 		err := is.blocked(org)
 		if err == nil {
@@ -91,7 +96,10 @@ func issue(ctx context.Context, tx pgx.Tx, issuer Issuer, by string, period, end
 		}
 		issued++
 	}
-	return issued, failed, nil
+	if err := recordEvents(ctx, tx, is.events...); err != nil {
+		return 0, nil, err
+	}
+	return issued, failed, is.seq.save(ctx, tx)
 }
 
 // loadIssue is the load step: it reads in tx, once for every org, what the invoices of
@@ -326,7 +334,11 @@ func (is *issuance) issueOrg(ctx context.Context, tx pgx.Tx, org string) (err er
 	if err != nil {
 		return err
 	}
-	_, err = is.writeInvoice(ctx, sp, d)
+	_, e, err := is.writeInvoice(ctx, sp, d)
+	if err == nil { // kept only once the savepoint is released (the deferred Commit)
+		is.seq.take()
+		is.events = append(is.events, e)
+	}
 	return err
 }
 
@@ -412,21 +424,26 @@ func priceUsage(pr prices, plan Plan, org string, usage []Usage, covered map[str
 	return lines, billed, nil
 }
 
-// writeInvoice is the write step: the invoice as issued at the close, its lines numbered
-// from 1 in order, and the late events it bills.
-func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) (int64, error) {
-	number, err := nextNumber(ctx, tx, is.issuer, seqInvoice, is.issuedAt)
-	if err != nil {
-		return 0, err
-	}
+// writeInvoice is the write step: the invoice as issued at the close, numbered next in
+// is.seq (the caller takes the number once the invoice stands), its lines numbered from 1
+// in order, and the late events it bills. It returns the invoice (without lines) and its
+// invoice.issued.v1, for the caller to record.
+func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) (Invoice, billingEvent, error) {
+	number := is.seq.next()
 	var buyer *document.Party
 	if details := is.details[d.org]; details != nil {
 		buyer = &details.Party
 	}
 	due := is.issuedAt.Add(is.issuer.terms())
+	inv := Invoice{
+		Number: number, Org: d.org, Period: is.period.Format(dateLayout), Plan: d.plan.ID, PriceVersion: d.plan.Version,
+		Currency: d.plan.Currency, Status: StatusIssued, Seller: &is.issuer.Seller, Buyer: buyer, SubtotalMinor: d.subtotal,
+		TaxRateBP: d.taxBP, TaxMinor: d.tax, TotalMinor: d.subtotal + d.tax, IssuedAt: is.issuedAt, DueAt: &due, IssuedBy: is.by,
+	}
 	var replaces, reason any
 	if is.replaces != nil {
 		replaces, reason = is.replaces.ID, is.reason
+		inv.Replaces, inv.Reason = &is.replaces.ID, is.reason
 	}
 	var id int64
 	if err := tx.QueryRow(ctx, insertInvoiceSQL, pgx.StrictNamedArgs{
@@ -435,10 +452,11 @@ func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) (int64
 		"issued_at": is.issuedAt, "due_at": due, "number": number, "issuer": is.issuer.prefix(),
 		"seller": is.issuer.Seller, "buyer": buyer, "replaces": replaces, "reason": reason, "issued_by": is.by,
 	}).Scan(&id); err != nil {
-		return 0, fmt.Errorf("insert invoice of org %s: %w", d.org, err)
+		return Invoice{}, billingEvent{}, fmt.Errorf("insert invoice of org %s: %w", d.org, err)
 	}
+	inv.ID = id
 	if err := insertLines(ctx, tx, id, d.lines); err != nil {
-		return 0, fmt.Errorf("insert lines of org %s: %w", d.org, err)
+		return Invoice{}, billingEvent{}, fmt.Errorf("insert lines of org %s: %w", d.org, err)
 	}
 	if len(d.late) > 0 {
 		ids := make([]string, len(d.late))
@@ -449,10 +467,11 @@ func (is *issuance) writeInvoice(ctx context.Context, tx pgx.Tx, d draft) (int64
 		if _, err := tx.Exec(ctx, insertLateEventsSQL, pgx.StrictNamedArgs{
 			"event_ids": ids, "billing_periods": periods, "invoice_id": id,
 		}); err != nil {
-			return 0, fmt.Errorf("record late events of org %s: %w", d.org, err)
+			return Invoice{}, billingEvent{}, fmt.Errorf("record late events of org %s: %w", d.org, err)
 		}
 	}
-	return id, issuedEvent(ctx, tx, is.issuer, id)
+	e, err := newEvent(is.issuer, "invoice.issued/"+number, EventInvoiceIssued, d.org, "invoice/"+number, is.issuedAt, inv)
+	return inv, e, err
 }
 
 func insertLines(ctx context.Context, tx pgx.Tx, id int64, lines []Line) error {

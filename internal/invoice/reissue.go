@@ -70,7 +70,8 @@ func Reissue(ctx context.Context, pool *pgxpool.Pool, is Issuer, id int64, reaso
 		if err != nil {
 			return err
 		}
-		iss.issuer, iss.by, iss.issuedAt, iss.replaces, iss.reason = is, by, now, &orig, reason
+		// Microseconds, as PostgreSQL keeps it: the event says what the row says.
+		iss.issuer, iss.by, iss.issuedAt, iss.replaces, iss.reason = is, by, now.Truncate(time.Microsecond), &orig, reason
 		if iss.details, err = readBillingDetails(ctx, tx, iss.orgs); err != nil {
 			return err
 		}
@@ -81,11 +82,18 @@ func Reissue(ctx context.Context, pool *pgxpool.Pool, is Issuer, id int64, reaso
 		if err != nil {
 			return err
 		}
-		newID, err := iss.writeInvoice(ctx, tx, d)
+		if iss.seq, err = lockSequence(ctx, tx, is, seqInvoice, iss.issuedAt); err != nil {
+			return err
+		}
+		inv, e, err := iss.writeInvoice(ctx, tx, d)
 		if err != nil {
 			return err
 		}
-		out, err = Get(ctx, tx, newID)
+		iss.seq.take()
+		if err := errors.Join(recordEvents(ctx, tx, e), iss.seq.save(ctx, tx)); err != nil {
+			return err
+		}
+		out, err = Get(ctx, tx, inv.ID)
 		return err
 	})
 	if err != nil {

@@ -231,16 +231,6 @@ func creditSummary(n CreditNote) CreditNote {
 	return n
 }
 
-// issuedEvent records invoice.issued.v1 of invoice id, in the transaction that issued it.
-func issuedEvent(ctx context.Context, tx pgx.Tx, is Issuer, id int64) error {
-	inv, err := Get(ctx, tx, id)
-	if err != nil {
-		return err
-	}
-	return recordEvent(ctx, tx, is, "invoice.issued/"+inv.Number, EventInvoiceIssued, inv.Org, "invoice/"+inv.Number,
-		inv.IssuedAt, summary(inv))
-}
-
 // StatusHistory returns the status changes of invoice id, oldest first.
 func StatusHistory(ctx context.Context, q querier, id int64) ([]StatusChange, error) {
 	rows, err := q.Query(ctx, statusChangesSQL, pgx.StrictNamedArgs{"invoice_id": id})
