@@ -30,7 +30,7 @@ type testBundle struct {
 	pool *pgxpool.Pool
 }
 
-func setup(t *testing.T) *testBundle {
+func setup(t testing.TB) *testBundle {
 	t.Helper()
 	pool, _ := testenv.EmptySchema(t)
 	ctx := testenv.Context(t, 2*time.Minute)
