@@ -309,7 +309,10 @@ WHERE b.late OR b.ingest_time > p.closed_at;
 COMMENT ON VIEW finance_late_events IS 'Events of closed periods not covered by that period''s invoice (flagged late, or ingested after closed_at); billed_on = the live invoice that billed them as late lines, NULL until then; held: the org''s invoice of the period is void and not reissued, so they wait.';
 
 -- Per live invoice: what is billable for its period now against what live invoices billed
--- for it (a void invoice and its credit note cancel each other, so neither counts).
+-- for it (a void invoice and its credit note cancel each other, so neither counts), less
+-- what amendment credit notes (kind amendment, migration 00024) credited on them. Its sums
+-- are numeric: an org's month grown past bigint (late data) is that org's problem, reported
+-- by the tie-out and refused by its close, never an error of the query for every org.
 CREATE VIEW finance_period_billing AS
 WITH billable AS (
     SELECT b.org, b.billing_period AS period, u.unit,
@@ -328,15 +331,24 @@ WITH billable AS (
     LEFT JOIN billed_late_events l ON l.event_id = c.event_id AND l.billing_period = c.billing_period
     WHERE (NOT c.late AND c.ingest_time <= p.closed_at) OR l.invoice_id IS NOT NULL
     GROUP BY c.org, c.billing_period, c.unit
-), billed AS (
-    SELECT i.org, coalesce(l.for_period, i.period) AS period, l.unit,
-           coalesce(sum(l.quantity) FILTER (WHERE l.kind IN ('usage', 'late', 'adjustment')), 0) AS quantity,
-           coalesce(sum(l.amount_minor) FILTER (WHERE l.kind IN ('included', 'overage_tier', 'late', 'adjustment')), 0) AS amount,
-           coalesce(sum(l.quantity) FILTER (WHERE l.kind = 'credits_applied'), 0) AS covered
+), lines AS (
+    SELECT i.org, coalesce(l.for_period, i.period) AS period, l.unit, l.kind, l.quantity, l.amount_minor
     FROM invoices i
     JOIN invoice_lines l ON l.invoice_id = i.id
     WHERE l.unit IS NOT NULL AND i.status <> 'void'
-    GROUP BY i.org, coalesce(l.for_period, i.period), l.unit
+    UNION ALL
+    SELECT n.org, l.for_period, l.unit, l.kind, -l.quantity, -l.amount_minor
+    FROM credit_notes n
+    JOIN invoices i ON i.id = n.invoice_id
+    JOIN credit_note_lines l ON l.credit_note_id = n.id
+    WHERE n.kind = 'amendment' AND i.status <> 'void' AND l.unit IS NOT NULL
+), billed AS (
+    SELECT org, period, unit,
+           coalesce(sum(quantity) FILTER (WHERE kind IN ('usage', 'late', 'adjustment')), 0) AS quantity,
+           coalesce(sum(amount_minor) FILTER (WHERE kind IN ('included', 'overage_tier', 'late', 'adjustment')), 0) AS amount,
+           coalesce(sum(quantity) FILTER (WHERE kind = 'credits_applied'), 0) AS covered
+    FROM lines
+    GROUP BY org, period, unit
 )
 SELECT i.id AS invoice_id, i.org, i.period, i.plan, i.price_version, pu.unit,
        coalesce(bl.quantity, 0) AS billable_quantity,
@@ -351,10 +363,7 @@ LEFT JOIN covered cv ON cv.org = i.org AND cv.period = i.period AND cv.unit = pu
 LEFT JOIN billed bd ON bd.org = i.org AND bd.period = i.period AND bd.unit = pu.unit
 WHERE i.status <> 'void';
 
--- Its sums are numeric: an org's month grown past bigint (late data) is that org's
--- problem, reported by the tie-out and refused by its close, never an error of the query for
--- every org.
-COMMENT ON VIEW finance_period_billing IS 'Per live (not void) invoice''s period, org and billed unit of its price version: billable units now (covered events and late events billed by a live invoice, today''s outcomes) and the units of them the org''s credits covered (covered_quantity), against units, amounts and credits applied billed for the period by live invoices (its own usage lines, later late, adjustment and credits_applied lines).';
+COMMENT ON VIEW finance_period_billing IS 'Per live (not void) invoice''s period, org and billed unit of its price version: billable units now (covered events and late events billed by a live invoice, today''s outcomes and amendments) and the units of them the org''s credits covered (covered_quantity), against units, amounts and credits applied billed for the period by live invoices (its own usage lines, later late, adjustment and credits_applied lines), less what amendment credit notes on them credited.';
 
 -- Rounding of tax: half away from zero, exactly.
 -- +goose StatementBegin

@@ -367,7 +367,8 @@ func (s *Server) getInvoice(w http.ResponseWriter, r *http.Request, store Invoic
 	s.writeDocument(w, format, name, rec.Document())
 }
 
-// statusBody is the body of POST /v1/admin/invoices/{id}/status; voidBody of .../void.
+// statusBody is the body of POST /v1/admin/invoices/{id}/status; voidBody of .../void and
+// .../reissue.
 type (
 	statusBody struct {
 		Status string `json:"status"`
@@ -385,15 +386,24 @@ type statusReply struct {
 	CreditNote *invoice.CreditNote `json:"credit_note,omitempty"`
 }
 
-func (s *Server) setInvoiceStatus(w http.ResponseWriter, r *http.Request, store Invoices) {
+// invoiceAction reads an invoice action's path id and JSON body into b; false when it
+// answered an error.
+func invoiceAction(w http.ResponseWriter, r *http.Request, b any) (int64, bool) {
 	id, _, e := documentID(r.PathValue("id"), false)
+	if e == nil {
+		e = decodeJSON(r.Body, b)
+	}
 	if e != nil {
 		writeError(w, e)
-		return
+		return 0, false
 	}
+	return id, true
+}
+
+func (s *Server) setInvoiceStatus(w http.ResponseWriter, r *http.Request, store Invoices) {
 	var b statusBody
-	if e := decodeJSON(r.Body, &b); e != nil {
-		writeError(w, e)
+	id, ok := invoiceAction(w, r, &b)
+	if !ok {
 		return
 	}
 	switch b.Status {
@@ -409,28 +419,16 @@ func (s *Server) setInvoiceStatus(w http.ResponseWriter, r *http.Request, store 
 }
 
 func (s *Server) voidInvoice(w http.ResponseWriter, r *http.Request, store Invoices) {
-	id, _, e := documentID(r.PathValue("id"), false)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
 	var b voidBody
-	if e := decodeJSON(r.Body, &b); e != nil {
-		writeError(w, e)
-		return
+	if id, ok := invoiceAction(w, r, &b); ok {
+		s.changeStatus(w, r, store, id, invoice.StatusVoid, b.Reason)
 	}
-	s.changeStatus(w, r, store, id, invoice.StatusVoid, b.Reason)
 }
 
 func (s *Server) reissueInvoice(w http.ResponseWriter, r *http.Request, store Invoices) {
-	id, _, e := documentID(r.PathValue("id"), false)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
 	var b voidBody
-	if e := decodeJSON(r.Body, &b); e != nil {
-		writeError(w, e)
+	id, ok := invoiceAction(w, r, &b)
+	if !ok {
 		return
 	}
 	inv, err := store.Reissue(r.Context(), id, b.Reason, adminActor)
