@@ -18,13 +18,21 @@ func TestPrivateRedisCluster(t *testing.T) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	defer rdb.Close()
 	ctx := testenv.Context(t, 2*time.Minute)
-	if err := rdb.Set(ctx, "{k}", "v", 0).Err(); err != nil {
+	// SET, then WAIT on the same connection to the key's master: the replica has the write
+	// before its master dies. (WAIT through the cluster client goes to any node, on any
+	// connection, and counts replicas of nothing.)
+	owner, err := rdb.MasterForKey(ctx, "{k}")
+	if err != nil {
+		t.Fatalf("the master of {k}: %v", err)
+	}
+	conn := owner.Conn()
+	if err := conn.Set(ctx, "{k}", "v", 0).Err(); err != nil {
 		t.Fatalf("set on the private cluster: %v", err)
 	}
-	// WAIT: the replica has the write before its master dies.
-	if n, err := rdb.Wait(ctx, 1, time.Second).Result(); err != nil || n != 1 {
+	if n, err := conn.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
 		t.Fatalf("WAIT 1: %d replicas, %v", n, err)
 	}
+	_ = conn.Close()
 	master := c.MasterOf("{k}")
 	c.KillMaster(master)
 	killed := time.Now()
