@@ -1,7 +1,15 @@
 // Package invoice closes billing periods and issues invoices from the billing log: prices
 // live in the plans as versions (plan_prices, plan_price_units, plan_price_tiers; see
-// AddPriceVersion), money is integer minor units, and issued invoices are immutable (a
-// trigger refuses UPDATE and DELETE) and keep the price version they were priced with.
+// AddPriceVersion), money is integer minor units, and issued invoices keep the price
+// version they were priced with.
+//
+// Invoices are documents (docs/finance.md "Documents"): numbered without gaps per issuer
+// (numbers.go), addressed from the customers' billing details and taxed (details.go,
+// issuer.go), sealed by triggers but for their status, which changes with an audit row
+// (status.go: a void issues a credit note), reissued from the log as it is (reissue.go),
+// and corrected after their close by amendments (amend.go). Each document and status
+// change records a billing event that webhooks deliver. Their renderings are
+// internal/document's.
 package invoice
 
 import (
