@@ -914,6 +914,45 @@ COMMENT ON TABLE api_keys IS 'API keys: SHA-256 of the secret only; the secret i
 
 
 --
+-- Name: audit_log; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE audit_log (
+    id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text NOT NULL,
+    role text NOT NULL,
+    method text NOT NULL,
+    route text NOT NULL,
+    path text NOT NULL,
+    status integer NOT NULL,
+    before jsonb,
+    after jsonb
+);
+
+
+--
+-- Name: TABLE audit_log; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE audit_log IS 'Every write through the admin API (and the console): who (a staff id, or admin-token), with which role, when, the route and path, the reply''s status, and what it changed (before and after, secrets left out). Append-only.';
+
+
+--
+-- Name: audit_log_id_seq; Type: SEQUENCE; Schema: :schema; Owner: -
+--
+
+ALTER TABLE audit_log ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME audit_log_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+
+--
 -- Name: usage_events; Type: TABLE; Schema: :schema; Owner: -
 --
 
@@ -2819,6 +2858,34 @@ COMMENT ON COLUMN reconcile_runs.summary IS 'The run''s summary, as printed by r
 
 
 --
+-- Name: staff; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE staff (
+    id text NOT NULL,
+    name text NOT NULL,
+    role text NOT NULL,
+    token_hash bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_by text NOT NULL,
+    revoked_at timestamp with time zone,
+    revoked_by text,
+    CONSTRAINT staff_id_check CHECK ((id ~ '^st_[0-9a-f]{16}$'::text)),
+    CONSTRAINT staff_name_check CHECK (((length(name) >= 1) AND (length(name) <= 100))),
+    CONSTRAINT staff_revoked CHECK (((revoked_at IS NULL) = (revoked_by IS NULL))),
+    CONSTRAINT staff_role_check CHECK ((role = ANY (ARRAY['admin'::text, 'finance'::text, 'support'::text, 'viewer'::text]))),
+    CONSTRAINT staff_token_hash_check CHECK ((length(token_hash) = 32))
+);
+
+
+--
+-- Name: TABLE staff; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE staff IS 'Named staff credentials with a role (admin, finance, support, viewer); the token is kept as its SHA-256 only. Revoked: refused from then on.';
+
+
+--
 -- Name: usage_alerts; Type: TABLE; Schema: :schema; Owner: -
 --
 
@@ -3168,6 +3235,14 @@ ALTER TABLE ONLY api_keys
 
 
 --
+-- Name: audit_log audit_log_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY audit_log
+    ADD CONSTRAINT audit_log_pkey PRIMARY KEY (id);
+
+
+--
 -- Name: billing_details billing_details_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -3400,6 +3475,22 @@ ALTER TABLE ONLY reconcile_runs
 
 
 --
+-- Name: staff staff_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY staff
+    ADD CONSTRAINT staff_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: staff staff_token_hash_key; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY staff
+    ADD CONSTRAINT staff_token_hash_key UNIQUE (token_hash);
+
+
+--
 -- Name: usage_alerts usage_alerts_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -3550,6 +3641,13 @@ CREATE INDEX api_keys_account_idx ON api_keys USING btree (account);
 
 
 --
+-- Name: audit_log_at_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX audit_log_at_idx ON audit_log USING btree (at);
+
+
+--
 -- Name: billing_events_org_idx; Type: INDEX; Schema: :schema; Owner: -
 --
 
@@ -3631,6 +3729,13 @@ CREATE UNIQUE INDEX invoices_org_period_key ON invoices USING btree (org, period
 --
 
 CREATE INDEX invoices_plan_price_version_idx ON invoices USING btree (plan, price_version);
+
+
+--
+-- Name: staff_name_live; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE UNIQUE INDEX staff_name_live ON staff USING btree (name) WHERE (revoked_at IS NULL);
 
 
 --
@@ -3806,6 +3911,20 @@ CREATE TRIGGER amendments_no_truncate BEFORE TRUNCATE ON amendments FOR EACH STA
 --
 
 CREATE TRIGGER api_keys_notify AFTER INSERT OR DELETE OR UPDATE OR TRUNCATE ON api_keys FOR EACH STATEMENT EXECUTE FUNCTION policy_notify();
+
+
+--
+-- Name: audit_log audit_log_append_only; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER audit_log_append_only BEFORE DELETE OR UPDATE ON audit_log FOR EACH ROW EXECUTE FUNCTION append_only('the audit trail of the admin API');
+
+
+--
+-- Name: audit_log audit_log_no_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log FOR EACH STATEMENT EXECUTE FUNCTION append_only('the audit trail of the admin API');
 
 
 --
@@ -4513,6 +4632,20 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE api_keys TO metergate_app;
 
 
 --
+-- Name: TABLE audit_log; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE audit_log TO metergate_app;
+
+
+--
+-- Name: SEQUENCE audit_log_id_seq; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,USAGE ON SEQUENCE audit_log_id_seq TO metergate_app;
+
+
+--
 -- Name: TABLE usage_events; Type: ACL; Schema: :schema; Owner: -
 --
 
@@ -4839,6 +4972,13 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE plans TO metergate_app;
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE reconcile_runs TO metergate_app;
+
+
+--
+-- Name: TABLE staff; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE staff TO metergate_app;
 
 
 --

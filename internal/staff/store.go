@@ -1,0 +1,144 @@
+package staff
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// TokenPrefix starts every staff token: "mgs_" and 43 characters of base64url.
+const TokenPrefix = "mgs_"
+
+var (
+	// ErrInvalid is returned for a staff member that does not validate.
+	ErrInvalid = errors.New("invalid staff member")
+	// ErrExists is returned for a name a live staff member has already.
+	ErrExists = errors.New("a staff member of that name exists")
+	// ErrNotFound is returned for a staff member that does not exist (or is revoked
+	// already, for Revoke) and for a token no live staff member holds.
+	ErrNotFound = errors.New("not found")
+)
+
+// Member is a staff member. Its token is never stored: Create returns it once.
+type Member struct {
+	ID        string     `json:"id"`
+	Name      string     `json:"name"`
+	Role      Role       `json:"role"`
+	CreatedAt time.Time  `json:"created_at"`
+	CreatedBy string     `json:"created_by"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	RevokedBy string     `json:"revoked_by,omitempty"`
+}
+
+// Store keeps staff members in PostgreSQL.
+type Store struct{ pool *pgxpool.Pool }
+
+// NewStore returns a Store over pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// The statements of staff members.
+var (
+	//go:embed sql/insert_staff.sql
+	insertStaffSQL string
+	//go:embed sql/staff_by_token.sql
+	staffByTokenSQL string
+	//go:embed sql/revoke_staff.sql
+	revokeStaffSQL string
+	//go:embed sql/list_staff.sql
+	listStaffSQL string
+)
+
+// Create adds a staff member named name with role, made by by, and returns it with its
+// token: shown this once, stored as its SHA-256 only.
+func (s *Store) Create(ctx context.Context, name string, role Role, by string) (Member, string, error) {
+	switch {
+	case strings.TrimSpace(name) == "" || len(name) > 100 || strings.ContainsFunc(name, unicode.IsControl):
+		return Member{}, "", fmt.Errorf("%w: name %q: 1 to 100 bytes, no control characters", ErrInvalid, name)
+	case !role.Valid():
+		return Member{}, "", fmt.Errorf("%w: role %q: want one of %v", ErrInvalid, role, Roles)
+	}
+	raw := make([]byte, 40)
+	if _, err := rand.Read(raw); err != nil {
+		return Member{}, "", fmt.Errorf("staff token: %w", err)
+	}
+	m := Member{ID: "st_" + hex.EncodeToString(raw[:8]), Name: name, Role: role, CreatedBy: by}
+	token := TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[8:])
+	hash := sha256.Sum256([]byte(token))
+	err := s.pool.QueryRow(ctx, insertStaffSQL, pgx.StrictNamedArgs{
+		"id": m.ID, "name": name, "role": string(role), "token_hash": hash[:], "created_by": by,
+	}).Scan(&m.CreatedAt)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return Member{}, "", fmt.Errorf("staff member %q: %w", name, ErrExists)
+	}
+	if err != nil {
+		return Member{}, "", fmt.Errorf("add staff member %q: %w", name, err)
+	}
+	return m, token, nil
+}
+
+// Authenticate returns the live staff member holding token; ErrNotFound for any other
+// token (unknown, revoked, malformed). The lookup is by the token's SHA-256, so no
+// comparison of the secret leaks its bytes through time.
+func (s *Store) Authenticate(ctx context.Context, token string) (Member, error) {
+	if !strings.HasPrefix(token, TokenPrefix) || len(token) > 100 {
+		return Member{}, ErrNotFound
+	}
+	hash := sha256.Sum256([]byte(token))
+	var m Member
+	var role string
+	err := s.pool.QueryRow(ctx, staffByTokenSQL, pgx.StrictNamedArgs{"token_hash": hash[:]}).
+		Scan(&m.ID, &m.Name, &role, &m.CreatedAt, &m.CreatedBy)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Member{}, ErrNotFound
+	}
+	if err != nil {
+		return Member{}, fmt.Errorf("authenticate staff: %w", err)
+	}
+	m.Role = Role(role)
+	return m, nil
+}
+
+// Revoke revokes staff member id, by by: its token is refused from the next request on.
+// ErrNotFound when there is no live member id.
+func (s *Store) Revoke(ctx context.Context, id, by string) error {
+	var at time.Time
+	err := s.pool.QueryRow(ctx, revokeStaffSQL, pgx.StrictNamedArgs{"id": id, "revoked_by": by}).Scan(&at)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("staff member %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("revoke staff member %q: %w", id, err)
+	}
+	return nil
+}
+
+// List returns every staff member, revoked ones too, oldest first.
+func (s *Store) List(ctx context.Context) ([]Member, error) {
+	rows, err := s.pool.Query(ctx, listStaffSQL)
+	if err != nil {
+		return nil, fmt.Errorf("list staff: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
+		var m Member
+		var role string
+		err := r.Scan(&m.ID, &m.Name, &role, &m.CreatedAt, &m.CreatedBy, &m.RevokedAt, &m.RevokedBy)
+		m.Role = Role(role)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list staff: %w", err)
+	}
+	return out, nil
+}
