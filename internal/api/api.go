@@ -27,6 +27,7 @@ import (
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/period"
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/staff"
 	"github.com/metergate/metergate/pkg/event"
 )
 
@@ -134,6 +135,9 @@ type Config struct {
 	// (ADMIT_GATEWAY_REVEAL_ACCOUNTS). Off by default: they see their own account's id, the
 	// others by their kind ("org", "team", …).
 	RevealAccounts bool
+	// Staff authenticates named staff credentials and keeps the audit log (staff.Store);
+	// nil: the admin token alone opens the admin API, and its writes are not audited.
+	Staff Staff
 	// MaxEstimates bounds the token estimates of large bodies running at once on this node
 	// (ADMIT_MAX_ESTIMATES; 2 × GOMAXPROCS when 0).
 	MaxEstimates int
@@ -375,14 +379,22 @@ func (s *Server) service(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// admin opens a route of the admin API to the admin token and to staff whose role allows
+// it (staff.go), and audits its writes.
 func (s *Server) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !bearer(r, s.cfg.AdminToken) {
-			code := http.StatusUnauthorized
-			if bearer(r, s.cfg.ServiceToken) {
-				code = http.StatusForbidden // the service token does not open the admin API
-			}
-			writeError(w, authError(code, "a valid admin token is required (Authorization: Bearer …)"))
+		who, e := s.staffOf(r)
+		if e != nil {
+			writeError(w, e)
+			return
+		}
+		if !who.Role.Allows(r.Pattern) {
+			writeError(w, &Error{Status: http.StatusForbidden, Code: "forbidden_role",
+				Message: fmt.Sprintf("the role %s may not %s (docs/console.md#roles)", who.Role, r.Pattern)})
+			return
+		}
+		if staff.IsWrite(r.Pattern) {
+			s.audited(w, r, who, h)
 			return
 		}
 		h(w, r)

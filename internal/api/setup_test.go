@@ -28,6 +28,7 @@ import (
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/outbox"
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/staff"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/internal/webhook"
 	"github.com/metergate/metergate/migrations"
@@ -106,6 +107,9 @@ type setupOpts struct {
 	// invoices wires an invoice store issuing as testIssuer, on a migrated schema of the
 	// test's own: a closed period is closed for the whole schema (invoices_test.go).
 	invoices bool
+	// staff wires a staff store (named credentials, the audit log) on a migrated schema of
+	// the test's own (staff_test.go).
+	staff bool
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -121,7 +125,7 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	log := slog.New(&levelCounter{min: slog.LevelError, n: shared.errors})
 	keyPrefix := testenv.Prefix(t) + "mg"
 	schema := ""
-	if o.invoices {
+	if o.invoices || o.staff {
 		schema = migratedSchema(t)
 	}
 	for i := range shared.nodes {
@@ -155,6 +159,9 @@ func (b *testBundle) serve(t *testing.T, o setupOpts, log *slog.Logger, keyPrefi
 	}
 	if o.invoices {
 		cfg.Invoices = api.InvoiceStore{Pool: b.pool, Issuer: testIssuer}
+	}
+	if o.staff {
+		cfg.Staff = staff.NewStore(b.pool)
 	}
 	if o.bare {
 		b.srv = api.New(cfg)
