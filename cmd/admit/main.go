@@ -30,6 +30,7 @@ import (
 	"github.com/metergate/metergate/internal/credit"
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/staff"
 	"github.com/metergate/metergate/internal/topic"
 	"github.com/metergate/metergate/internal/webhook"
 )
@@ -91,6 +92,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		Log: log, Policies: cache, Admin: policy.NewStore(pool), Decider: admitter, Recorder: recorder, Registerer: reg,
 		Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil), Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
 		Invoices: api.InvoiceStore{Pool: pool, Issuer: cfg.Issuer()},
+		Staff:    staff.NewStore(pool),
 	}))
 	probes := readiness(rdb, pool, cache)
 	mux := http.NewServeMux()
