@@ -4,6 +4,8 @@
 //
 //	admit [serve] [flags]  serve the API, and relay the outbox to Kafka (unless ADMIT_RELAY=false)
 //	admit relay [flags]    relay the outbox to Kafka only (with /healthz, /readyz, /metrics)
+//	admit staff -create NAME -role ROLE | -revoke ID | -list
+//	                       add (its token printed once), revoke or list staff members
 //	admit help [command]   list the commands, or a command's flags
 //
 // Configuration comes from environment variables, each mirrored by a flag (admit -h lists
@@ -39,6 +41,7 @@ func main() {
 	cli.Main("admit", os.Args[1:],
 		command("serve", "serve the API, and relay the outbox to Kafka unless ADMIT_RELAY=false", run),
 		command("relay", "relay the outbox to Kafka only (with /healthz, /readyz, /metrics)", runRelay),
+		staffCommand,
 	)
 }
 
