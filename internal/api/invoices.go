@@ -84,10 +84,8 @@ func (s InvoiceStore) Invoice(ctx context.Context, id int64) (InvoiceRecord, err
 		if rec.StatusHistory, err = invoice.StatusHistory(ctx, tx, id); err != nil {
 			return err
 		}
-		if rec.Replaces != nil {
-			if err := tx.QueryRow(ctx, `select coalesce(number, '') from invoices where id = $1`, *rec.Replaces).Scan(&rec.ReplacesNumber); err != nil {
-				return fmt.Errorf("read the number of invoice %d: %w", *rec.Replaces, err)
-			}
+		if rec.ReplacesNumber, err = invoice.ReplacedNumber(ctx, tx, rec.Invoice); err != nil {
+			return err
 		}
 		rows, err := tx.Query(ctx, `select id, number from credit_notes where invoice_id = $1 order by id`, id)
 		if err != nil {

@@ -151,8 +151,8 @@ func Amend(ctx context.Context, pool *pgxpool.Pool, is Issuer, a Amendment) (Ame
 	}
 	var out Amended
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('metergate.invoice.close'))`); err != nil {
-			return fmt.Errorf("lock close: %w", err)
+		if err := lockCloses(ctx, tx); err != nil {
+			return err
 		}
 		ids, month, org, err := amendedEvents(ctx, tx, a)
 		if err != nil {
@@ -199,11 +199,7 @@ func Amend(ctx context.Context, pool *pgxpool.Pool, is Issuer, a Amendment) (Ame
 func amendedEvents(ctx context.Context, tx pgx.Tx, a Amendment) ([]string, time.Time, string, error) {
 	query, args := amendEventsByIDSQL, pgx.StrictNamedArgs{"ids": a.EventIDs}
 	if len(a.EventIDs) == 0 {
-		var account any
-		if a.Account != "" {
-			account = a.Account
-		}
-		query, args = amendEventsByFilterSQL, pgx.StrictNamedArgs{"org": a.Org, "period": a.Period, "account": account, "limit": MaxAmendEvents + 1}
+		query, args = amendEventsByFilterSQL, pgx.StrictNamedArgs{"org": a.Org, "period": a.Period, "account": orNull(a.Account), "limit": MaxAmendEvents + 1}
 	}
 	rows, err := tx.Query(ctx, query, args)
 	if err != nil {

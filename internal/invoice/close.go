@@ -113,8 +113,8 @@ func Close(ctx context.Context, pool *pgxpool.Pool, month time.Time, opts Option
 	var res Result
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		res = Result{Period: month, Failed: []Failure{}}
-		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('metergate.invoice.close'))`); err != nil {
-			return fmt.Errorf("lock close: %w", err)
+		if err := lockCloses(ctx, tx); err != nil {
+			return err
 		}
 		var closedAt *time.Time
 		var later bool
@@ -185,6 +185,15 @@ var (
 	//go:embed sql/earlier_failures.sql
 	earlierFailuresSQL string
 )
+
+// lockCloses takes, for tx, the lock that orders everything that bills late events and
+// corrections or changes what a period bills: closes, reissues and amendments.
+func lockCloses(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('metergate.invoice.close'))`); err != nil {
+		return fmt.Errorf("lock close: %w", err)
+	}
+	return nil
+}
 
 // lockPartition waits for the meter's transactions writing month, and keeps new ones out
 // until the close commits: what the invoices read is then exactly what was ingested by

@@ -130,13 +130,9 @@ func PutBillingDetails(ctx context.Context, pool *pgxpool.Pool, d BillingDetails
 	case d.Currency != "" && planCurrency != nil && *planCurrency != d.Currency:
 		return BillingDetails{}, fmt.Errorf("%w: org %s's plan is priced in %s, not %s", ErrCurrencyMismatch, d.Org, *planCurrency, d.Currency)
 	}
-	var currency any
-	if d.Currency != "" {
-		currency = d.Currency
-	}
 	if err := pool.QueryRow(ctx, putBillingDetailsSQL, pgx.StrictNamedArgs{
 		"org": d.Org, "legal_name": d.LegalName, "address": d.Address, "city": d.City, "postal_code": d.PostalCode,
-		"region": d.Region, "country": d.Country, "email": d.Email, "tax_id": d.TaxID, "currency": currency,
+		"region": d.Region, "country": d.Country, "email": d.Email, "tax_id": d.TaxID, "currency": orNull(d.Currency),
 		"tax_rate_bp": d.TaxRateBP, "updated_by": d.UpdatedBy,
 	}).Scan(&d.UpdatedAt); err != nil {
 		return BillingDetails{}, fmt.Errorf("write billing details of %s: %w", d.Org, err)

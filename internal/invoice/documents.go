@@ -58,6 +58,14 @@ var (
 	invoiceIDsSQL string
 )
 
+// orNull is s as a query argument, NULL when empty: an optional filter or column.
+func orNull(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
@@ -73,12 +81,6 @@ type Filter struct {
 
 // List returns a page of invoices matching f, oldest first, without their lines.
 func List(ctx context.Context, q querier, f Filter) ([]Invoice, error) {
-	nullable := func(s string) any {
-		if s == "" {
-			return nil
-		}
-		return s
-	}
 	var p any
 	if !f.Period.IsZero() {
 		p = f.Period
@@ -87,7 +89,7 @@ func List(ctx context.Context, q querier, f Filter) ([]Invoice, error) {
 		f.Limit = 100
 	}
 	rows, err := q.Query(ctx, invoiceIDsSQL, pgx.StrictNamedArgs{
-		"org": nullable(f.Org), "period": p, "status": nullable(f.Status), "after": f.After, "limit": f.Limit,
+		"org": orNull(f.Org), "period": p, "status": orNull(f.Status), "after": f.After, "limit": f.Limit,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list invoices: %w", err)

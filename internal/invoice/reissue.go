@@ -38,8 +38,8 @@ func Reissue(ctx context.Context, pool *pgxpool.Pool, is Issuer, id int64, reaso
 	var out Invoice
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// Ordered with closes: both bill late events and corrections.
-		if _, err := tx.Exec(ctx, `select pg_advisory_xact_lock(hashtext('metergate.invoice.close'))`); err != nil {
-			return fmt.Errorf("lock close: %w", err)
+		if err := lockCloses(ctx, tx); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `select 1 from invoices where id = $1 for update`, id); err != nil {
 			return fmt.Errorf("lock invoice %d: %w", id, err)

@@ -251,14 +251,10 @@ func StatusHistory(ctx context.Context, q querier, id int64) ([]StatusChange, er
 // CreditNotes returns a page of credit notes (of org; every org's when empty), oldest
 // first, without their lines; limit 0 is 100.
 func CreditNotes(ctx context.Context, q querier, org string, after int64, limit int) ([]CreditNote, error) {
-	var o any
-	if org != "" {
-		o = org
-	}
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := q.Query(ctx, creditNoteIDsSQL, pgx.StrictNamedArgs{"org": o, "after": after, "limit": limit})
+	rows, err := q.Query(ctx, creditNoteIDsSQL, pgx.StrictNamedArgs{"org": orNull(org), "after": after, "limit": limit})
 	if err != nil {
 		return nil, fmt.Errorf("list credit notes: %w", err)
 	}
