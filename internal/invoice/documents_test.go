@@ -198,8 +198,9 @@ func TestThreeMonthsOfDocuments(t *testing.T) {
 }
 
 // TestConcurrentClosesAndVoidsLeaveNoGap runs two closes of a month and the void of an
-// invoice of the month before at once, with an org whose invoice fails (its number is taken
-// and given back): the numbers given are 1..n, each once, with no gap.
+// invoice of the month before at once, with an org whose data fails it before it is priced
+// (huge) and one whose invoice PostgreSQL refuses after it was numbered (a trigger refuses
+// its lines): the numbers given are 1..n, each once, with no gap.
 func TestConcurrentClosesAndVoidsLeaveNoGap(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -214,7 +215,24 @@ func TestConcurrentClosesAndVoidsLeaveNoGap(t *testing.T) {
 	for range 2 {
 		b.event(t, event{path: "huge", at: jan.Add(time.Hour), tokens: 4_650_000_000_000_000_000}) // sums past bigint
 	}
-	decInvs := b.close(t, dec).Invoices
+	b.org(t, "org-05-trap", "pro") // sorts among the others: a number lost would leave a gap
+	b.event(t, event{path: "org-05-trap", at: jan.Add(time.Hour), requests: 10})
+	for _, q := range []string{
+		`create function trap_lines() returns trigger language plpgsql as $$
+		 begin
+		   if exists (select 1 from invoices where id = new.invoice_id and org = 'org-05-trap') then
+		     raise exception 'trap refuses the lines of its invoice';
+		   end if;
+		   return new;
+		 end $$`,
+		`create trigger trap_lines before insert on invoice_lines for each row execute function trap_lines()`,
+	} {
+		_, err := b.pool.Exec(b.ctx, q)
+		require.NoError(t, err, q)
+	}
+	decRes, err := invoice.Close(b.ctx, b.pool, dec, invoice.Options{Force: true, Issuer: issuer})
+	require.ErrorIs(t, err, invoice.ErrInvoicesFailed, "the trap's December invoice")
+	decInvs := decRes.Invoices
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 3)
@@ -222,7 +240,7 @@ func TestConcurrentClosesAndVoidsLeaveNoGap(t *testing.T) {
 		wg.Go(func() {
 			_, err := invoice.Close(b.ctx, b.pool, jan, invoice.Options{Force: true, Issuer: issuer})
 			if !errors.Is(err, invoice.ErrInvoicesFailed) {
-				errs <- fmt.Errorf("close: want ErrInvoicesFailed (huge), got %w", err)
+				errs <- fmt.Errorf("close: want ErrInvoicesFailed (huge, the trap), got %w", err)
 			}
 		})
 	}
@@ -246,13 +264,14 @@ func TestConcurrentClosesAndVoidsLeaveNoGap(t *testing.T) {
 		got = append(got, n)
 	}
 	require.NoError(t, rows.Err())
-	require.Len(t, got, 25, "13 December invoices (huge pays the base fee), 12 January ones: huge's failed twice")
+	require.Len(t, got, 25, "13 December invoices (huge pays the base fee), 12 January ones: huge's and the trap's failed")
 	for i, n := range got {
 		require.Equal(t, fmt.Sprintf("%06d", i+1), n, "invoice numbers run 1..n with no gap")
 	}
 	require.Equal(t, int64(1), b.count(t, `select count(*) from credit_notes where right(number, 6) = '000001'`))
 	require.Equal(t, int64(25), b.count(t, `select last from document_sequences where kind = 'invoice'`))
 	require.Equal(t, int64(2), b.count(t, `select count(*) from invoice_failures where org = 'huge'`))
+	require.Equal(t, int64(3), b.count(t, `select count(*) from invoice_failures where org = 'org-05-trap'`), "December, and January twice")
 	b.tiesOut(t)
 }
 
