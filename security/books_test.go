@@ -17,7 +17,7 @@ import (
 // or its late-event links, empty those tables, or turn their triggers off.
 func booksProbes() []probe {
 	return []probe{
-		{name: "F7-sealed-books", desc: "as the services' role (DATABASE_URL): INSERT/UPDATE/DELETE on an issued invoice, its lines and late events, TRUNCATE, DISABLE TRIGGER ALL/USER, DROP TRIGGER: each refused",
+		{name: "F7-sealed-books", desc: "as the services' role (DATABASE_URL): INSERT/UPDATE/DELETE on an issued invoice, its lines and late events, a status change without its audit row, UPDATE/DELETE/INSERT on a credit note, its lines, the status trail and billing events, TRUNCATE (the audit log's too), DISABLE TRIGGER ALL/USER, DROP TRIGGER: each refused",
 			run: sealedBooks},
 	}
 }
@@ -43,7 +43,7 @@ func sealedBooks(p *P, _ *stack) {
 		require.NoError(p, err, "event %s", id)
 	}
 	event("ev-on-time", mar.Add(time.Hour), false, 1)
-	_, err = invoice.Close(ctx, pool, mar, invoice.Options{Force: true, By: "security suite"})
+	res0, err := invoice.Close(ctx, pool, mar, invoice.Options{Force: true, By: "security suite"})
 	require.NoError(p, err, "close March 2025")
 	event("ev-late", mar.Add(2*time.Hour), true, 2) // billed on April's invoice
 	res, err := invoice.Close(ctx, pool, apr, invoice.Options{Force: true, By: "security suite"})
@@ -54,6 +54,12 @@ func sealedBooks(p *P, _ *stack) {
 	var links int
 	require.NoError(p, pool.QueryRow(ctx, `select count(*) from invoice_late_events where invoice_id = $1`, inv.ID).Scan(&links))
 	require.Equal(p, 1, links, "April's invoice bills March's late event")
+
+	// March's invoice voided, as the invoices API does: a credit note, a status change and
+	// billing events, sealed in their turn.
+	_, note, err := invoice.SetStatus(ctx, pool, invoice.Issuer{}, res0.Invoices[0].ID, invoice.StatusVoid, "security suite", "security suite")
+	require.NoError(p, err, "void March's invoice")
+	voided, noteID := fmt.Sprint(res0.Invoices[0].ID), fmt.Sprint(note.ID)
 
 	// The services connect with DATABASE_URL.
 	conn, err := pgx.Connect(ctx, testenv.WithSearchPath(p, testenv.DatabaseURL(p), schema))
@@ -79,6 +85,21 @@ func sealedBooks(p *P, _ *stack) {
 		"ALTER TABLE invoice_lines DISABLE TRIGGER USER",
 		"DROP TRIGGER invoices_immutable ON invoices",
 		"DROP FUNCTION invoice_immutable() CASCADE",
+		"UPDATE invoices SET status = 'issued' WHERE id = " + voided, // no audit row, and not a transition
+		"UPDATE invoices SET status = 'paid' WHERE id = " + id,       // no audit row
+		"UPDATE credit_notes SET total_minor = 0 WHERE id = " + noteID,
+		"DELETE FROM credit_notes WHERE id = " + noteID,
+		"UPDATE credit_note_lines SET amount_minor = 0 WHERE credit_note_id = " + noteID,
+		"DELETE FROM credit_note_lines WHERE credit_note_id = " + noteID,
+		"INSERT INTO credit_note_lines (credit_note_id, line_no, kind, account_path, quantity, unit_price_minor, per_units, amount_minor) VALUES (" + noteID + ", 999, 'adjustment', 'sealed', 0, 0, 1, 1)",
+		"UPDATE invoice_status_changes SET reason = 'rewritten' WHERE invoice_id = " + voided,
+		"DELETE FROM invoice_status_changes WHERE invoice_id = " + voided,
+		"UPDATE billing_events SET payload = '{}'",
+		"DELETE FROM billing_events",
+		"TRUNCATE credit_notes CASCADE",
+		"TRUNCATE invoice_status_changes",
+		"TRUNCATE billing_events",
+		"TRUNCATE audit_log",
 	} {
 		// Each in a transaction rolled back: what is not refused changes nothing.
 		tx, err := conn.Begin(ctx)
