@@ -124,6 +124,7 @@ install_missing() {
   command -v nginx >/dev/null || pkgs+=(nginx) # the forward-auth tests (deploy/gateways)
   command -v caddy >/dev/null || pkgs+=(caddy)
   command -v pdftotext >/dev/null || pkgs+=(poppler-utils) # the PDF tests (internal/document)
+  command -v chromium >/dev/null || pkgs+=(chromium) # the console's browser tests (internal/console)
   [ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
 }
 

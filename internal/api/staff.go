@@ -17,9 +17,24 @@ type Staff interface {
 	Record(ctx context.Context, e staff.Entry) (staff.Entry, error)
 }
 
-// staffOf is who calls the admin API: the admin token (an Admin), or a live staff member;
-// a 401 for anything else (a 403 for the service token, which opens the other API).
+// staffKey carries the staff member of an in-process call (AsStaff).
+type staffKey struct{}
+
+// AsStaff returns a context whose admin API calls, served in this process (Server.ServeHTTP
+// with no Authorization header), act as m: the console calls the admin API so, on behalf of
+// the member of its session, and the API's role checks and audit log apply unchanged. A
+// request from the network cannot carry a context value.
+func AsStaff(ctx context.Context, m staff.Member) context.Context {
+	return context.WithValue(ctx, staffKey{}, m)
+}
+
+// staffOf is who calls the admin API: the member of an in-process call (AsStaff), the admin
+// token (an Admin), or a live staff member; a 401 for anything else (a 403 for the service
+// token, which opens the other API).
 func (s *Server) staffOf(r *http.Request) (staff.Member, *Error) {
+	if m, ok := r.Context().Value(staffKey{}).(staff.Member); ok {
+		return m, nil
+	}
 	if bearer(r, s.cfg.AdminToken) {
 		return staff.Member{ID: staff.AdminToken, Name: staff.AdminToken, Role: staff.Admin}, nil
 	}
@@ -68,16 +83,20 @@ func (w *recorder) Write(b []byte) (int, error) {
 }
 
 // audited runs a write h as who and records it in the audit log: the route, the reply's
-// status and, when it succeeded, what the reply says the thing is now (after), secrets
-// left out. A write refused (4xx) is recorded too, without an after.
+// status, what the thing was before (before) and, when the write succeeded, what the reply
+// says it is now (after), secrets left out. A write refused (4xx) is recorded too, without
+// an after.
 func (s *Server) audited(w http.ResponseWriter, r *http.Request, who staff.Member, h http.HandlerFunc) {
-	rec := &recorder{ResponseWriter: w}
-	h(rec, r)
 	if s.cfg.Staff == nil {
+		h(w, r)
 		return
 	}
+	before := s.before(r, who)
+	rec := &recorder{ResponseWriter: w}
+	h(rec, r)
 	method, route, _ := strings.Cut(r.Pattern, " ")
-	e := staff.Entry{Actor: who.ID, Role: who.Role, Method: method, Route: route, Path: r.URL.Path, Status: rec.status}
+	e := staff.Entry{Actor: who.ID, Role: who.Role, Method: method, Route: route, Path: r.URL.Path, Status: rec.status,
+		Before: before}
 	if rec.status < 300 && rec.body.Len() < maxAudited && json.Valid(rec.body.Bytes()) {
 		e.After = redact(rec.body.Bytes())
 	}
@@ -86,6 +105,41 @@ func (s *Server) audited(w http.ResponseWriter, r *http.Request, who staff.Membe
 		s.cfg.Log.Error("audit row not written", "actor", who.ID, "route", r.Pattern, "path", r.URL.Path, "err", err)
 	}
 }
+
+// before is what a write to r's path finds there: the reply of the admin API's GET of the
+// thing it changes, read as who just before the write (secrets left out); nil when the
+// thing has no GET route (an API key, a grant) or does not exist yet. The thing is the
+// path itself for a PUT or DELETE, and the path without its last segment for a POST to an
+// action (/invoices/{id}/void reads /invoices/{id}); a POST that creates has none.
+func (s *Server) before(r *http.Request, who staff.Member) json.RawMessage {
+	path := r.URL.Path
+	if r.Method == http.MethodPost {
+		if strings.Count(path, "/") < 5 { // /v1/admin/accounts: a create
+			return nil
+		}
+		path = path[:strings.LastIndexByte(path, '/')]
+	}
+	get, err := http.NewRequestWithContext(AsStaff(r.Context(), who), http.MethodGet, path, nil)
+	if err != nil {
+		return nil
+	}
+	if _, pattern := s.mux.Handler(get); pattern == "" || !strings.HasPrefix(pattern, "GET ") {
+		return nil
+	}
+	rec := &recorder{ResponseWriter: discard{header: http.Header{}}}
+	s.mux.ServeHTTP(rec, get)
+	if rec.status != http.StatusOK || rec.body.Len() >= maxAudited || !json.Valid(rec.body.Bytes()) {
+		return nil
+	}
+	return redact(rec.body.Bytes())
+}
+
+// discard is a ResponseWriter that keeps nothing (recorder keeps what the audit needs).
+type discard struct{ header http.Header }
+
+func (d discard) Header() http.Header         { return d.header }
+func (d discard) Write(b []byte) (int, error) { return len(b), nil }
+func (d discard) WriteHeader(int)             {}
 
 // secretFields are the fields of replies that carry a secret shown once: an API key, a
 // webhook's secret, a staff token. The audit log never keeps them.
