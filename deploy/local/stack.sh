@@ -17,6 +17,7 @@
 #   stack.sh down-sentinel  stops only what up-sentinel started
 #   stack.sh down-kafka-cluster  stops only what up-kafka-cluster started
 #   stack.sh status       what is running
+#   stack.sh fetch-axe    only fetches axe-core for the browser tests (up does it too)
 #   stack.sh verify-down  fails if anything the stack started still runs
 #   stack.sh purge        down, then delete this clone's state (.run/ and PostgreSQL's data)
 #
@@ -142,6 +143,30 @@ fetch_kafka() {
     die "mvn could not fetch org.apache.kafka:kafka_2.13:$KAFKA_VERSION"
   [ -f "$libs/kafka_2.13-$KAFKA_VERSION.jar" ] || die "kafka_2.13-$KAFKA_VERSION.jar missing after fetch"
   touch "$libs/.complete"
+}
+
+# axe-core, the accessibility engine that the browser tests inject into the page
+# (internal/testenv, Axe): its tarball from the npm registry, checked against the pinned
+# sha512 (`npm view axe-core@$AXE_VERSION dist.integrity`), and axe.min.js taken out of it.
+AXE_VERSION=4.14.1
+AXE_INTEGRITY=sha512-FHfa+lmNjQZfJz1q8wKqIDwC6DExcHt/pkjNQb09a3NPjCKg2rhu5qb2S4r76ASyFNNtuFooJpZe37OgudVGtQ==
+axe_js() { echo "$CACHE/axe-core-$AXE_VERSION/axe.min.js"; }
+
+fetch_axe() {
+  local js dir tmp got want; js=$(axe_js); dir=$(dirname "$js")
+  [ ! -f "$js" ] || return 0
+  command -v npm >/dev/null || apt_install npm
+  log "fetching axe-core $AXE_VERSION from the npm registry into $dir"
+  tmp=$(mktemp -d)
+  npm pack "axe-core@$AXE_VERSION" --pack-destination "$tmp" --silent >/dev/null ||
+    { rm -rf "$tmp"; die "npm could not fetch axe-core@$AXE_VERSION"; }
+  got=$(sha512sum "$tmp/axe-core-$AXE_VERSION.tgz" | cut -d' ' -f1)
+  want=$(base64 -d <<<"${AXE_INTEGRITY#sha512-}" | od -An -v -tx1 | tr -d ' \n')
+  [ "$got" = "$want" ] || { rm -rf "$tmp"; die "axe-core-$AXE_VERSION.tgz: sha512 $got, want $want ($AXE_INTEGRITY)"; }
+  tar -xzf "$tmp/axe-core-$AXE_VERSION.tgz" -C "$tmp" package/axe.min.js
+  mkdir -p "$dir"
+  mv "$tmp/package/axe.min.js" "$js.tmp" && mv "$js.tmp" "$js" # whole or absent
+  rm -rf "$tmp"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -561,6 +586,8 @@ write_env() {
     echo "export KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
     # The broker's jars, for tests that run a private broker they can stop and start.
     [ ! -f "$(kafka_libs)/.complete" ] || echo "export KAFKA_LIBS=$(kafka_libs)"
+    # axe-core for the browser tests' accessibility check (internal/testenv).
+    [ ! -f "$(axe_js)" ] || echo "export METERGATE_AXE=$(axe_js)"
     # The Cluster and Sentinel setups under the tests' own names (internal/testenv): the
     # binaries refuse REDIS_URL beside REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS, so a
     # shell that sourced this file starts them against the one Redis of REDIS_URL.
@@ -676,6 +703,7 @@ case "${1:-}" in
     start_redis redis "$REDIS_PORT"
     up_postgres
     up_kafka
+    fetch_axe
     write_env
     ;;
   up-cluster)
@@ -705,5 +733,6 @@ case "${1:-}" in
   status) status ;;
   purge) purge ;;
   env) write_env; cat "$RUN/env" ;;
-  *) echo "usage: $0 up|up-cluster|up-sentinel|up-kafka-cluster|start-kafka-node N|down|down-sentinel|down-kafka-cluster|verify-down|status|purge|env" >&2; exit 2 ;;
+  fetch-axe) fetch_axe; write_env ;;
+  *) echo "usage: $0 up|up-cluster|up-sentinel|up-kafka-cluster|start-kafka-node N|down|down-sentinel|down-kafka-cluster|verify-down|status|purge|env|fetch-axe" >&2; exit 2 ;;
 esac
