@@ -125,6 +125,11 @@ func (k Keys) CreditMarker(org string, id int64) string {
 	return k.Tag(k.Shard(org)) + "cadj:" + strconv.FormatInt(id, 10)
 }
 
+// Refusals is the stream of org's latest refusals by a limit (internal/refusals): one
+// entry per refused request, trimmed to about a fixed number per org and expiring a while
+// after the latest, in the hash tag of the org's other keys.
+func (k Keys) Refusals(org string) string { return k.Tag(k.Shard(org)) + "r:" + org }
+
 // QuotaPattern matches (SCAN MATCH) every quota counter of the period labelled label, of
 // every shard.
 func (k Keys) QuotaPattern(label string) string { return k.Prefix + "{*}:q:*:" + label }

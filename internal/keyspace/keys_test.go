@@ -25,7 +25,7 @@ func TestQuotaKeysRoundTrip(t *testing.T) {
 		require.Equal(t, []string{"agent-1.b", "tokens", label}, []string{account, string(unit), got})
 	}
 	for _, other := range []string{
-		k.Outbox(3), k.Marker("acme", 7), "t:x:mg{3}:b:acme:tokens", "other{3}:q:acme:tokens:2026-11",
+		k.Outbox(3), k.Marker("acme", 7), k.Refusals("acme"), "t:x:mg{3}:b:acme:tokens", "other{3}:q:acme:tokens:2026-11",
 		"t:x:mg{3}:q:acme:bytes:2026-11", "t:x:mg{3}:q:acme:tokens", "t:x:mg{3}:q:ac me:tokens:2026-11",
 	} {
 		_, _, _, ok := k.ParseQuota(other)
@@ -33,4 +33,13 @@ func TestQuotaKeysRoundTrip(t *testing.T) {
 	}
 	require.Equal(t, k.Tag(k.Shard("acme"))+"adj:7", k.Marker("acme", 7),
 		"a correction's marker is in the hash tag of the org's counters")
+}
+
+// An org's refusal log is in the hash tag of the org's other keys: on a Redis Cluster it
+// lives beside them, and a shard's keys stay in one slot.
+func TestRefusalsKeyIsInTheOrgsSlot(t *testing.T) {
+	t.Parallel()
+	k := keyspace.Keys{Prefix: "t:x:mg", Shards: 16}
+	require.Equal(t, k.Tag(k.Shard("acme"))+"r:acme", k.Refusals("acme"))
+	require.NotEqual(t, k.Refusals("acme"), k.Refusals("bigco"))
 }
