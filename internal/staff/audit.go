@@ -53,16 +53,36 @@ func (s *Store) Record(ctx context.Context, e Entry) (Entry, error) {
 	return e, nil
 }
 
-// Entries returns a page of the audit log, newest first: before an id (0: from the
-// newest), at most limit (0: 100).
-func (s *Store) Entries(ctx context.Context, before int64, limit int) ([]Entry, error) {
-	if before <= 0 {
-		before = math.MaxInt64
+// The bounds of a page of the audit log.
+const (
+	// DefaultEntries is a page's size when its Limit is 0.
+	DefaultEntries = 100
+	// MaxEntries is the largest page.
+	MaxEntries = 500
+)
+
+// AuditFilter selects a page of the audit log, newest first.
+type AuditFilter struct {
+	Actor  string // only this actor's entries (a staff id, AdminToken); "": everyone's
+	Before int64  // only entries of a smaller id (the last id of the previous page); 0: from the newest
+	Limit  int    // at most this many, up to MaxEntries; 0: DefaultEntries
+}
+
+// Audit returns the page of the audit log f selects, newest first.
+func (s *Store) Audit(ctx context.Context, f AuditFilter) ([]Entry, error) {
+	if f.Before <= 0 {
+		f.Before = math.MaxInt64
 	}
-	if limit <= 0 {
-		limit = 100
+	if f.Limit <= 0 {
+		f.Limit = DefaultEntries
 	}
-	rows, err := s.pool.Query(ctx, auditEntriesSQL, pgx.StrictNamedArgs{"before": before, "limit": limit})
+	var actor *string // a NULL filter: every actor (docs/code.md)
+	if f.Actor != "" {
+		actor = &f.Actor
+	}
+	rows, err := s.pool.Query(ctx, auditEntriesSQL, pgx.StrictNamedArgs{
+		"actor": actor, "before": f.Before, "limit": min(f.Limit, MaxEntries),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read the audit log: %w", err)
 	}
@@ -77,4 +97,10 @@ func (s *Store) Entries(ctx context.Context, before int64, limit int) ([]Entry, 
 		return nil, fmt.Errorf("read the audit log: %w", err)
 	}
 	return out, nil
+}
+
+// Entries returns a page of everyone's entries, newest first: before an id (0: from the
+// newest), at most limit (0: DefaultEntries). It is Audit without an actor.
+func (s *Store) Entries(ctx context.Context, before int64, limit int) ([]Entry, error) {
+	return s.Audit(ctx, AuditFilter{Before: before, Limit: limit})
 }

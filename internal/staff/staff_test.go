@@ -73,14 +73,27 @@ func TestStaffTokens(t *testing.T) {
 	_, _, err = s.Create(ctx, "Alice Finance", staff.Viewer, "admin-token")
 	require.ErrorIs(t, err, staff.ErrExists)
 	for _, bad := range []struct {
-		name string
-		role staff.Role
-	}{{"", staff.Viewer}, {strings.Repeat("x", 101), staff.Viewer}, {"a\nb", staff.Viewer}, {"Bob", "root"}} {
+		name  string
+		role  staff.Role
+		field string
+	}{
+		{"", staff.Viewer, "name"}, {"  ", staff.Viewer, "name"}, {strings.Repeat("x", 101), staff.Viewer, "name"},
+		{"a\nb", staff.Viewer, "name"}, {"Bob", "root", "role"},
+	} {
 		_, _, err := s.Create(ctx, bad.name, bad.role, "admin-token")
 		require.ErrorIs(t, err, staff.ErrInvalid, "%+v", bad)
+		var inv *staff.InvalidError
+		require.ErrorAs(t, err, &inv, "%+v", bad)
+		require.Equal(t, bad.field, inv.Field, "%+v", bad)
 	}
 
 	require.NoError(t, s.Revoke(ctx, m.ID, "admin-token"))
+	revoked, err := s.Member(ctx, m.ID)
+	require.NoError(t, err)
+	require.NotNil(t, revoked.RevokedAt)
+	require.Equal(t, "admin-token", revoked.RevokedBy)
+	_, err = s.Member(ctx, "st_0000000000000000")
+	require.ErrorIs(t, err, staff.ErrNotFound)
 	_, err = s.Authenticate(ctx, token)
 	require.ErrorIs(t, err, staff.ErrNotFound, "a revoked token is refused")
 	require.ErrorIs(t, s.Revoke(ctx, m.ID, "admin-token"), staff.ErrNotFound)
@@ -94,22 +107,41 @@ func TestStaffTokens(t *testing.T) {
 	require.Equal(t, "admin-token", all[0].RevokedBy)
 }
 
-// The audit log keeps every entry, newest first, and refuses to be changed.
+// The audit log keeps every entry, newest first, a page of one actor's or everyone's.
 func TestAuditLog(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := testenv.Context(t, time.Minute)
-	for i, path := range []string{"/v1/admin/accounts/acme", "/v1/admin/invoices/1/void"} {
-		_, err := s.Record(ctx, staff.Entry{Actor: "st_0123456789abcdef", Role: staff.Finance, Method: "POST", Route: path,
+	const fiona = "st_0123456789abcdef"
+	for i, path := range []string{"/v1/admin/accounts/acme", "/v1/admin/invoices/1/void", "/v1/admin/plans"} {
+		actor := fiona
+		if i == 2 {
+			actor = staff.AdminToken
+		}
+		_, err := s.Record(ctx, staff.Entry{Actor: actor, Role: staff.Finance, Method: "POST", Route: path,
 			Path: path, Status: 200 + i, Before: json.RawMessage(`{"limits":{}}`), After: json.RawMessage(`{"limits":{"requests":5}}`)})
 		require.NoError(t, err)
 	}
 	got, err := s.Entries(ctx, 0, 10)
 	require.NoError(t, err)
-	require.Len(t, got, 2)
-	require.Equal(t, "/v1/admin/invoices/1/void", got[0].Path, "newest first")
-	require.JSONEq(t, `{"limits":{"requests":5}}`, string(got[1].After))
+	require.Len(t, got, 3)
+	require.Equal(t, "/v1/admin/plans", got[0].Path, "newest first")
+	require.JSONEq(t, `{"limits":{"requests":5}}`, string(got[2].After))
 	older, err := s.Entries(ctx, got[0].ID, 10)
 	require.NoError(t, err)
-	require.Len(t, older, 1)
+	require.Len(t, older, 2)
+
+	hers, err := s.Audit(ctx, staff.AuditFilter{Actor: fiona})
+	require.NoError(t, err)
+	require.Len(t, hers, 2)
+	for _, e := range hers {
+		require.Equal(t, fiona, e.Actor)
+	}
+	page, err := s.Audit(ctx, staff.AuditFilter{Actor: fiona, Before: hers[0].ID, Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, page, 1)
+	require.Equal(t, "/v1/admin/accounts/acme", page[0].Path)
+	none, err := s.Audit(ctx, staff.AuditFilter{Actor: "st_ffffffffffffffff"})
+	require.NoError(t, err)
+	require.Empty(t, none)
 }

@@ -22,7 +22,8 @@ import (
 const TokenPrefix = "mgs_"
 
 var (
-	// ErrInvalid is returned for a staff member that does not validate.
+	// ErrInvalid is returned for a staff member that does not validate (an *InvalidError
+	// says which field).
 	ErrInvalid = errors.New("invalid staff member")
 	// ErrExists is returned for a name a live staff member has already.
 	ErrExists = errors.New("a staff member of that name exists")
@@ -30,6 +31,15 @@ var (
 	// already, for Revoke) and for a token no live staff member holds.
 	ErrNotFound = errors.New("not found")
 )
+
+// InvalidError is a staff member that does not validate: Field ("name", "role") says
+// what, Message why. It is an ErrInvalid.
+type InvalidError struct{ Field, Message string }
+
+func (e *InvalidError) Error() string { return ErrInvalid.Error() + ": " + e.Message }
+
+// Unwrap makes an InvalidError an ErrInvalid.
+func (e *InvalidError) Unwrap() error { return ErrInvalid }
 
 // Member is a staff member. Its token is never stored: Create returns it once.
 type Member struct {
@@ -58,6 +68,8 @@ var (
 	revokeStaffSQL string
 	//go:embed sql/list_staff.sql
 	listStaffSQL string
+	//go:embed sql/staff_by_id.sql
+	staffByIDSQL string
 )
 
 // Create adds a staff member named name with role, made by by, and returns it with its
@@ -65,9 +77,10 @@ var (
 func (s *Store) Create(ctx context.Context, name string, role Role, by string) (Member, string, error) {
 	switch {
 	case strings.TrimSpace(name) == "" || len(name) > 100 || strings.ContainsFunc(name, unicode.IsControl):
-		return Member{}, "", fmt.Errorf("%w: name %q: 1 to 100 bytes, no control characters", ErrInvalid, name)
+		return Member{}, "", &InvalidError{Field: "name",
+			Message: fmt.Sprintf("name %q: 1 to 100 bytes, not only spaces, no control characters", name)}
 	case !role.Valid():
-		return Member{}, "", fmt.Errorf("%w: role %q: want one of %v", ErrInvalid, role, Roles)
+		return Member{}, "", &InvalidError{Field: "role", Message: fmt.Sprintf("role %q: want one of %v", role, Roles)}
 	}
 	raw := make([]byte, 40)
 	if _, err := rand.Read(raw); err != nil {
@@ -124,21 +137,40 @@ func (s *Store) Revoke(ctx context.Context, id, by string) error {
 	return nil
 }
 
+// Member returns staff member id, revoked or not; ErrNotFound when there is none.
+func (s *Store) Member(ctx context.Context, id string) (Member, error) {
+	rows, err := s.pool.Query(ctx, staffByIDSQL, pgx.StrictNamedArgs{"id": id})
+	if err != nil {
+		return Member{}, fmt.Errorf("read staff member %q: %w", id, err)
+	}
+	m, err := pgx.CollectExactlyOneRow(rows, scanMember)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Member{}, fmt.Errorf("staff member %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Member{}, fmt.Errorf("read staff member %q: %w", id, err)
+	}
+	return m, nil
+}
+
 // List returns every staff member, revoked ones too, oldest first.
 func (s *Store) List(ctx context.Context) ([]Member, error) {
 	rows, err := s.pool.Query(ctx, listStaffSQL)
 	if err != nil {
 		return nil, fmt.Errorf("list staff: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Member, error) {
-		var m Member
-		var role string
-		err := r.Scan(&m.ID, &m.Name, &role, &m.CreatedAt, &m.CreatedBy, &m.RevokedAt, &m.RevokedBy)
-		m.Role = Role(role)
-		return m, err
-	})
+	out, err := pgx.CollectRows(rows, scanMember)
 	if err != nil {
 		return nil, fmt.Errorf("list staff: %w", err)
 	}
 	return out, nil
+}
+
+// scanMember reads a row of list_staff.sql's columns.
+func scanMember(r pgx.CollectableRow) (Member, error) {
+	var m Member
+	var role string
+	err := r.Scan(&m.ID, &m.Name, &role, &m.CreatedAt, &m.CreatedBy, &m.RevokedAt, &m.RevokedBy)
+	m.Role = Role(role)
+	return m, err
 }
