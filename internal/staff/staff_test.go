@@ -72,6 +72,8 @@ func TestStaffTokens(t *testing.T) {
 
 	_, _, err = s.Create(ctx, "Alice Finance", staff.Viewer, "admin-token")
 	require.ErrorIs(t, err, staff.ErrExists)
+	_, _, err = s.Create(ctx, strings.Repeat("é", 100), staff.Viewer, "admin-token")
+	require.NoError(t, err, "100 characters, 200 bytes")
 	for _, bad := range []struct {
 		name  string
 		role  staff.Role
@@ -102,7 +104,7 @@ func TestStaffTokens(t *testing.T) {
 
 	all, err := s.List(ctx)
 	require.NoError(t, err)
-	require.Len(t, all, 2)
+	require.Len(t, all, 3)
 	require.NotNil(t, all[0].RevokedAt)
 	require.Equal(t, "admin-token", all[0].RevokedBy)
 }

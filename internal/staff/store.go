@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -76,9 +77,10 @@ var (
 // token: shown this once, stored as its SHA-256 only.
 func (s *Store) Create(ctx context.Context, name string, role Role, by string) (Member, string, error) {
 	switch {
-	case strings.TrimSpace(name) == "" || len(name) > 100 || strings.ContainsFunc(name, unicode.IsControl):
+	// Characters, not bytes: the bound of the table's CHECK and of the OpenAPI document.
+	case strings.TrimSpace(name) == "" || utf8.RuneCountInString(name) > 100 || strings.ContainsFunc(name, unicode.IsControl):
 		return Member{}, "", &InvalidError{Field: "name",
-			Message: fmt.Sprintf("name %q: 1 to 100 bytes, not only spaces, no control characters", name)}
+			Message: fmt.Sprintf("name %q: 1 to 100 characters, not only spaces, no control characters", name)}
 	case !role.Valid():
 		return Member{}, "", &InvalidError{Field: "role", Message: fmt.Sprintf("role %q: want one of %v", role, Roles)}
 	}
