@@ -74,6 +74,55 @@ type Config struct {
 	// Shadow puts every request in shadow mode (ADMIT_SHADOW).
 	Shadow     bool
 	Registerer prometheus.Registerer
+	// Refusals is told every refusal by a limit (refusals.Log); nil: none is recorded.
+	Refusals Refusals
+}
+
+// Refusals takes the refusals by a limit, for the console's "Why?" and account pages.
+// Refused is called on the decision path, before the caller is answered: it must neither
+// block nor take long (refusals.Log queues it, or drops and counts it).
+type Refusals interface {
+	Refused(Refusal)
+}
+
+// Refusal is a request refused by a limit (429 or 402), as the refusal log keeps it. It is
+// not told of shadow-mode admissions, of requests refused before a decision (*Error), nor
+// of 503s.
+type Refusal struct {
+	// Time is the decision's (Redis time).
+	Time time.Time
+	// Org and Account: the account charged and its org.
+	Org, Account string
+	// APIKeyID is the API key's id; empty when the caller named the account.
+	APIKeyID string
+	// IdempotencyKey is the request's; it may be empty.
+	IdempotencyKey string
+	// Status is the HTTP status answered: 429 or 402 (Status).
+	Status int
+	// Result is rate_limited, quota_exceeded or insufficient_balance.
+	Result admission.Result
+	// Blocked is the limit that refused: its account, level and unit.
+	Blocked admission.Blocker
+	// RetryAfter is a rate limit's retry time (negative: never, the request is larger than
+	// the limit); 0 for the others.
+	RetryAfter time.Duration
+	// Period is, for quota_exceeded, the spent quota's period.
+	Period string
+	// Via is the door the request came through (Input.Via).
+	Via string
+	// Tool and Units are what the request asked for. Units is the caller's map: read it,
+	// never change it.
+	Tool  string
+	Units map[policy.Unit]int64
+}
+
+// Status is the HTTP status of a refusal's result: 429 for rate_limited, 402 for the others
+// (quota_exceeded, insufficient_balance).
+func Status(r admission.Result) int {
+	if r == admission.RateLimited {
+		return http.StatusTooManyRequests
+	}
+	return http.StatusPaymentRequired
 }
 
 // Door is the kind of front door a request came through: it decides what a replayed
@@ -90,6 +139,14 @@ const (
 	Gateway
 )
 
+// String is the door's name: "service" or "gateway".
+func (d Door) String() string {
+	if d == Gateway {
+		return "gateway"
+	}
+	return "service"
+}
+
 // Input is a decoded, validated request for a decision.
 type Input struct {
 	// APIKey (the end customer's secret) or Account names who is charged.
@@ -100,6 +157,9 @@ type Input struct {
 	// MaxWait lets a refused request wait for capacity (0: not at all).
 	MaxWait time.Duration
 	Door    Door
+	// Via names the door in the refusal log: "admit", "check", "rls" (empty: Door's name,
+	// "service" or "gateway").
+	Via string
 }
 
 // Answer is a decision taken: an admission (Decision.Result Allow) or a refusal by a limit
@@ -218,7 +278,30 @@ func (g *Gate) Admit(ctx context.Context, in Input) (Answer, error) {
 		a.Waited = time.Since(start)
 	}
 	g.metrics.decided(d, time.Since(start), in.MaxWait > 0)
+	if d.Result != admission.Allow && g.cfg.Refusals != nil {
+		g.cfg.Refusals.Refused(g.refusal(in, req, d))
+	}
 	return a, nil
+}
+
+// refusal is what the refusal log keeps of a request d refused.
+func (g *Gate) refusal(in Input, req admission.Request, d admission.Decision) Refusal {
+	r := Refusal{Time: d.Time, Org: req.Policy.Org, Account: req.Policy.Account(), APIKeyID: req.APIKeyID,
+		IdempotencyKey: req.IdempotencyKey, Status: Status(d.Result), Result: d.Result, RetryAfter: d.RetryAfter,
+		Via: in.Via, Tool: req.Tool, Units: req.Units}
+	if r.Time.IsZero() {
+		r.Time = g.cfg.Clock.Now()
+	}
+	if d.Blocked != nil {
+		r.Blocked = *d.Blocked
+	}
+	if d.Result == admission.QuotaExceeded {
+		r.Period = d.Period
+	}
+	if r.Via == "" {
+		r.Via = in.Door.String()
+	}
+	return r
 }
 
 // authenticate resolves the policy of in's API key or account.
