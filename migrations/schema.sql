@@ -1509,6 +1509,32 @@ COMMENT ON TABLE billing_events IS 'io.metergate.invoice.issued.v1, invoice.stat
 
 
 --
+-- Name: console_sessions; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE console_sessions (
+    id_hash bytea NOT NULL,
+    staff_id text NOT NULL,
+    role text NOT NULL,
+    csrf text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    revoked_at timestamp with time zone,
+    CONSTRAINT console_sessions_csrf_check CHECK ((length(csrf) >= 32)),
+    CONSTRAINT console_sessions_ends CHECK ((expires_at > created_at)),
+    CONSTRAINT console_sessions_id_hash_check CHECK ((length(id_hash) = 32)),
+    CONSTRAINT console_sessions_role_check CHECK ((role = ANY (ARRAY['admin'::text, 'finance'::text, 'support'::text, 'viewer'::text])))
+);
+
+
+--
+-- Name: TABLE console_sessions; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE console_sessions IS 'Sessions of the web console: the SHA-256 of the cookie''s id, the staff member (a staff id, or admin-token) and role it acts as, its CSRF token, and its end (expires_at, or revoked_at). Rows past their end are deleted by the next login.';
+
+
+--
 -- Name: credit_adjustments; Type: TABLE; Schema: :schema; Owner: -
 --
 
@@ -3259,6 +3285,14 @@ ALTER TABLE ONLY billing_events
 
 
 --
+-- Name: console_sessions console_sessions_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY console_sessions
+    ADD CONSTRAINT console_sessions_pkey PRIMARY KEY (id_hash);
+
+
+--
 -- Name: credit_adjustments credit_adjustments_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -3571,6 +3605,13 @@ ALTER TABLE ONLY webhook_secrets
 
 
 --
+-- Name: accounts_id_prefix_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX accounts_id_prefix_idx ON accounts USING btree (id text_pattern_ops);
+
+
+--
 -- Name: accounts_parent_idx; Type: INDEX; Schema: :schema; Owner: -
 --
 
@@ -3652,6 +3693,20 @@ CREATE INDEX audit_log_at_idx ON audit_log USING btree (at);
 --
 
 CREATE INDEX billing_events_org_idx ON billing_events USING btree (org, occurred_at);
+
+
+--
+-- Name: console_sessions_expires_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX console_sessions_expires_idx ON console_sessions USING btree (expires_at);
+
+
+--
+-- Name: console_sessions_staff_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX console_sessions_staff_idx ON console_sessions USING btree (staff_id) WHERE (revoked_at IS NULL);
 
 
 --
@@ -4706,6 +4761,13 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE billing_details TO metergate_app;
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE billing_events TO metergate_app;
+
+
+--
+-- Name: TABLE console_sessions; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE console_sessions TO metergate_app;
 
 
 --

@@ -29,6 +29,7 @@ import (
 	"github.com/metergate/metergate/internal/billinglog"
 	"github.com/metergate/metergate/internal/cli"
 	"github.com/metergate/metergate/internal/config"
+	"github.com/metergate/metergate/internal/console"
 	"github.com/metergate/metergate/internal/credit"
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/policy"
@@ -91,16 +92,21 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	defer admitter.Close()
 	recorder := cfg.Kafka.Writer()
 	defer recorder.Close()
+	staffStore := staff.NewStore(pool)
 	server := api.New(cfg.Admission.APIConfig(api.Config{
 		Log: log, Policies: cache, Admin: policy.NewStore(pool), Decider: admitter, Recorder: recorder, Registerer: reg,
 		Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil), Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
 		Invoices: api.InvoiceStore{Pool: pool, Issuer: cfg.Issuer()},
-		Staff:    staff.NewStore(pool),
+		Staff:    staffStore,
 	}))
 	probes := readiness(rdb, pool, cache)
 	mux := http.NewServeMux()
 	probes.Mount(mux, reg)
 	server.Mount(mux)
+	if cfg.Console.Enabled {
+		console.New(cfg.Console.ConsoleConfig(console.Config{Log: log, API: server, Staff: staffStore,
+			AdminToken: cfg.Admission.AdminToken, Pool: pool, Policies: cache, Counters: admitter, Metrics: reg})).Mount(mux)
+	}
 	// Envoy's rate-limit service has a listener of its own (docs/gateways.md), opened before
 	// anything runs so that a taken port fails the start.
 	serveGRPC, closeGRPC, err := listenGRPC(cfg, log, server, reg)

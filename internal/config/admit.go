@@ -38,6 +38,8 @@ type Admit struct {
 	Webhooks Webhooks
 	// Billing is who issues the documents the invoices API voids and renders.
 	Billing Billing
+	// Console is the web console (docs/console.md).
+	Console Console
 	// Migrate applies pending migrations before serving.
 	Migrate bool
 }
@@ -307,6 +309,7 @@ func (c *Admit) Register(l *Loader) {
 	c.RLS.register(l)
 	c.Webhooks.registerAllowPrivate(l)
 	c.Billing.Register(l)
+	c.Console.Register(l)
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 }
 
@@ -326,7 +329,7 @@ func (c *Admit) Validate() error {
 			c.Server.WriteTimeout, answerMargin, need))
 	}
 	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), c.Kafka.Validate(),
-		c.Admission.Validate(), c.RLS.Validate(), c.Billing.Validate(), prefix("server", errs))
+		c.Admission.Validate(), c.RLS.Validate(), c.Billing.Validate(), c.Console.Validate(), prefix("server", errs))
 }
 
 // Issuer is who issues the documents of the invoices API: the billing settings, with this
