@@ -126,7 +126,30 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
-	c.mux.ServeHTTP(w, r)
+	c.mux.ServeHTTP(&timed{ResponseWriter: w, start: time.Now()}, r)
+}
+
+// timed tells the browser, and make bench, how long the server took to make a page: a
+// Server-Timing header ("app;dur=12.3", in milliseconds) set when the reply starts.
+type timed struct {
+	http.ResponseWriter
+	start time.Time
+	sent  bool
+}
+
+func (t *timed) WriteHeader(status int) {
+	if !t.sent {
+		t.sent = true
+		t.Header().Set("Server-Timing", fmt.Sprintf("app;dur=%.1f", float64(time.Since(t.start).Microseconds())/1000))
+	}
+	t.ResponseWriter.WriteHeader(status)
+}
+
+func (t *timed) Write(b []byte) (int, error) {
+	if !t.sent {
+		t.WriteHeader(http.StatusOK)
+	}
+	return t.ResponseWriter.Write(b)
 }
 
 // maxForm bounds a form's body: every form of the console is a few fields.
