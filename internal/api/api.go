@@ -215,6 +215,10 @@ var Routes = []string{
 	"POST /v1/admin/amendments",
 	"PUT /v1/admin/accounts/{id}/billing",
 	"GET /v1/admin/accounts/{id}/billing",
+	"POST /v1/admin/staff",
+	"GET /v1/admin/staff",
+	"DELETE /v1/admin/staff/{id}",
+	"GET /v1/admin/audit",
 	"GET /openapi.yaml",
 	// The forward-auth check answers every method: gateways send the original one.
 	"/v1/check",
@@ -294,6 +298,12 @@ func (s *Server) routes() {
 		"POST /v1/admin/amendments":            s.invoices(s.amend),
 		"PUT /v1/admin/accounts/{id}/billing":  s.invoices(s.putBillingDetails),
 		"GET /v1/admin/accounts/{id}/billing":  s.invoices(s.getBillingDetails),
+
+		// Staff members and the audit log (staff.go).
+		"POST /v1/admin/staff":        s.staffStore(s.createStaff),
+		"GET /v1/admin/staff":         s.staffStore(s.listStaff),
+		"DELETE /v1/admin/staff/{id}": s.staffStore(s.revokeStaff),
+		"GET /v1/admin/audit":         s.staffStore(s.listAudit),
 
 		// Forward-auth for nginx, Traefik, Caddy and Envoy's ext_authz (check.go); below
 		// /v1/check/ for Envoy, which appends the original path to its path_prefix.

@@ -6,15 +6,22 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/metergate/metergate/internal/staff"
 )
 
-// Staff authenticates staff tokens and keeps the audit log (staff.Store).
+// Staff authenticates staff tokens, keeps the staff members and the audit log
+// (staff.Store).
 type Staff interface {
 	Authenticate(ctx context.Context, token string) (staff.Member, error)
 	Record(ctx context.Context, e staff.Entry) (staff.Entry, error)
+	Create(ctx context.Context, name string, role staff.Role, by string) (staff.Member, string, error)
+	Revoke(ctx context.Context, id, by string) error
+	Member(ctx context.Context, id string) (staff.Member, error)
+	List(ctx context.Context) ([]staff.Member, error)
+	Audit(ctx context.Context, f staff.AuditFilter) ([]staff.Entry, error)
 }
 
 // staffKey carries the staff member of an in-process call (AsStaff).
@@ -93,6 +100,9 @@ func (s *Server) audited(w http.ResponseWriter, r *http.Request, who staff.Membe
 	}
 	before := s.before(r, who)
 	rec := &recorder{ResponseWriter: w}
+	// The handler runs as who (AsStaff): one that names its caller (createStaff) asks
+	// staffOf without a second lookup of the token.
+	r = r.WithContext(AsStaff(r.Context(), who))
 	h(rec, r)
 	method, route, _ := strings.Cut(r.Pattern, " ")
 	e := staff.Entry{Actor: who.ID, Role: who.Role, Method: method, Route: route, Path: r.URL.Path, Status: rec.status,
@@ -119,7 +129,7 @@ func (s *Server) before(r *http.Request, who staff.Member) json.RawMessage {
 		}
 		path = path[:strings.LastIndexByte(path, '/')]
 	}
-	get, err := http.NewRequestWithContext(AsStaff(r.Context(), who), http.MethodGet, path, nil)
+	get, err := http.NewRequestWithContext(AsStaff(r.Context(), who), http.MethodGet, path, nil) //nolint:gosec // served in process by s.mux, never sent
 	if err != nil {
 		return nil
 	}
@@ -175,4 +185,135 @@ func redact(raw []byte) json.RawMessage {
 		return nil
 	}
 	return out
+}
+
+// staffStore wraps a handler of the staff routes and the audit log, opened by admin: 503
+// when no staff store is configured.
+func (s *Server) staffStore(h func(w http.ResponseWriter, r *http.Request, store Staff)) http.HandlerFunc {
+	return s.admin(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.Staff == nil {
+			s.staffError(w, "staff: no staff store configured", nil)
+			return
+		}
+		h(w, r, s.cfg.Staff)
+	})
+}
+
+// staffError answers err of the staff store; op names what failed in the log.
+func (s *Server) staffError(w http.ResponseWriter, op string, err error) {
+	var inv *staff.InvalidError
+	switch {
+	case errors.As(err, &inv):
+		writeError(w, badRequest("invalid_"+inv.Field, "%s", inv.Message))
+	case errors.Is(err, staff.ErrExists):
+		writeError(w, &Error{Status: http.StatusConflict, Code: "exists",
+			Message: err.Error() + " (names are unique among live members; revoke it first)"})
+	case errors.Is(err, staff.ErrNotFound):
+		writeError(w, &Error{Status: http.StatusNotFound, Code: "not_found", Message: err.Error() + " (or revoked already)"})
+	default:
+		if err != nil {
+			s.cfg.Log.Error(op, "err", err)
+		}
+		writeError(w, &Error{Status: http.StatusServiceUnavailable, Code: "unavailable",
+			Message: "staff members and the audit log are unavailable; retry later"})
+	}
+}
+
+// newStaff is the reply of POST /v1/admin/staff: the member and its token, shown this once
+// (the audit log keeps it redacted).
+type newStaff struct {
+	staff.Member
+	Token string `json:"token"`
+}
+
+func (s *Server) createStaff(w http.ResponseWriter, r *http.Request, store Staff) {
+	var b struct {
+		Name string     `json:"name"`
+		Role staff.Role `json:"role"`
+	}
+	if e := decodeJSON(r.Body, &b); e != nil {
+		writeError(w, e)
+		return
+	}
+	who, e := s.staffOf(r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	m, token, err := store.Create(r.Context(), b.Name, b.Role, who.ID)
+	if err != nil {
+		s.staffError(w, "create staff member", err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, newStaff{Member: m, Token: token})
+}
+
+func (s *Server) listStaff(w http.ResponseWriter, r *http.Request, store Staff) {
+	all, err := store.List(r.Context())
+	if err != nil {
+		s.staffError(w, "list staff", err)
+		return
+	}
+	if all == nil {
+		all = []staff.Member{}
+	}
+	writeJSON(w, http.StatusOK, map[string][]staff.Member{"staff": all})
+}
+
+// revokeStaff revokes a member, the caller itself included, and replies it as revoked.
+func (s *Server) revokeStaff(w http.ResponseWriter, r *http.Request, store Staff) {
+	who, e := s.staffOf(r)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	id := r.PathValue("id")
+	if err := store.Revoke(r.Context(), id, who.ID); err != nil {
+		s.staffError(w, "revoke staff member", err)
+		return
+	}
+	m, err := store.Member(r.Context(), id) // revoked: nothing changes it any more
+	if err != nil {
+		s.staffError(w, "read revoked staff member", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, m)
+}
+
+// auditPage is the reply of GET /v1/admin/audit: newest first, and the before of the next
+// page (absent after the last, a page that is not full).
+type auditPage struct {
+	Entries    []staff.Entry `json:"entries"`
+	NextBefore *int64        `json:"next_before,omitempty"`
+}
+
+func (s *Server) listAudit(w http.ResponseWriter, r *http.Request, store Staff) {
+	q := r.URL.Query()
+	f := staff.AuditFilter{Actor: q.Get("actor"), Limit: staff.DefaultEntries}
+	if v := q.Get("before"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			writeError(w, badRequest("invalid_before", "before must be the id that ended the previous page (next_before), a whole number from 1"))
+			return
+		}
+		f.Before = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > staff.MaxEntries {
+			writeError(w, badRequest("invalid_limit", "limit must be a whole number, 1-%d", staff.MaxEntries))
+			return
+		}
+		f.Limit = n
+	}
+	es, err := store.Audit(r.Context(), f)
+	if err != nil {
+		s.staffError(w, "read the audit log", err)
+		return
+	}
+	if es == nil {
+		es = []staff.Entry{}
+	}
+	writeJSON(w, http.StatusOK, auditPage{Entries: es,
+		NextBefore: nextAfter(len(es), f.Limit, func() int64 { return es[len(es)-1].ID })})
 }
