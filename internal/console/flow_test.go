@@ -1,0 +1,83 @@
+package console_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/metergate/metergate/internal/staff"
+)
+
+// admit asks admit for a decision as a calling service does.
+func (b *testBundle) admit(t *testing.T, body map[string]any) (int, map[string]any) {
+	t.Helper()
+	raw, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(b.ctx, http.MethodPost, b.url+"/v1/admit", bytes.NewReader(raw))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+serviceToken)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
+	return res.StatusCode, out
+}
+
+var secretShown = regexp.MustCompile(`<code>(mgk_[A-Za-z0-9_-]+)</code>`)
+
+// TestAChangedLimitRefusesTheNextAdmission: an org, a team and a key made in the console,
+// a quota set on the team's page, and the next admission past it is refused at the team.
+func TestAChangedLimitRefusesTheNextAdmission(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	_, token := b.member(t, staff.Support)
+	admin, support := b.signedIn(t, adminToken), b.signedIn(t, token)
+	org, team := b.id("org"), b.id("team")
+
+	admin.get("/console/accounts")
+	r := admin.post("/console/accounts", url.Values{"id": {org}, "kind": {"org"}, "plan": {"pro"}})
+	require.Equal(t, http.StatusSeeOther, r.status, r.body)
+	r = admin.post("/console/accounts", url.Values{"id": {team}, "kind": {"team"}, "parent": {org}})
+	require.Equal(t, http.StatusSeeOther, r.status, r.body)
+
+	support.get("/console/accounts/" + team)
+	r = support.post("/console/accounts/"+team+"/keys", nil)
+	require.Equal(t, http.StatusCreated, r.status, r.body)
+	m := secretShown.FindStringSubmatch(r.body)
+	require.NotNil(t, m, "the key's secret is shown once: %s", r.body)
+	key := m[1]
+	require.NotContains(t, support.get("/console/accounts/"+team).body, key, "and never again")
+
+	// The node loads the new key within its policy reload.
+	require.Eventually(t, func() bool {
+		status, _ := b.admit(t, map[string]any{"api_key": key})
+		return status != http.StatusUnauthorized
+	}, 30*time.Second, 20*time.Millisecond)
+	r = support.post("/console/accounts/"+team, url.Values{"plan": {""}, "quota.requests": {"2"}, "period.requests": {"month"},
+		"rate.requests": {""}, "burst.requests": {""}})
+	require.Equal(t, http.StatusSeeOther, r.status, r.body)
+	page := support.get("/console/accounts/" + team)
+	require.Contains(t, page.body, "override")
+
+	for i := range 2 {
+		status, _ := b.admit(t, map[string]any{"api_key": key})
+		require.Equal(t, http.StatusOK, status, "admission %d within the quota", i)
+	}
+	status, reply := b.admit(t, map[string]any{"api_key": key})
+	require.Equal(t, http.StatusPaymentRequired, status, "%v", reply)
+	require.Equal(t, "quota_exceeded", reply["decision"])
+	require.Equal(t, team, reply["blocked_by"].(map[string]any)["account"], "refused at the team, by the new quota")
+
+	var audited int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `select count(*) from audit_log where route = '/v1/admin/accounts/{id}'
+		and method = 'PUT' and before is not null and after is not null and after->'limits'->'requests'->>'quota' = '2'`).Scan(&audited))
+	require.Equal(t, 1, audited, "the change is an audit row with its before and after")
+}
