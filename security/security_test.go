@@ -270,6 +270,7 @@ func probes() []probe {
 	all = append(all, grpcProbes()...)
 	all = append(all, inputProbes()...)
 	all = append(all, fuzzProbes()...)
+	all = append(all, staffProbes()...)
 	return all
 }
 
