@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -80,6 +81,9 @@ type Config struct {
 type Console struct {
 	cfg Config
 	mux *http.ServeMux
+
+	mu   sync.Mutex
+	last sample // this node's counters at the overview's last sample (overview.go)
 }
 
 // New returns a Console; mount it with Mount.

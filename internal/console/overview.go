@@ -1,9 +1,383 @@
 package console
 
-import "net/http"
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
 
-// overview is the console's first page. TODO(issue 32): being built.
+	"github.com/jackc/pgx/v5"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/metergate/metergate/internal/admission"
+)
+
+var (
+	//go:embed sql/billing_log_lag.sql
+	billingLogLagSQL string
+	//go:embed sql/billing_log_newest.sql
+	billingLogNewestSQL string
+	//go:embed sql/admissions_per_minute.sql
+	admissionsPerMinuteSQL string
+	//go:embed sql/dead_letters_newest.sql
+	deadLettersNewestSQL string
+	//go:embed sql/alerts_since.sql
+	alertsSinceSQL string
+)
+
+const (
+	// lagWindow is how far back the billing log's lag is measured.
+	lagWindow = 5 * time.Minute
+	// newestWindow is how far back the billing log's newest row is looked for when none
+	// came within lagWindow: further is "none in the last day".
+	newestWindow = 24 * time.Hour
+	// minRateWindow is the shortest time rates are measured over: a view sooner than this
+	// after the last sample shows that sample's rates.
+	minRateWindow = time.Second
+)
+
+// The metrics of this node the overview reads (internal/gate, internal/admission,
+// internal/outbox).
+const (
+	decisionsMetric   = "metergate_admit_decisions_total"
+	rejectedMetric    = "metergate_admit_rejected_requests_total"
+	outboxLenMetric   = "metergate_outbox_length"
+	outboxUpMetric    = "metergate_outbox_scrape_ok"
+	outboxAgeMetric   = "metergate_outbox_oldest_age_seconds"
+	decisionKeyPrefix = "decision/"
+	rejectedKeyPrefix = "rejected/"
+)
+
+// sample is this node's admission counters at a time, and the rates measured up to it.
+type sample struct {
+	at     time.Time
+	counts map[string]float64 // "decision/<result>", "rejected/<code>"
+	rates  map[string]float64 // per second, over window; nil for the first sample
+	window time.Duration
+}
+
+// rateRow is one line of this node's decisions: how many a second lately, and since start.
+type rateRow struct {
+	Reason string
+	PerS   string // "—" before there are two samples
+	Total  int64
+}
+
+// nodeCard is this node's admissions, from its metrics.
+type nodeCard struct {
+	Available bool
+	Window    string // what the rates are measured over; "" before the second sample
+	Decisions []rateRow
+	Rejected  []rateRow
+}
+
+// pipelineCard is the outbox and the billing log's lag.
+type pipelineCard struct {
+	OutboxHere   bool   // this node exposes its outbox length
+	OutboxOK     bool   // and Redis answered
+	OutboxLen    int64  // entries in every shard's outbox
+	RelayHere    bool   // this node runs a relay
+	OutboxAge    string // its oldest entry's age
+	Rows         int64  // rows of the billing log within lagWindow
+	P50, P95     string // ingest_time - event_time
+	Newest       time.Time
+	NewestAge    string
+	WindowMinute int
+}
+
+// deadLetterCard is the dead letters' count and the newest.
+type deadLetterCard struct {
+	Count      int64
+	ID         int64
+	Topic      string
+	Error      string
+	ReceivedAt time.Time
+}
+
+// alertRow is a usage alert fired.
+type alertRow struct {
+	ID, Account, Unit, Kind, Period string
+	Time                            time.Time
+	Threshold, Value                int64
+}
+
+// overviewPage is the data of the overview.
+type overviewPage struct {
+	Node        nodeCard
+	Pipeline    pipelineCard
+	DeadLetters deadLetterCard
+	Run         *runRow
+	AlertsToday int64
+	Alerts      []alertRow
+	Chart       chart
+}
+
+// overview is the console's first page, reloaded every 10 s: this node's decisions and
+// refusals, the outbox and the billing log's lag, dead letters, the last reconcile run,
+// today's alerts and the admissions of the last hour.
 func (c *Console) overview(w http.ResponseWriter, r *http.Request, v *view) {
-	v.Title, v.Nav = "Overview", "overview"
-	c.fail(w, r, v, http.StatusNotImplemented, "The overview is not built yet.")
+	v.Title, v.Nav, v.Refresh = "Overview", "overview", 10
+	ctx := r.Context()
+	now := c.now().UTC()
+	var p overviewPage
+	fams := c.gather()
+	p.Node = c.nodeCard(fams, now)
+	p.Pipeline = outboxCard(fams)
+	var err error
+	if err = c.billingLogLag(ctx, now, &p.Pipeline); err == nil {
+		if p.DeadLetters, err = c.deadLetterCard(ctx); err == nil {
+			if p.Run, err = c.lastRun(ctx); err == nil {
+				p.AlertsToday, p.Alerts, err = c.alertsSince(ctx, now.Truncate(24*time.Hour), 10)
+				if err == nil {
+					p.Chart, err = c.admissionsChart(ctx, now)
+				}
+			}
+		}
+	}
+	if err != nil {
+		c.unavailable(w, r, v, err)
+		return
+	}
+	c.render(w, r, v, http.StatusOK, "overview", p)
+}
+
+// gather reads this node's metrics; nil when there is no registry. A collector that fails
+// (Redis away) leaves its metrics out, and the rest is used.
+func (c *Console) gather() map[string]*dto.MetricFamily {
+	if c.cfg.Metrics == nil {
+		return nil
+	}
+	list, err := c.cfg.Metrics.Gather()
+	if err != nil {
+		c.cfg.Log.Warn("console: gather metrics", "err", err)
+	}
+	out := make(map[string]*dto.MetricFamily, len(list))
+	for _, f := range list {
+		out[f.GetName()] = f
+	}
+	return out
+}
+
+// counts sums the admission counters of fams by result and by rejection code.
+func counts(fams map[string]*dto.MetricFamily) map[string]float64 {
+	out := map[string]float64{}
+	add := func(name, label, prefix string) {
+		for _, m := range fams[name].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					out[prefix+l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	add(decisionsMetric, "result", decisionKeyPrefix)
+	add(rejectedMetric, "code", rejectedKeyPrefix)
+	return out
+}
+
+// nodeCard samples this node's counters at now and reports them with their rates since
+// the last sample (kept in the Console, for every viewer). A view within minRateWindow of
+// the last sample shows that sample's rates, so that rates are never measured over an
+// instant.
+func (c *Console) nodeCard(fams map[string]*dto.MetricFamily, now time.Time) nodeCard {
+	if fams == nil {
+		return nodeCard{}
+	}
+	cur := sample{at: now, counts: counts(fams)}
+	c.mu.Lock()
+	prev := c.last
+	switch {
+	case prev.at.IsZero():
+		c.last = cur
+	case now.Sub(prev.at) < minRateWindow:
+		cur.rates, cur.window = prev.rates, prev.window
+	default:
+		cur.window = now.Sub(prev.at)
+		cur.rates = map[string]float64{}
+		for k, n := range cur.counts {
+			cur.rates[k] = max(0, n-prev.counts[k]) / cur.window.Seconds()
+		}
+		c.last = cur
+	}
+	c.mu.Unlock()
+
+	card := nodeCard{Available: true}
+	if cur.rates != nil {
+		card.Window = cur.window.Round(100 * time.Millisecond).String()
+	}
+	row := func(reason string, keys ...string) rateRow {
+		var total, rate float64
+		for _, k := range keys {
+			total += cur.counts[k]
+			rate += cur.rates[k]
+		}
+		perS := "—"
+		if cur.rates != nil {
+			perS = fmt.Sprintf("%.1f", rate)
+		}
+		return rateRow{Reason: reason, PerS: perS, Total: int64(total)}
+	}
+	var all []string
+	for k := range cur.counts {
+		if strings.HasPrefix(k, decisionKeyPrefix) {
+			all = append(all, k)
+		}
+	}
+	d := func(r admission.Result) string { return decisionKeyPrefix + string(r) }
+	card.Decisions = []rateRow{
+		row("Decisions", all...),
+		row("Admitted", d(admission.Allow)),
+		row("Refused 429: rate limited", d(admission.RateLimited)),
+		row("Refused 429: quota exceeded", d(admission.QuotaExceeded)),
+		row("Refused 402: insufficient balance", d(admission.InsufficientBalance)),
+	}
+	var codes []string
+	for k := range cur.counts {
+		if code, ok := strings.CutPrefix(k, rejectedKeyPrefix); ok {
+			codes = append(codes, code)
+		}
+	}
+	sort.Strings(codes)
+	for _, code := range codes {
+		card.Rejected = append(card.Rejected, row(code, rejectedKeyPrefix+code))
+	}
+	return card
+}
+
+// outboxCard reads the outbox's length and the relay's lag from this node's metrics, when
+// this node exposes them (the admitter registers the length, a relay in this process its
+// oldest entry's age).
+func outboxCard(fams map[string]*dto.MetricFamily) pipelineCard {
+	var p pipelineCard
+	if f, ok := fams[outboxLenMetric]; ok {
+		p.OutboxHere, p.OutboxOK = true, true
+		for _, m := range f.GetMetric() {
+			p.OutboxLen += int64(m.GetGauge().GetValue())
+		}
+	}
+	if f, ok := fams[outboxUpMetric]; ok {
+		p.OutboxHere = true
+		for _, m := range f.GetMetric() {
+			p.OutboxOK = p.OutboxOK || m.GetGauge().GetValue() == 1
+		}
+	}
+	if f, ok := fams[outboxAgeMetric]; ok {
+		p.RelayHere = true
+		var oldest float64
+		for _, m := range f.GetMetric() {
+			oldest = max(oldest, m.GetGauge().GetValue())
+		}
+		p.OutboxAge = seconds(oldest)
+	}
+	return p
+}
+
+// seconds writes a duration of s seconds for people: "0.42 s", "12 s", "3.5 min", "2.0 h".
+func seconds(s float64) string {
+	switch {
+	case s < 10:
+		return fmt.Sprintf("%.2f s", s)
+	case s < 120:
+		return fmt.Sprintf("%.0f s", s)
+	case s < 7200:
+		return fmt.Sprintf("%.1f min", s/60)
+	}
+	return fmt.Sprintf("%.1f h", s/3600)
+}
+
+// billingLogLag measures the billing log's lag over the last lagWindow, and how old its
+// newest row is (looked for over newestWindow when none came within lagWindow).
+func (c *Console) billingLogLag(ctx context.Context, now time.Time, p *pipelineCard) error {
+	p.WindowMinute = int(lagWindow / time.Minute)
+	var p50, p95 float64
+	var newest *time.Time
+	if err := c.cfg.Pool.QueryRow(ctx, billingLogLagSQL, pgx.StrictNamedArgs{"since": now.Add(-lagWindow)}).Scan(
+		&p.Rows, &p50, &p95, &newest); err != nil {
+		return fmt.Errorf("billing log lag: %w", err)
+	}
+	if p.Rows > 0 {
+		p.P50, p.P95 = seconds(p50), seconds(p95)
+	} else if err := c.cfg.Pool.QueryRow(ctx, billingLogNewestSQL, pgx.StrictNamedArgs{"since": now.Add(-newestWindow)}).Scan(
+		&newest); err != nil {
+		return fmt.Errorf("billing log's newest row: %w", err)
+	}
+	if newest != nil {
+		p.Newest, p.NewestAge = *newest, seconds(max(0, now.Sub(*newest).Seconds()))
+	}
+	return nil
+}
+
+func (c *Console) deadLetterCard(ctx context.Context) (deadLetterCard, error) {
+	var d deadLetterCard
+	err := c.cfg.Pool.QueryRow(ctx, deadLettersNewestSQL).Scan(&d.Count, &d.ID, &d.Topic, &d.Error, &d.ReceivedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return deadLetterCard{}, nil
+	}
+	if err != nil {
+		return d, fmt.Errorf("dead letters: %w", err)
+	}
+	if len(d.Error) > 300 {
+		d.Error = truncate(d.Error, 300)
+	}
+	return d, nil
+}
+
+// lastRun is the latest reconcile run; nil when there is none.
+func (c *Console) lastRun(ctx context.Context) (*runRow, error) {
+	runs, err := c.runs(ctx, endOfTime, maxRunID, 1)
+	if err != nil || len(runs) == 0 {
+		return nil, err
+	}
+	return &runs[0], nil
+}
+
+// alertsSince counts the usage alerts fired since since and returns the latest limit.
+func (c *Console) alertsSince(ctx context.Context, since time.Time, limit int) (int64, []alertRow, error) {
+	rows, err := c.cfg.Pool.Query(ctx, alertsSinceSQL, pgx.StrictNamedArgs{"since": since, "limit": limit})
+	if err != nil {
+		return 0, nil, fmt.Errorf("alerts: %w", err)
+	}
+	var total int64
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (alertRow, error) {
+		var a alertRow
+		err := r.Scan(&total, &a.ID, &a.Time, &a.Account, &a.Unit, &a.Kind, &a.Threshold, &a.Value, &a.Period)
+		return a, err
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("alerts: %w", err)
+	}
+	return total, list, nil
+}
+
+// admissionsChart charts the admissions of every org per minute over the last hour, the
+// current minute last.
+func (c *Console) admissionsChart(ctx context.Context, now time.Time) (chart, error) {
+	last := now.Truncate(time.Minute)
+	since := last.Add(-59 * time.Minute)
+	rows, err := c.cfg.Pool.Query(ctx, admissionsPerMinuteSQL, pgx.StrictNamedArgs{"since": since})
+	if err != nil {
+		return chart{}, fmt.Errorf("admissions per minute: %w", err)
+	}
+	perMinute := map[time.Time]int64{}
+	_, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct{}, error) {
+		var m time.Time
+		var n int64
+		err := r.Scan(&m, &n)
+		perMinute[m.UTC()] = n
+		return struct{}{}, err
+	})
+	if err != nil {
+		return chart{}, fmt.Errorf("admissions per minute: %w", err)
+	}
+	var labels []string
+	var values []int64
+	for m := since; !m.After(last); m = m.Add(time.Minute) {
+		labels = append(labels, m.Format("15:04"))
+		values = append(values, perMinute[m])
+	}
+	return newChart("Admissions per minute, last hour (every org)", "admissions", labels, values), nil
 }

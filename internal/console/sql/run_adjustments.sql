@@ -1,0 +1,8 @@
+-- The adjustments of reconcile run @run_id with an id above @after, in the order it made
+-- them, at most @limit.
+select id, kind, org, account, level, unit, quota_period, period, amount, redis_before, redis_after,
+       reason, coalesce(source_event, ''), created_at, applied_at
+from adjustments
+where run_id = @run_id::uuid and id > @after
+order by id
+limit @limit
