@@ -164,8 +164,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	csrf := value(viewer, chromedp.Evaluate[string](`document.querySelector('header input[name="csrf"]').value`))
 	viewer.run(chromedp.Evaluate[chromedp.Void](`document.documentElement.dataset.page = "before"`))
 	viewer.run(chromedp.Evaluate[chromedp.Void](`(() => { const f = document.createElement("form"); f.method = "post";
-		f.action = "/console/accounts/`+team+`/keys"; const i = document.createElement("input"); i.name = "csrf";
-		i.value = "`+csrf+`"; f.appendChild(i); document.body.appendChild(f); f.submit(); })()`))
+		f.action = "/console/accounts/` + team + `/keys"; const i = document.createElement("input"); i.name = "csrf";
+		i.value = "` + csrf + `"; f.appendChild(i); document.body.appendChild(f); f.submit(); })()`))
 	viewer.next()
 	require.Contains(t, viewer.text(), "may not do this")
 	var keys int
