@@ -125,7 +125,7 @@ func TestOverview(t *testing.T) {
 	require.Contains(t, r.body, "No reconcile run yet.")
 	require.Contains(t, r.body, "None today.")
 	require.Contains(t, r.body, "No admission recorded in the last 5 minutes.")
-	require.Contains(t, r.body, "none in the last day")
+	require.Contains(t, r.body, "Newest row: none in the last hour")
 	require.NotContains(t, r.body, "<script")
 
 	// Admissions through the API: this node's counters and, from the next sample on, rates.
@@ -157,7 +157,15 @@ func TestOverview(t *testing.T) {
 	require.Equal(t, "1", m[2])
 	require.NotEqual(t, "0.0", m[1])
 
-	// The billing log, a dead letter, a reconcile run and an alert.
+	// The billing log: rows older than the lag's 5 minutes are its newest still.
+	earlier := time.Now().Add(-20 * time.Minute).UTC().Truncate(time.Second)
+	opsEvents(t, b, org, earlier, time.Second, 2)
+	r = br.get("/console/")
+	require.Contains(t, r.body, "No admission recorded in the last 5 minutes.")
+	require.Contains(t, r.body, "old ("+earlier.Format("2006-01-02 15:04:05 UTC")+")", "the newest row")
+	require.Contains(t, r.body, fmt.Sprintf("<title>%s: 2</title>", earlier.Format("15:04")), "the chart's bar of that minute")
+
+	// More of the log, a dead letter, a reconcile run and an alert.
 	at := time.Now().Add(-30 * time.Second).UTC().Truncate(time.Second)
 	opsEvents(t, b, org, at, 2*time.Second, 4)
 	opsDeadLetter(t, b, 7, []byte("<script>alert(1)</script>"), `cannot parse <script>alert("dl")</script>`)

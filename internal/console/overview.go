@@ -19,8 +19,6 @@ import (
 var (
 	//go:embed sql/billing_log_lag.sql
 	billingLogLagSQL string
-	//go:embed sql/billing_log_newest.sql
-	billingLogNewestSQL string
 	//go:embed sql/admissions_per_minute.sql
 	admissionsPerMinuteSQL string
 	//go:embed sql/dead_letters_newest.sql
@@ -32,9 +30,9 @@ var (
 const (
 	// lagWindow is how far back the billing log's lag is measured.
 	lagWindow = 5 * time.Minute
-	// newestWindow is how far back the billing log's newest row is looked for when none
-	// came within lagWindow: further is "none in the last day".
-	newestWindow = 24 * time.Hour
+	// chartWindow is how far back the admissions are charted, and the billing log's newest
+	// row looked for: a log quiet for longer shows none (the scan stays bounded).
+	chartWindow = time.Hour
 	// minRateWindow is the shortest time rates are measured over: a view sooner than this
 	// after the last sample shows that sample's rates.
 	minRateWindow = time.Second
@@ -77,14 +75,14 @@ type nodeCard struct {
 
 // pipelineCard is the outbox and the billing log's lag.
 type pipelineCard struct {
-	OutboxHere   bool   // this node exposes its outbox length
-	OutboxOK     bool   // and Redis answered
-	OutboxLen    int64  // entries in every shard's outbox
-	RelayHere    bool   // this node runs a relay
-	OutboxAge    string // its oldest entry's age
-	Rows         int64  // rows of the billing log within lagWindow
-	P50, P95     string // ingest_time - event_time
-	Newest       time.Time
+	OutboxHere   bool      // this node exposes its outbox length
+	OutboxOK     bool      // and Redis answered
+	OutboxLen    int64     // entries in every shard's outbox
+	RelayHere    bool      // this node runs a relay
+	OutboxAge    string    // its oldest entry's age
+	Rows         int64     // rows of the billing log within lagWindow
+	P50, P95     string    // ingest_time - event_time
+	Newest       time.Time // the billing log's newest row within chartWindow
 	NewestAge    string
 	WindowMinute int
 }
@@ -128,12 +126,11 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, v *view) {
 	p.Node = c.nodeCard(fams, now)
 	p.Pipeline = outboxCard(fams)
 	var err error
-	if err = c.billingLogLag(ctx, now, &p.Pipeline); err == nil {
-		if p.DeadLetters, err = c.deadLetterCard(ctx); err == nil {
-			if p.Run, err = c.lastRun(ctx); err == nil {
-				p.AlertsToday, p.Alerts, err = c.alertsSince(ctx, now.Truncate(24*time.Hour), 10)
-				if err == nil {
-					p.Chart, err = c.admissionsChart(ctx, now)
+	if p.Chart, p.Pipeline.Newest, err = c.admissionsChart(ctx, now); err == nil {
+		if err = c.billingLogLag(ctx, now, &p.Pipeline); err == nil {
+			if p.DeadLetters, err = c.deadLetterCard(ctx); err == nil {
+				if p.Run, err = c.lastRun(ctx); err == nil {
+					p.AlertsToday, p.Alerts, err = c.alertsSince(ctx, now.Truncate(24*time.Hour), 10)
 				}
 			}
 		}
@@ -290,23 +287,19 @@ func seconds(s float64) string {
 }
 
 // billingLogLag measures the billing log's lag over the last lagWindow, and how old its
-// newest row is (looked for over newestWindow when none came within lagWindow).
+// newest row (p.Newest) is.
 func (c *Console) billingLogLag(ctx context.Context, now time.Time, p *pipelineCard) error {
 	p.WindowMinute = int(lagWindow / time.Minute)
 	var p50, p95 float64
-	var newest *time.Time
 	if err := c.cfg.Pool.QueryRow(ctx, billingLogLagSQL, pgx.StrictNamedArgs{"since": now.Add(-lagWindow)}).Scan(
-		&p.Rows, &p50, &p95, &newest); err != nil {
+		&p.Rows, &p50, &p95); err != nil {
 		return fmt.Errorf("billing log lag: %w", err)
 	}
 	if p.Rows > 0 {
 		p.P50, p.P95 = seconds(p50), seconds(p95)
-	} else if err := c.cfg.Pool.QueryRow(ctx, billingLogNewestSQL, pgx.StrictNamedArgs{"since": now.Add(-newestWindow)}).Scan(
-		&newest); err != nil {
-		return fmt.Errorf("billing log's newest row: %w", err)
 	}
-	if newest != nil {
-		p.Newest, p.NewestAge = *newest, seconds(max(0, now.Sub(*newest).Seconds()))
+	if !p.Newest.IsZero() {
+		p.NewestAge = seconds(max(0, now.Sub(p.Newest).Seconds()))
 	}
 	return nil
 }
@@ -353,25 +346,30 @@ func (c *Console) alertsSince(ctx context.Context, since time.Time, limit int) (
 	return total, list, nil
 }
 
-// admissionsChart charts the admissions of every org per minute over the last hour, the
-// current minute last.
-func (c *Console) admissionsChart(ctx context.Context, now time.Time) (chart, error) {
+// admissionsChart charts the admissions of every org per minute over the last
+// chartWindow, the current minute last, and returns the newest admission in it (zero when
+// none).
+func (c *Console) admissionsChart(ctx context.Context, now time.Time) (chart, time.Time, error) {
 	last := now.Truncate(time.Minute)
-	since := last.Add(-59 * time.Minute)
+	since := last.Add(-chartWindow + time.Minute)
 	rows, err := c.cfg.Pool.Query(ctx, admissionsPerMinuteSQL, pgx.StrictNamedArgs{"since": since})
 	if err != nil {
-		return chart{}, fmt.Errorf("admissions per minute: %w", err)
+		return chart{}, time.Time{}, fmt.Errorf("admissions per minute: %w", err)
 	}
 	perMinute := map[time.Time]int64{}
+	var newest time.Time
 	_, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct{}, error) {
-		var m time.Time
+		var m, latest time.Time
 		var n int64
-		err := r.Scan(&m, &n)
+		err := r.Scan(&m, &n, &latest)
 		perMinute[m.UTC()] = n
+		if latest.After(newest) {
+			newest = latest
+		}
 		return struct{}{}, err
 	})
 	if err != nil {
-		return chart{}, fmt.Errorf("admissions per minute: %w", err)
+		return chart{}, time.Time{}, fmt.Errorf("admissions per minute: %w", err)
 	}
 	var labels []string
 	var values []int64
@@ -379,5 +377,5 @@ func (c *Console) admissionsChart(ctx context.Context, now time.Time) (chart, er
 		labels = append(labels, m.Format("15:04"))
 		values = append(values, perMinute[m])
 	}
-	return newChart("Admissions per minute, last hour (every org)", "admissions", labels, values), nil
+	return newChart("Admissions per minute, last hour (every org)", "admissions", labels, values), newest, nil
 }
