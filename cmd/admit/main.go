@@ -31,8 +31,10 @@ import (
 	"github.com/metergate/metergate/internal/config"
 	"github.com/metergate/metergate/internal/console"
 	"github.com/metergate/metergate/internal/credit"
+	"github.com/metergate/metergate/internal/gate"
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/refusals"
 	"github.com/metergate/metergate/internal/staff"
 	"github.com/metergate/metergate/internal/topic"
 	"github.com/metergate/metergate/internal/webhook"
@@ -93,11 +95,17 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	recorder := cfg.Kafka.Writer()
 	defer recorder.Close()
 	staffStore := staff.NewStore(pool)
+	// The refusal log (docs/admission.md): what the console shows of refused requests.
+	var refusalLog *refusals.Log
+	if cfg.Refusals.Enabled {
+		refusalLog = refusals.New(rdb, admitter.Keys(), cfg.Refusals.Options(refusals.Options{
+			Log: log.With("component", "refusals"), Registerer: reg}))
+	}
 	server := api.New(cfg.Admission.APIConfig(api.Config{
 		Log: log, Policies: cache, Admin: policy.NewStore(pool), Decider: admitter, Recorder: recorder, Registerer: reg,
 		Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil), Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
 		Invoices: api.InvoiceStore{Pool: pool, Issuer: cfg.Issuer()},
-		Staff:    staffStore,
+		Staff:    staffStore, Refusals: gateRefusals(refusalLog),
 	}))
 	probes := readiness(rdb, pool, cache)
 	mux := http.NewServeMux()
@@ -105,7 +113,8 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	server.Mount(mux)
 	if cfg.Console.Enabled {
 		console.New(cfg.Console.ConsoleConfig(console.Config{Log: log, API: server, Staff: staffStore,
-			AdminToken: cfg.Admission.AdminToken, Pool: pool, Policies: cache, Counters: admitter, Metrics: reg})).Mount(mux)
+			AdminToken: cfg.Admission.AdminToken, Pool: pool, Policies: cache, Counters: admitter, Metrics: reg,
+			Refusals: consoleRefusals(refusalLog)})).Mount(mux)
 	}
 	// Envoy's rate-limit service has a listener of its own (docs/gateways.md), opened before
 	// anything runs so that a taken port fails the start.
@@ -142,5 +151,26 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	if cerr := server.Close(cctx); cerr != nil {
 		log.Error("voids still pending at shutdown", "err", cerr)
 	}
+	if refusalLog != nil {
+		if cerr := refusalLog.Close(cctx); cerr != nil {
+			log.Warn("refusal log: refusals still queued at shutdown were dropped", "err", cerr)
+		}
+	}
 	return err
+}
+
+// gateRefusals and consoleRefusals are the refusal log as the API and the console take
+// it: nil when it is off (a nil *refusals.Log in an interface would not be nil).
+func gateRefusals(l *refusals.Log) gate.Refusals {
+	if l == nil {
+		return nil
+	}
+	return l
+}
+
+func consoleRefusals(l *refusals.Log) console.Refusals {
+	if l == nil {
+		return nil
+	}
+	return l
 }

@@ -62,7 +62,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	a, err := s.gate.Admit(r.Context(), in.gate(gate.Service, wait))
+	a, err := s.gate.Admit(r.Context(), in.gate(gate.Service, wait, "admit"))
 	if err != nil {
 		writeRefusal(w, err)
 		return
@@ -72,9 +72,9 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request) {
 }
 
 // gate is the input of the gate's decision, from door.
-func (in admitInput) gate(door gate.Door, wait time.Duration) gate.Input {
+func (in admitInput) gate(door gate.Door, wait time.Duration, via string) gate.Input {
 	return gate.Input{APIKey: in.APIKey, Account: in.Account, IdempotencyKey: in.IdempotencyKey, Units: in.Units,
-		Tool: in.Tool, MaxWait: wait, Door: door}
+		Tool: in.Tool, MaxWait: wait, Door: door, Via: via}
 }
 
 // reply renders a decision as POST /v1/admit answers it (200, 429, 402): its status, its

@@ -138,6 +138,9 @@ type Config struct {
 	// Staff authenticates named staff credentials and keeps the audit log (staff.Store);
 	// nil: the admin token alone opens the admin API, and its writes are not audited.
 	Staff Staff
+	// Refusals is told every refusal by a limit (refusals.Log, the console's refusal log);
+	// nil: none is recorded.
+	Refusals gate.Refusals
 	// MaxEstimates bounds the token estimates of large bodies running at once on this node
 	// (ADMIT_MAX_ESTIMATES; 2 × GOMAXPROCS when 0).
 	MaxEstimates int
@@ -165,7 +168,7 @@ func New(cfg Config) *Server {
 	cfg.Check = cfg.Check.withDefaults()
 	g := gate.New(gate.Config{Log: cfg.Log, Policies: cfg.Policies, Decider: cfg.Decider, Recorder: cfg.Recorder,
 		Source: cfg.Source, RedisDownRateOnly: cfg.RedisDownRateOnly, RedisDownQuota: cfg.RedisDownQuota,
-		RedisDownRetryAfter: cfg.RedisDownRetryAfter, Clock: cfg.Clock, Shadow: cfg.Shadow, Registerer: cfg.Registerer})
+		RedisDownRetryAfter: cfg.RedisDownRetryAfter, Clock: cfg.Clock, Shadow: cfg.Shadow, Registerer: cfg.Registerer, Refusals: cfg.Refusals})
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), gate: g, estimates: make(chan struct{}, cfg.MaxEstimates)}
 	s.routes()
 	return s

@@ -107,7 +107,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 		writeCheck(w, e.Status, map[string]*Error{"error": e})
 		return
 	}
-	a, err := s.gate.Admit(r.Context(), in.gate(gate.Gateway, 0))
+	a, err := s.gate.Admit(r.Context(), in.gate(gate.Gateway, 0, "check"))
 	if err != nil {
 		e, ok := refusal(h, err)
 		if !ok {

@@ -212,7 +212,7 @@ func (r *rls) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) 
 	if call.eventID != "" {
 		return r.outcome(ctx, call, n)
 	}
-	a, err := r.s.gate.Admit(ctx, call.in.gate(gate.Gateway, 0))
+	a, err := r.s.gate.Admit(ctx, call.in.gate(gate.Gateway, 0, "rls"))
 	if err != nil {
 		h := http.Header{}
 		e, ok := refusal(h, err)
