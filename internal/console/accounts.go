@@ -273,7 +273,7 @@ func (c *Console) accountView(w http.ResponseWriter, r *http.Request, v *view, s
 			c.cfg.Log.Warn("console: read refusals", "org", p.Account.Org, "err", err)
 		}
 		p.Refusals = slices.DeleteFunc(p.Refusals, func(f Refusal) bool {
-			return f.Account != id && !slices.Contains(f.Path, id)
+			return f.Account != id && f.Blocked.Account != id
 		})
 	}
 	var alerts struct {

@@ -1,12 +1,18 @@
 package console_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	cdpbrowser "github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
@@ -63,11 +69,11 @@ func (tb *tab) submit(button string, fields map[string]string) {
 	tb.t.Helper()
 	var actions []chromedp.Action[chromedp.Void]
 	for sel, v := range fields {
-		if strings.HasPrefix(sel, "select") {
-			actions = append(actions, chromedp.SetValue(chromedp.CSS(sel), v))
-			continue
-		}
-		actions = append(actions, chromedp.Clear(chromedp.CSS(sel)), chromedp.SendKeys(chromedp.CSS(sel), v))
+		// Typed values would go through key events; setting them is as good for a form.
+		js, err := json.Marshal(map[string]string{"sel": sel, "v": v})
+		require.NoError(tb.t, err)
+		actions = append(actions, chromedp.Evaluate[chromedp.Void](
+			`(f => { const e = document.querySelector(f.sel); if (!e) throw new Error("no " + f.sel); e.value = f.v; })(`+string(js)+`)`))
 	}
 	// The page is marked, so that the wait below is for the next one.
 	actions = append(actions, chromedp.Evaluate[chromedp.Void](`document.documentElement.dataset.page = "before"`),
@@ -99,12 +105,13 @@ func (tb *tab) check(name string) {
 
 // TestConsoleInABrowser drives the console in a real Chromium as its users do: sign in;
 // make an org, a team and a key; change the team's limit and see the next admission
-// refused by it; and as a viewer, find no form to write with and be refused a forged
-// one. Each page passes axe-core's check, and its screenshot is taken.
+// refused by it; find a 429 by its idempotency key on "Why?"; void an invoice and
+// download its credit note; and as a viewer, find no form to write with and be refused
+// a forged one. Each page passes axe-core's check, and its screenshot is taken.
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	org, team := b.id("acme"), b.id("research")
+	org, team := b.id("globex"), b.id("research")
 
 	// Sign in with the admin token.
 	admin := b.tab(t)
@@ -153,10 +160,72 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Contains(t, admin.text(), team)
 	admin.check("accounts")
 
+	// A rate limit instead of the quota: a request past it is refused 429, and "Why?"
+	// finds that refusal by its idempotency key.
+	admin.open("/console/accounts/" + team)
+	admin.submit(`form[action="/console/accounts/`+team+`"] button`, map[string]string{
+		`input[name="quota.requests"]`: "", `input[name="rate.requests"]`: "0.001", `input[name="burst.requests"]`: "1"})
+	require.Contains(t, admin.text(), "0.001/s, burst 1")
+	status, reply = b.admit(t, map[string]any{"api_key": secret, "idempotency_key": "first-of-the-day"})
+	require.Equal(t, http.StatusOK, status, "%v", reply)
+	status, reply = b.admit(t, map[string]any{"api_key": secret, "idempotency_key": "order-4711-retry-2"})
+	require.Equal(t, http.StatusTooManyRequests, status, "%v", reply)
+	require.Eventually(t, func() bool {
+		admin.open("/console/why?q=order-4711-retry-2&account=" + team)
+		return strings.Contains(admin.text(), "rate_limited")
+	}, 30*time.Second, 100*time.Millisecond, "the refusal reaches the log")
+	require.Regexp(t, `429\s+rate_limited\s+`+team+` \(team\)\s+requests`, admin.text())
+	admin.check("why")
+
+	// Finance voids an invoice, then downloads the credit note.
+	inv := b.invoiced(t, "Acme Widgets GmbH")
+	_, token := b.member(t, staff.Finance)
+	finance := b.tab(t)
+	finance.open("/console/login?next=/console/invoices/" + strconv.FormatInt(inv.ID, 10))
+	finance.submit("main form button", map[string]string{"#token": token})
+	require.Contains(t, finance.text(), inv.Number)
+	finance.check("invoice")
+	finance.run(chromedp.Evaluate[chromedp.Void](`document.documentElement.dataset.page = "before"`),
+		chromedp.Click(chromedp.CSS(`a[href$="/void"]`)))
+	finance.next()
+	finance.check("invoice-void")
+	finance.submit(`main form button`, map[string]string{"#reason": "Billed twice: see ticket 4711"})
+	require.Contains(t, finance.text(), "This invoice is void")
+	finance.run(chromedp.Evaluate[chromedp.Void](`document.documentElement.dataset.page = "before"`),
+		chromedp.Click(chromedp.CSS(`a[href^="/console/credit-notes/"]`)))
+	finance.next()
+	require.Contains(t, finance.text(), "Billed twice: see ticket 4711")
+	finance.check("credit-note")
+	downloads := t.TempDir()
+	_, err := chromedp.CallBrowser(finance.ctx, cdpbrowser.SetDownloadBehavior, cdpbrowser.SetDownloadBehaviorParams{
+		Behavior: cdpbrowser.SetDownloadBehaviorBehaviorAllow, DownloadPath: downloads})
+	require.NoError(t, err)
+	finance.run(chromedp.Click(chromedp.CSS(`a[href$="/pdf"]`)))
+	var pdf []byte
+	require.Eventually(t, func() bool {
+		files, _ := filepath.Glob(filepath.Join(downloads, "*.pdf"))
+		if len(files) != 1 {
+			return false
+		}
+		pdf, err = os.ReadFile(files[0])
+		return err == nil && bytes.HasSuffix(bytes.TrimSpace(pdf), []byte("%%EOF"))
+	}, 30*time.Second, 50*time.Millisecond, "the credit note's PDF downloads")
+	require.True(t, bytes.HasPrefix(pdf, []byte("%PDF-")))
+	require.Contains(t, strings.Join(testenv.PDFText(t, pdf), "\n"), "Billed twice: see ticket 4711")
+
+	// Every other page, as an admin sees it.
+	for name, path := range map[string]string{"overview": "/console/", "plans": "/console/plans",
+		"plan": "/console/plans/pro", "invoices": "/console/invoices", "credit-notes": "/console/credit-notes",
+		"runs": "/console/runs", "dead-letters": "/console/dead-letters", "webhooks": "/console/webhooks",
+		"audit": "/console/audit", "staff": "/console/staff", "sessions": "/console/sessions"} {
+		admin.open(path)
+		admin.check(name)
+	}
+
 	// A viewer finds no form that writes, and a forged one is refused.
-	_, token := b.member(t, staff.Viewer)
+	_, token = b.member(t, staff.Viewer)
 	viewer := b.tab(t)
-	viewer.open("/console/login")
+	viewer.open("/console/login?next=/console/why")
 	viewer.submit("main form button", map[string]string{"#token": token})
 	viewer.open("/console/accounts/" + team)
 	forms := value(viewer, chromedp.Evaluate[int](`document.querySelectorAll('main form[method="post"]').length`))

@@ -119,6 +119,9 @@ func TestOverview(t *testing.T) {
 
 	r := br.get("/console/")
 	require.Equal(t, http.StatusOK, r.status, r.body)
+	require.NotContains(t, r.body, `http-equiv="refresh"`, "it reloads only when asked (WCAG 2.2.1)")
+	r = br.get("/console/?refresh=on")
+	require.Equal(t, http.StatusOK, r.status, r.body)
 	require.Contains(t, r.body, `<meta http-equiv="refresh" content="10">`)
 	require.Contains(t, r.body, "Decisions at this node")
 	require.Contains(t, r.body, "Length: not in this node", "the test's admitter registers no outbox metrics")

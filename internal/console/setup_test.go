@@ -22,8 +22,10 @@ import (
 	"github.com/metergate/metergate/internal/console"
 	"github.com/metergate/metergate/internal/credit"
 	"github.com/metergate/metergate/internal/document"
+	"github.com/metergate/metergate/internal/gate"
 	"github.com/metergate/metergate/internal/invoice"
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/refusals"
 	"github.com/metergate/metergate/internal/staff"
 	"github.com/metergate/metergate/internal/testenv"
 	"github.com/metergate/metergate/internal/webhook"
@@ -51,8 +53,8 @@ type testBundle struct {
 }
 
 type setupOpts struct {
-	// refusals is the console's refusal log (nil: none).
-	refusals console.Refusals
+	// noRefusals runs without the refusal log.
+	noRefusals bool
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -83,14 +85,21 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 	adm := admission.New(rdb, admission.Options{KeyPrefix: testenv.Prefix(t) + "mg", LeaseTTL: 5 * time.Second})
 	t.Cleanup(adm.Close)
 	b.staff = staff.NewStore(b.pool)
-	srv := api.New(api.Config{Log: log, ServiceToken: serviceToken, AdminToken: adminToken, Registerer: b.reg,
+	var gateLog gate.Refusals
+	var consoleLog console.Refusals
+	if !o.noRefusals {
+		l := refusals.New(rdb, adm.Keys(), refusals.Options{Log: log})
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		gateLog, consoleLog = l, l
+	}
+	srv := api.New(api.Config{Refusals: gateLog, Log: log, ServiceToken: serviceToken, AdminToken: adminToken, Registerer: b.reg,
 		Policies: b.cache, Admin: policy.NewStore(b.pool), Decider: adm, Source: "test-node",
 		Credits: credit.NewStore(b.pool, rdb, adm.Keys(), nil), Webhooks: webhook.NewStore(b.pool, true),
 		Invoices: api.InvoiceStore{Pool: b.pool, Issuer: testIssuer}, Staff: b.staff})
 	mux := http.NewServeMux()
 	srv.Mount(mux)
 	console.New(console.Config{Log: log, API: srv, Staff: b.staff, AdminToken: adminToken, Pool: b.pool,
-		Policies: b.cache, Counters: adm, Refusals: o.refusals, Metrics: b.reg, InsecureCookies: true}).Mount(mux)
+		Policies: b.cache, Counters: adm, Refusals: consoleLog, Metrics: b.reg, InsecureCookies: true}).Mount(mux)
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
 	b.url = ts.URL

@@ -127,7 +127,7 @@ func (c *Console) explain(ctx context.Context, p *whyPage) error {
 			if err != nil {
 				return fmt.Errorf("events of key %s: %w", p.Q, err)
 			}
-			p.Refusals = c.refusalsOf(ctx, org, func(f Refusal) bool { return f.APIKey == p.Q })
+			p.Refusals = c.refusalsOf(ctx, org, func(f Refusal) bool { return f.APIKeyID == p.Q })
 			return nil
 		case !errors.Is(err, pgx.ErrNoRows):
 			return fmt.Errorf("account of key %s: %w", p.Q, err)
