@@ -31,14 +31,14 @@ type amendmentBody struct {
 	Settle   string                     `json:"settle"`
 }
 
-// amendment reads b as invoice.Amend takes it, by adminActor, checking what the API's
+// amendment reads b as invoice.Amend takes it (By is the caller's to set), checking what the API's
 // codes name (invalid_event_id, invalid_org, invalid_account, invalid_period, the units')
 // and what Amend would read otherwise (an empty list of events, a void with no unit). The
 // rest is Amend's to check, before it reads anything (events or a filter, not both; the
 // action, settle and reason: invalid_amendment, invalid_reason) or against the database.
 func (b amendmentBody) amendment() (invoice.Amendment, *Error) {
 	a := invoice.Amendment{EventIDs: b.EventIDs, Org: b.Org, Account: b.Account, Action: b.Action, Reason: b.Reason,
-		Settle: b.Settle, By: adminActor}
+		Settle: b.Settle}
 	if b.EventIDs != nil && (len(b.EventIDs) == 0 || len(b.EventIDs) > invoice.MaxAmendEvents) {
 		// Amend reads an empty list as none, and would take the filter beside it.
 		return a, badRequest("invalid_amendment", "event_ids lists 1 to %d events, not %d (more: several amendments, or a filter)",
@@ -100,6 +100,7 @@ func (s *Server) amend(w http.ResponseWriter, r *http.Request, store Invoices) {
 		return
 	}
 	a, e := b.amendment()
+	a.By = actor(r)
 	if e != nil {
 		writeError(w, e)
 		return

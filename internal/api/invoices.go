@@ -18,6 +18,7 @@ import (
 	"github.com/metergate/metergate/internal/invoice"
 	"github.com/metergate/metergate/internal/period"
 	"github.com/metergate/metergate/internal/policy"
+	"github.com/metergate/metergate/internal/staff"
 )
 
 // Invoices reads issued invoices and credit notes, changes invoices' statuses (a void
@@ -146,9 +147,18 @@ func (s InvoiceStore) BillingDetails(ctx context.Context, org string) (invoice.B
 	return invoice.GetBillingDetails(ctx, s.Pool, org)
 }
 
-// adminActor is who the admin API records as making a change: the admin token names no
-// one (staff identities come later).
+// adminActor is who the admin API records as making a change with the admin token, which
+// names no one.
 const adminActor = "admin"
+
+// actor is who the admin API records on a document as making a change: the staff member
+// of the request (its id), or adminActor for the admin token.
+func actor(r *http.Request) string {
+	if m, ok := r.Context().Value(staffKey{}).(staff.Member); ok && m.ID != staff.AdminToken {
+		return m.ID
+	}
+	return adminActor
+}
 
 // Bounds of a page of invoices or credit notes.
 const (
@@ -429,7 +439,7 @@ func (s *Server) reissueInvoice(w http.ResponseWriter, r *http.Request, store In
 	if !ok {
 		return
 	}
-	inv, err := store.Reissue(r.Context(), id, b.Reason, adminActor)
+	inv, err := store.Reissue(r.Context(), id, b.Reason, actor(r))
 	if err != nil {
 		s.invoiceError(w, "reissue invoice", err)
 		return
@@ -438,7 +448,7 @@ func (s *Server) reissueInvoice(w http.ResponseWriter, r *http.Request, store In
 }
 
 func (s *Server) changeStatus(w http.ResponseWriter, r *http.Request, store Invoices, id int64, to, reason string) {
-	inv, note, err := store.SetStatus(r.Context(), id, to, reason, adminActor)
+	inv, note, err := store.SetStatus(r.Context(), id, to, reason, actor(r))
 	if err != nil {
 		s.invoiceError(w, "change invoice status", err)
 		return
@@ -528,7 +538,7 @@ func (s *Server) putBillingDetails(w http.ResponseWriter, r *http.Request, store
 	}
 	d := invoice.BillingDetails{Org: org, Party: document.Party{LegalName: b.LegalName, Address: b.Address, City: b.City,
 		PostalCode: b.PostalCode, Region: b.Region, Country: b.Country, Email: b.Email, TaxID: b.TaxID},
-		Currency: b.Currency, TaxRateBP: b.TaxRateBP, UpdatedBy: adminActor}
+		Currency: b.Currency, TaxRateBP: b.TaxRateBP, UpdatedBy: actor(r)}
 	stored, err := store.PutBillingDetails(r.Context(), d)
 	if err != nil {
 		s.invoiceError(w, "write billing details", err)

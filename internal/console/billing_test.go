@@ -215,6 +215,10 @@ func TestVoidAndReissueInTheConsole(t *testing.T) {
 	require.Equal(t, "/console/invoices/"+id, r.location)
 	require.Equal(t, invoice.StatusVoid, status())
 	require.EqualValues(t, 1, audited(fin.ID), "the void is audited as the finance member")
+	require.EqualValues(t, 1, count(`SELECT count(*) FROM invoice_status_changes WHERE invoice_id = $1 AND changed_by = $2`, inv.ID, fin.ID),
+		"the status trail names the finance member")
+	require.EqualValues(t, 1, count(`SELECT count(*) FROM credit_notes WHERE invoice_id = $1 AND issued_by = $2`, inv.ID, fin.ID),
+		"the credit note too")
 	var noteID int64
 	var noteNumber string
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT id, number FROM credit_notes WHERE invoice_id = $1`, inv.ID).Scan(&noteID, &noteNumber))
