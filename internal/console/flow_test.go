@@ -66,6 +66,9 @@ func TestAChangedLimitRefusesTheNextAdmission(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, r.status, r.body)
 	page := support.get("/console/accounts/" + team)
 	require.Contains(t, page.body, "override")
+	require.NotContains(t, page.body, "0/s, burst 0", "a quota alone shows no rate")
+	require.NotContains(t, page.body, `name="rate.requests" aria-label="requests rate per second" inputmode="decimal" size="8" value="0"`,
+		"nor offers one to save back")
 
 	for i := range 2 {
 		status, _ := b.admit(t, map[string]any{"api_key": key})
