@@ -124,6 +124,8 @@ func TestOverview(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, r.body)
 	require.Contains(t, r.body, `<meta http-equiv="refresh" content="10">`)
 	require.Contains(t, r.body, "Decisions at this node")
+	require.Contains(t, r.body, "Refused 402: quota exceeded", "each refusal by the status admit answers it with")
+	require.Contains(t, r.body, "Refused 429: rate limited")
 	require.Contains(t, r.body, "Length: not in this node", "the test's admitter registers no outbox metrics")
 	require.Contains(t, r.body, "No reconcile run yet.")
 	require.Contains(t, r.body, "None today.")

@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/gate"
 )
 
 var (
@@ -232,9 +233,9 @@ func (c *Console) nodeCard(fams map[string]*dto.MetricFamily, now time.Time) nod
 	card.Decisions = []rateRow{
 		row("Decisions", all...),
 		row("Admitted", d(admission.Allow)),
-		row("Refused 429: rate limited", d(admission.RateLimited)),
-		row("Refused 429: quota exceeded", d(admission.QuotaExceeded)),
-		row("Refused 402: insufficient balance", d(admission.InsufficientBalance)),
+		row(refused(admission.RateLimited), d(admission.RateLimited)),
+		row(refused(admission.QuotaExceeded), d(admission.QuotaExceeded)),
+		row(refused(admission.InsufficientBalance), d(admission.InsufficientBalance)),
 	}
 	var codes []string
 	for k := range cur.counts {
@@ -382,4 +383,9 @@ func (c *Console) admissionsChart(ctx context.Context, now time.Time) (chart, ti
 		values = append(values, perMinute[m])
 	}
 	return newChart("Admissions per minute, last hour (every org)", "admissions", labels, values), newest, nil
+}
+
+// refused names a refusal as admit answers it: "Refused 402: quota exceeded".
+func refused(r admission.Result) string {
+	return fmt.Sprintf("Refused %d: %s", gate.Status(r), strings.ReplaceAll(string(r), "_", " "))
 }
