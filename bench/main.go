@@ -80,8 +80,14 @@ type Config struct {
 	EvalshaRequests int
 	// CreditsDecisions is the decisions of each sample of the credits measurement.
 	CreditsDecisions int
+	// ConsoleAccounts and ConsoleEvents are the accounts and billing-log events seeded for
+	// the console's pages; ConsoleRequests the timed requests of each page; ConsoleTabs the
+	// auto-refreshing tabs of the console's effect on admission, and ConsoleDuration its
+	// load windows.
+	ConsoleAccounts, ConsoleEvents, ConsoleRequests, ConsoleTabs int
+	ConsoleDuration                                              time.Duration
 	// Only names the measurements to take (throughput, idle, e2e, pipeline, memory,
-	// redismem, waiters, credits, alerts, gateway, go);
+	// redismem, waiters, credits, alerts, gateway, replicas, console, go);
 	// empty: all of them.
 	Only []string
 	// MeterEvents is the events of the meter benchmark (its -benchtime Nx), and
@@ -124,7 +130,12 @@ func parse(args []string) (Config, error) {
 	fs.Float64Var(&cfg.E2ERate, "e2e-rate", 10_000, "offered rate of the end-to-end run, events/s")
 	fs.IntVar(&cfg.EvalshaRequests, "evalsha-requests", 200_000, "redis-benchmark -n")
 	fs.IntVar(&cfg.CreditsDecisions, "credits-decisions", 20_000, "decisions of each sample of the credits and alerts measurements")
-	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, gateway, replicas, go (default: all)")
+	fs.IntVar(&cfg.ConsoleAccounts, "console-accounts", 100_000, "accounts seeded for the console's pages (orgs of 50)")
+	fs.IntVar(&cfg.ConsoleEvents, "console-events", 1_000_000, "billing-log events seeded for the console's pages")
+	fs.IntVar(&cfg.ConsoleRequests, "console-requests", 100, "timed requests of each console page (after 5 warm-ups)")
+	fs.IntVar(&cfg.ConsoleTabs, "console-tabs", 5, "auto-refreshing console tabs beside admission's load")
+	fs.DurationVar(&cfg.ConsoleDuration, "console-duration", 4*time.Second, "load windows of the console's effect on admission")
+	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, gateway, replicas, console, go (default: all)")
 	fs.StringVar(&cfg.MeterEvents, "meter-events", "100000", "events of the meter benchmark")
 	fs.StringVar(&cfg.ReconcileBenchtime, "reconcile-benchtime", "3x", "-benchtime of the reconcile benchmark")
 	if err := fs.Parse(args); err != nil {
@@ -133,8 +144,9 @@ func parse(args []string) (Config, error) {
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if cfg.Rounds < 1 || cfg.MemoryN < 1 {
-		return cfg, fmt.Errorf("-rounds=%d, -memory-n=%d: want at least 1", cfg.Rounds, cfg.MemoryN)
+	if cfg.Rounds < 1 || cfg.MemoryN < 1 || cfg.ConsoleRequests < 1 || cfg.ConsoleTabs < 1 || cfg.ConsoleEvents < 1 {
+		return cfg, fmt.Errorf("-rounds=%d, -memory-n=%d, -console-requests=%d, -console-tabs=%d, -console-events=%d: want at least 1",
+			cfg.Rounds, cfg.MemoryN, cfg.ConsoleRequests, cfg.ConsoleTabs, cfg.ConsoleEvents)
 	}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")

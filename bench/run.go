@@ -82,6 +82,7 @@ func run(ctx context.Context, cfg Config, out io.Writer) (*Results, error) {
 		{"alerts", "Redis CPU per decision with alert rules against without", s.alerts},
 		{"gateway", "admit CPU per decision through Envoy's rate-limit service (gRPC) against HTTP", s.gateway},
 		{"replicas", "decisions with ADMIT_REDIS_WAIT_REPLICAS=1 against without, on the Sentinel setup", s.replicas},
+		{"console", "the console: each page's server time over a seeded billing log, its effect on admission", s.consoleBench},
 		{"go", "Go benchmarks: meter vs INSERT … SELECT, reconcile, the decision path", s.goBenchmarks},
 	}
 	for _, st := range steps {
@@ -143,6 +144,8 @@ func startStack(ctx context.Context, cfg Config, out io.Writer) (*stack, error) 
 		"KAFKA_BROKERS=" + strings.Join(cfg.Brokers, ","), "KAFKA_TOPIC=" + s.topic, "KAFKA_TOPIC_PARTITIONS=12",
 		fmt.Sprintf("ADMIT_SHARDS=%d", shards), "LOG_FORMAT=json", "LOG_LEVEL=warn", "MIGRATE=false",
 		"ADMIT_IDEMPOTENCY_TTL=" + cfg.IdempotencyTTL.String(),
+		// The console's session cookie without Secure: the bench signs in over plain HTTP.
+		"CONSOLE_INSECURE_COOKIES=true",
 		// admit's idempotency janitor reads the meter's committed offsets.
 		"METER_GROUP=metergate-bench-" + s.topic,
 	}
