@@ -43,9 +43,12 @@ build: ## build the three binaries into bin/
 vet: ## go vet every package
 	$(GO) vet ./...
 
-.PHONY: demo
+.PHONY: demo demo-console
 demo: up build ## a guided run of the pipeline: 30 s of traffic, reconcile, a period close, a report (DEMO_DURATION=10s: shorter; docs/demo.md)
 	$(WITH_ENV) $(GO) run ./cmd/demo
+
+demo-console: up build ## make demo, then serve the console of its data until Ctrl-C (docs/console.md)
+	$(WITH_ENV) export DEMO_CONSOLE=1 && $(GO) run ./cmd/demo
 
 test: up up-cluster up-sentinel up-kafka-cluster ## start the stack, then vet and run every test with -race against it
 	$(WITH_ENV) export METERGATE_REQUIRE_SERVICES=1 && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 30m ./...

@@ -48,6 +48,7 @@ func main() {
 	flag.StringVar(&cfg.KeyPrefix, "key-prefix", "demo:mg", "the demo's Redis key prefix (ADMIT_KEY_PREFIX); its keys are deleted at the start")
 	flag.StringVar(&cfg.LogDir, "logs", ".run/demo", "directory of the admit, meter and reconcile logs")
 	flag.DurationVar(&cfg.DrainTimeout, "drain-timeout", time.Minute, "how long to wait for the last events to reach PostgreSQL")
+	flag.BoolVar(&cfg.Console, "console", os.Getenv("DEMO_CONSOLE") != "", "after the report, serve the console of the demo's data until Ctrl-C (DEMO_CONSOLE=1)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

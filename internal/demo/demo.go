@@ -57,6 +57,9 @@ type Config struct {
 	LogDir string
 	// DrainTimeout bounds the wait for the last rows (1 minute when zero).
 	DrainTimeout time.Duration
+	// Console, after the report, serves the console of the demo's data until ctx ends
+	// (make demo-console): admit again, on loopback, signed into with the admin token.
+	Console bool
 	// Cleanup drops the database (or schema) and deletes the Redis keys at the end too
 	// (tests); otherwise they are left for inspection until the next run.
 	Cleanup bool
@@ -210,8 +213,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	}
 	done = step("start admit on %s (relay inside)", admitAddr)
 	admitP, err := sandbox.Start(cfg.BinDir, cfg.LogDir, "admit", admitAddr,
-		append(env, "ADMIT_ADDR="+admitAddr, "ADMIT_NODE=demo", "REDIS_TIMEOUT=5s",
-			"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken))
+		admitEnv(env, admitAddr))
 	if err == nil {
 		defer admitP.Kill()
 		err = admitP.WaitReady(ctx, 90*time.Second)
@@ -400,7 +402,37 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 	} else {
 		fmt.Fprintf(out, "\nThe demo's data stay until the next run, for a look: PostgreSQL %s, Redis keys %s{N}:*, logs in %s.\n", where, cfg.KeyPrefix, cfg.LogDir)
 	}
-	return r, r.Check()
+	if err := r.Check(); err != nil || !cfg.Console {
+		return r, err
+	}
+	return r, serveConsole(ctx, cfg, env, out)
+}
+
+// admitEnv is the environment of the demo's admit on addr: its tokens, and the console's
+// session cookie without Secure, as the console is reached over plain HTTP on loopback.
+func admitEnv(env []string, addr string) []string {
+	return append(env, "ADMIT_ADDR="+addr, "ADMIT_NODE=demo", "REDIS_TIMEOUT=5s",
+		"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken, "CONSOLE_INSECURE_COOKIES=true")
+}
+
+// serveConsole starts admit again on the demo's data and serves its console until ctx
+// ends (Ctrl-C).
+func serveConsole(ctx context.Context, cfg Config, env []string, out io.Writer) error {
+	addr, err := sandbox.FreeAddr()
+	if err != nil {
+		return err
+	}
+	p, err := sandbox.Start(cfg.BinDir, cfg.LogDir, "admit", addr, admitEnv(env, addr))
+	if err != nil {
+		return err
+	}
+	defer p.Kill()
+	if err := p.WaitReady(ctx, 90*time.Second); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nThe console of the demo's data: %s/console/\nSign in with the admin token %s (or a staff token: admit staff -create NAME -role ROLE,\nwith DATABASE_URL of the demo's database). Ctrl-C stops it.\n", p.URL(), adminToken)
+	<-ctx.Done()
+	return p.Stop(30 * time.Second)
 }
 
 // drain polls PostgreSQL until it holds a row per admitted event and every reported
