@@ -271,6 +271,7 @@ func probes() []probe {
 	all = append(all, inputProbes()...)
 	all = append(all, fuzzProbes()...)
 	all = append(all, staffProbes()...)
+	all = append(all, consoleProbes()...)
 	return all
 }
 
