@@ -358,7 +358,9 @@ func (c *Console) usageCharts(r *http.Request, account string, since time.Time) 
 			total += values[j]
 		}
 		if total > 0 {
-			out = append(out, newChart(string(u)+" per day", string(u), labels, values))
+			ch := newChart(string(u)+" per day", string(u), labels, values)
+			ch.Caption = fmt.Sprintf("%s per day, UTC (at most %s a day), from the billing log", u, formatNum(ch.Max))
+			out = append(out, ch)
 		}
 	}
 	return out, nil

@@ -1,9 +1,6 @@
 package console_test
 
 import (
-	"bytes"
-	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -54,18 +51,8 @@ func (b *testBundle) invoiced(t *testing.T, legalName string) invoice.Invoice {
 // adminCall calls the admin API with the admin token, wanting a 2xx.
 func (b *testBundle) adminCall(t *testing.T, method, path string, body any) {
 	t.Helper()
-	raw, err := json.Marshal(body)
-	require.NoError(t, err)
-	req, err := http.NewRequestWithContext(b.ctx, method, b.url+path, bytes.NewReader(raw))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer res.Body.Close()
-	out, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	require.Less(t, res.StatusCode, 300, "%s %s: %s", method, path, out)
+	status, out := b.api(t, method, path, adminToken, body)
+	require.Less(t, status, 300, "%s %s: %s", method, path, out)
 }
 
 // TestInvoicePages: the list and the page of an invoice show its number and total, its

@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -17,18 +16,10 @@ import (
 // admit asks admit for a decision as a calling service does.
 func (b *testBundle) admit(t *testing.T, body map[string]any) (int, map[string]any) {
 	t.Helper()
-	raw, err := json.Marshal(body)
-	require.NoError(t, err)
-	req, err := http.NewRequestWithContext(b.ctx, http.MethodPost, b.url+"/v1/admit", bytes.NewReader(raw))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+serviceToken)
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer res.Body.Close()
+	status, raw := b.api(t, http.MethodPost, "/v1/admit", serviceToken, body)
 	var out map[string]any
-	require.NoError(t, json.NewDecoder(res.Body).Decode(&out))
-	return res.StatusCode, out
+	require.NoError(t, json.Unmarshal([]byte(raw), &out), raw)
+	return status, out
 }
 
 var secretShown = regexp.MustCompile(`<code>(mgk_[A-Za-z0-9_-]+)</code>`)

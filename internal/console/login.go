@@ -96,19 +96,7 @@ func (c *Console) sessionPages() map[string]page {
 }
 
 func (c *Console) staffPage(w http.ResponseWriter, r *http.Request, v *view) {
-	var list struct {
-		Staff []staff.Member `json:"staff"`
-	}
-	if err := v.call(r.Context(), http.MethodGet, "/v1/admin/staff", nil, &list); err != nil {
-		c.apiFailed(w, r, v, err)
-		return
-	}
-	v.Title, v.Nav = "Staff", "staff"
-	c.render(w, r, v, http.StatusOK, "staff", struct {
-		Staff   []staff.Member
-		Roles   []staff.Role
-		Created *createdStaff
-	}{list.Staff, staff.Roles, nil})
+	c.staffView(w, r, v, http.StatusOK, nil)
 }
 
 // createdStaff is a member just created, with its token: shown once.
@@ -124,6 +112,11 @@ func (c *Console) createStaff(w http.ResponseWriter, r *http.Request, v *view) {
 		c.apiFailed(w, r, v, err)
 		return
 	}
+	c.staffView(w, r, v, http.StatusCreated, &m)
+}
+
+// staffView renders the staff page, with the member just created (its token) if any.
+func (c *Console) staffView(w http.ResponseWriter, r *http.Request, v *view, status int, created *createdStaff) {
 	var list struct {
 		Staff []staff.Member `json:"staff"`
 	}
@@ -132,11 +125,11 @@ func (c *Console) createStaff(w http.ResponseWriter, r *http.Request, v *view) {
 		return
 	}
 	v.Title, v.Nav = "Staff", "staff"
-	c.render(w, r, v, http.StatusCreated, "staff", struct {
+	c.render(w, r, v, status, "staff", struct {
 		Staff   []staff.Member
 		Roles   []staff.Role
 		Created *createdStaff
-	}{list.Staff, staff.Roles, &m})
+	}{list.Staff, staff.Roles, created})
 }
 
 func (c *Console) revokeStaff(w http.ResponseWriter, r *http.Request, v *view) {

@@ -1,10 +1,8 @@
 package console_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -19,32 +17,11 @@ import (
 	"github.com/metergate/metergate/internal/staff"
 )
 
-// opsAPI calls admit's API with token, as a client does, and returns the status and body.
-func opsAPI(t *testing.T, b *testBundle, method, path, token string, body any) (int, string) {
-	t.Helper()
-	var in io.Reader = http.NoBody
-	if body != nil {
-		raw, err := json.Marshal(body)
-		require.NoError(t, err)
-		in = bytes.NewReader(raw)
-	}
-	req, err := http.NewRequestWithContext(b.ctx, method, b.url+path, in)
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Content-Type", "application/json")
-	res, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer res.Body.Close()
-	out, err := io.ReadAll(res.Body)
-	require.NoError(t, err)
-	return res.StatusCode, string(out)
-}
-
 // opsOrg creates an org through the admin API and waits until admit's policies know it.
 func opsOrg(t *testing.T, b *testBundle, name string) string {
 	t.Helper()
 	org := b.id(name)
-	status, body := opsAPI(t, b, http.MethodPost, "/v1/admin/accounts", adminToken, map[string]any{"id": org, "kind": "org"})
+	status, body := b.api(t, http.MethodPost, "/v1/admin/accounts", adminToken, map[string]any{"id": org, "kind": "org"})
 	require.Equal(t, http.StatusCreated, status, body)
 	require.Eventually(t, func() bool { _, err := b.cache.Resolve(org); return err == nil }, 10*time.Second, 10*time.Millisecond)
 	return org
@@ -136,10 +113,10 @@ func TestOverview(t *testing.T) {
 	// Admissions through the API: this node's counters and, from the next sample on, rates.
 	org := opsOrg(t, b, "org")
 	for range 3 {
-		status, body := opsAPI(t, b, http.MethodPost, "/v1/admit", serviceToken, map[string]any{"account": org})
+		status, body := b.api(t, http.MethodPost, "/v1/admit", serviceToken, map[string]any{"account": org})
 		require.Equal(t, http.StatusOK, status, body)
 	}
-	status, body := opsAPI(t, b, http.MethodPost, "/v1/admit", serviceToken, map[string]any{"account": b.id("nobody")})
+	status, body := b.api(t, http.MethodPost, "/v1/admit", serviceToken, map[string]any{"account": b.id("nobody")})
 	require.Equal(t, http.StatusUnauthorized, status, body)
 	var rate float64
 	deadline := time.Now().Add(15 * time.Second)
@@ -299,13 +276,13 @@ func TestWebhookReplay(t *testing.T) {
 	b := setup(t, setupOpts{})
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	t.Cleanup(hook.Close)
-	status, body := opsAPI(t, b, http.MethodPost, "/v1/admin/webhooks", adminToken, map[string]any{
+	status, body := b.api(t, http.MethodPost, "/v1/admin/webhooks", adminToken, map[string]any{
 		"url": hook.URL + "/hook?a=<b>", "event_types": []string{"usage.threshold.v1"}})
 	require.Equal(t, http.StatusCreated, status, body)
 	var ep struct{ ID string }
 	require.NoError(t, json.Unmarshal([]byte(body), &ep))
 	opsAlert(t, b, "alert/"+b.id("a"), b.id("org"), time.Now().Add(-time.Minute))
-	status, body = opsAPI(t, b, http.MethodPost, "/v1/admin/webhooks/"+ep.ID+"/replay", adminToken, map[string]any{
+	status, body = b.api(t, http.MethodPost, "/v1/admin/webhooks/"+ep.ID+"/replay", adminToken, map[string]any{
 		"from": time.Now().Add(-time.Hour).Format(time.RFC3339), "to": time.Now().Add(time.Hour).Format(time.RFC3339)})
 	require.Equal(t, http.StatusOK, status, body)
 	var delivery int64

@@ -382,7 +382,9 @@ func (c *Console) admissionsChart(ctx context.Context, now time.Time) (chart, ti
 		labels = append(labels, m.Format("15:04"))
 		values = append(values, perMinute[m])
 	}
-	return newChart("Admissions per minute, last hour (every org)", "admissions", labels, values), newest, nil
+	ch := newChart("Admissions per minute, last hour (every org)", "admissions", labels, values)
+	ch.Caption = fmt.Sprintf("%s, UTC (at most %s a minute), from the billing log", ch.Title, formatNum(ch.Max))
+	return ch, newest, nil
 }
 
 // refused names a refusal as admit answers it: "Refused 402: quota exceeded".

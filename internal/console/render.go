@@ -133,7 +133,8 @@ func ago(t time.Time) string {
 
 // chart is a bar chart drawn as inline SVG (no script): one bar per point.
 type chart struct {
-	Title  string
+	Title   string
+	Caption string
 	Unit   string
 	Bars   []bar
 	Max    int64

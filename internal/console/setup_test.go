@@ -1,7 +1,9 @@
 package console_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -186,4 +188,25 @@ func (br *browser) post(path string, form url.Values) page {
 	require.NoError(br.t, err)
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	return br.do(req)
+}
+
+// api calls admit's API with token, as a client does, and returns the status and body.
+func (b *testBundle) api(t *testing.T, method, path, token string, body any) (int, string) {
+	t.Helper()
+	var in io.Reader = http.NoBody
+	if body != nil {
+		raw, err := json.Marshal(body)
+		require.NoError(t, err)
+		in = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(b.ctx, method, b.url+path, in)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	out, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	return res.StatusCode, string(out)
 }
