@@ -135,11 +135,11 @@ func ago(t time.Time) string {
 type chart struct {
 	Title   string
 	Caption string
-	Unit   string
-	Bars   []bar
-	Max    int64
-	Width  int
-	Height int
+	Unit    string
+	Bars    []bar
+	Max     int64
+	Width   int
+	Height  int
 }
 
 type bar struct {
