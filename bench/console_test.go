@@ -23,7 +23,7 @@ func TestConsoleBench(t *testing.T) {
 		Space: "metergate_bench_console_test", KeyPrefix: "benchtest:console",
 		RedisURL: testenv.RedisURL(t), DatabaseURL: testenv.MigrateDatabaseURL(t), Brokers: testenv.KafkaBrokers(t),
 		Duration: time.Second, Warmup: 200 * time.Millisecond, Clients: 8, Rounds: 3, IdempotencyTTL: 24 * time.Hour,
-		ConsoleAccounts: 1000, ConsoleEvents: 20_000, ConsoleRequests: 5, ConsoleTabs: 2, ConsoleDuration: time.Second,
+		ConsoleAccounts: 1000, ConsoleEvents: 20_000, ConsoleRequests: 5, ConsoleTabs: 2, ConsoleRefresh: time.Second, ConsoleDuration: time.Second,
 		Only: []string{"console"},
 	}
 	var out bytes.Buffer

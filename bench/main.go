@@ -82,10 +82,10 @@ type Config struct {
 	CreditsDecisions int
 	// ConsoleAccounts and ConsoleEvents are the accounts and billing-log events seeded for
 	// the console's pages; ConsoleRequests the timed requests of each page; ConsoleTabs the
-	// auto-refreshing tabs of the console's effect on admission, and ConsoleDuration its
-	// load windows.
+	// auto-refreshing tabs of the console's effect on admission, ConsoleRefresh how often
+	// each reloads its pages, and ConsoleDuration the load windows.
 	ConsoleAccounts, ConsoleEvents, ConsoleRequests, ConsoleTabs int
-	ConsoleDuration                                              time.Duration
+	ConsoleRefresh, ConsoleDuration                              time.Duration
 	// Only names the measurements to take (throughput, idle, e2e, pipeline, memory,
 	// redismem, waiters, credits, alerts, gateway, replicas, console, go);
 	// empty: all of them.
@@ -134,6 +134,7 @@ func parse(args []string) (Config, error) {
 	fs.IntVar(&cfg.ConsoleEvents, "console-events", 1_000_000, "billing-log events seeded for the console's pages")
 	fs.IntVar(&cfg.ConsoleRequests, "console-requests", 100, "timed requests of each console page (after 5 warm-ups)")
 	fs.IntVar(&cfg.ConsoleTabs, "console-tabs", 5, "auto-refreshing console tabs beside admission's load")
+	fs.DurationVar(&cfg.ConsoleRefresh, "console-refresh", time.Second, "how often each console tab reloads the overview and its account page")
 	fs.DurationVar(&cfg.ConsoleDuration, "console-duration", 4*time.Second, "load windows of the console's effect on admission")
 	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, gateway, replicas, console, go (default: all)")
 	fs.StringVar(&cfg.MeterEvents, "meter-events", "100000", "events of the meter benchmark")
@@ -144,9 +145,9 @@ func parse(args []string) (Config, error) {
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if cfg.Rounds < 1 || cfg.MemoryN < 1 || cfg.ConsoleRequests < 1 || cfg.ConsoleTabs < 1 || cfg.ConsoleEvents < 1 {
-		return cfg, fmt.Errorf("-rounds=%d, -memory-n=%d, -console-requests=%d, -console-tabs=%d, -console-events=%d: want at least 1",
-			cfg.Rounds, cfg.MemoryN, cfg.ConsoleRequests, cfg.ConsoleTabs, cfg.ConsoleEvents)
+	if cfg.Rounds < 1 || cfg.MemoryN < 1 || cfg.ConsoleRequests < 1 || cfg.ConsoleTabs < 1 || cfg.ConsoleEvents < 1 || cfg.ConsoleRefresh <= 0 {
+		return cfg, fmt.Errorf("-rounds=%d, -memory-n=%d, -console-requests=%d, -console-tabs=%d, -console-events=%d, -console-refresh=%s: want at least 1",
+			cfg.Rounds, cfg.MemoryN, cfg.ConsoleRequests, cfg.ConsoleTabs, cfg.ConsoleEvents, cfg.ConsoleRefresh)
 	}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
