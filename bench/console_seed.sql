@@ -100,8 +100,9 @@ set local maintenance_work_mem = '256MB';
 -- Into the billing log by month, the way a bulk load is quick: the month's admissions (and
 -- the rows the bench wrote there before) into a new table without indexes, then its
 -- indexes built at once and the table attached as the month's partition
--- (usage_events_partition's name), in place of the old one. Writers of the log wait for
--- the transaction. The bounds are literals, so the planner knows the rows to come.
+-- (usage_events_partition's name), in place of the old one. Readers and writers of the log
+-- wait for the transaction (nothing else of the bench runs meanwhile). The bounds are
+-- literals, so the planner knows the rows to come.
 do $$
 declare
     n bigint := current_setting('bench.events')::bigint;
