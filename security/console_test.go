@@ -229,7 +229,7 @@ func cookieProblems(what string, c *http.Cookie) []string {
 		bad = append(bad, what+" not Secure")
 	}
 	if c.SameSite != http.SameSiteStrictMode {
-		bad = append(bad, fmt.Sprintf("%s SameSite %v, want Strict (%s)", what, c.SameSite, c.Raw))
+		bad = append(bad, what+" not SameSite=Strict")
 	}
 	return bad
 }
@@ -263,10 +263,10 @@ func consoleHeaders(p *P, s *stack) {
 	}
 	sc := setCookie(p, admin.signIn, sessionCookie)
 	if sc.Path != "/" || sc.Domain != "" {
-		bad = append(bad, fmt.Sprintf("%s: Path %q and Domain %q, want / and none (%s)", sessionCookie, sc.Path, sc.Domain, sc.Raw))
+		bad = append(bad, fmt.Sprintf("%s: Path %q and Domain %q, want / and none", sessionCookie, sc.Path, sc.Domain))
 	}
 	if sc.MaxAge <= 0 || len(sc.Value) < 43 {
-		bad = append(bad, fmt.Sprintf("%s: Max-Age %d, a value of %d characters (%s)", sessionCookie, sc.MaxAge, len(sc.Value), sc.Raw))
+		bad = append(bad, fmt.Sprintf("%s: Max-Age %d, a value of %d characters", sessionCookie, sc.MaxAge, len(sc.Value)))
 	}
 	none(p, bad, "the console's pages or cookies lack their protections")
 }
@@ -392,20 +392,28 @@ func consoleRoles(p *P, s *stack) {
 	none(p, let, "a viewer's console writes not refused 403")
 
 	ctx, conn := s.connect(p)
-	var audited, revokedKeys, members, endedSessions int
-	require.NoError(p, conn.QueryRow(ctx, `select count(*) from audit_log where actor = $1 and route <> '/console/login'`,
-		viewer.id).Scan(&audited))
-	require.NoError(p, conn.QueryRow(ctx, `select count(*) from api_keys where id = $1 and revoked_at is not null`, keyID).Scan(&revokedKeys))
-	require.NoError(p, conn.QueryRow(ctx, `select count(*) from staff where name = $1 or (id = $2 and revoked_at is not null)`,
-		escalated, victim.id).Scan(&members))
-	require.NoError(p, conn.QueryRow(ctx, `select count(*) from console_sessions where id_hash = $1 and revoked_at is not null`,
-		admin.hash()).Scan(&endedSessions))
-	require.Zero(p, audited, "a refused console write is no audit row (the viewer's sign-in is its only one)")
-	require.Empty(p, accountsIn(p, ctx, conn, []string{newOrg}), "no account created")
-	require.Zero(p, revokedKeys, "the API key not revoked")
-	require.Zero(p, members, "no member added or revoked")
-	require.Zero(p, endedSessions, "the admin's session not ended")
-	require.JSONEq(p, was, account(), "the account's plan and limits unchanged")
+	var changed []string
+	for _, q := range []struct {
+		what, sql string
+		args      []any
+	}{
+		{"audit rows of the viewer but its sign-in", `select count(*) from audit_log where actor = $1 and route <> '/console/login'`, []any{viewer.id}},
+		{"accounts created", `select count(*) from accounts where id = $1`, []any{newOrg}},
+		{"the API key revoked", `select count(*) from api_keys where id = $1 and revoked_at is not null`, []any{keyID}},
+		{"members added", `select count(*) from staff where name = $1`, []any{escalated}},
+		{"the member revoked", `select count(*) from staff where id = $1 and revoked_at is not null`, []any{victim.id}},
+		{"the admin's session ended", `select count(*) from console_sessions where id_hash = $1 and revoked_at is not null`, []any{admin.hash()}},
+	} {
+		var n int
+		require.NoError(p, conn.QueryRow(ctx, q.sql, q.args...).Scan(&n), q.what)
+		if n > 0 {
+			changed = append(changed, fmt.Sprintf("%s: %d", q.what, n))
+		}
+	}
+	if now := account(); now != was {
+		changed = append(changed, "the account changed: "+now)
+	}
+	none(p, changed, "a viewer's refused console writes changed something")
 	require.Equal(p, http.StatusOK, session.get(p, s.admit, "/console/accounts/"+org).status, "the viewer still reads")
 }
 
@@ -501,10 +509,10 @@ func consoleSessionEnd(p *P, s *stack) {
 }
 
 func consoleEscape(p *P, s *stack) {
-	const markup = `<img src=x onerror=alert(1)>`
+	const markup, script = `<img src=x onerror=alert(1)>`, `<script>alert(2)</script>`
 	org := s.id("console-escape")
 	s.org(p, org, "pro", nil)
-	raw, err := json.Marshal(map[string]any{"legal_name": markup, "address": []string{"<script>alert(2)</script>"},
+	raw, err := json.Marshal(map[string]any{"legal_name": markup, "address": []string{script},
 		"city": "Berlin", "country": "DE"})
 	require.NoError(p, err)
 	a := do(p, http.MethodPut, s.admit+"/v1/admin/accounts/"+org+"/billing",
@@ -512,11 +520,14 @@ func consoleEscape(p *P, s *stack) {
 	require.Equal(p, http.StatusOK, a.status, "billing details: %s", a.body)
 	admin := signInAt(p, s.admit, adminToken)
 
+	// An account id is the one value the console puts in paths: it cannot carry markup.
+	bold := "<b>" + s.run + "</b>"
 	var bad []string
 	rawMarkup := func(what string, a answer) {
-		body := strings.ToLower(a.body)
-		if strings.Contains(body, "<img") || strings.Contains(body, "<script") || strings.Contains(body, "<b>") {
-			bad = append(bad, what+": markup unescaped in the page")
+		for _, m := range []string{markup, script, bold} {
+			if strings.Contains(a.body, m) {
+				bad = append(bad, fmt.Sprintf("%s: %s unescaped in the page", what, m))
+			}
 		}
 	}
 	search := admin.get(p, s.admit, "/console/accounts?"+url.Values{"q": {markup}}.Encode())
@@ -527,8 +538,6 @@ func consoleEscape(p *P, s *stack) {
 	}
 	rawMarkup("the search by the legal name", search)
 
-	// An account id is the one value the console puts in paths: it cannot carry markup.
-	bold := "<b>" + s.run + "</b>"
 	if a := post(p, s.admit+"/v1/admin/accounts", adminToken, map[string]any{"id": bold, "kind": "org", "plan": "pro"}); a.status != http.StatusBadRequest {
 		bad = append(bad, fmt.Sprintf("the admin API took the account id %s: %d %s", bold, a.status, a.body))
 	}
