@@ -111,10 +111,12 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	mux := http.NewServeMux()
 	probes.Mount(mux, reg)
 	server.Mount(mux)
+	var con *console.Console
 	if cfg.Console.Enabled {
-		console.New(cfg.Console.ConsoleConfig(console.Config{Log: log, API: server, Staff: staffStore,
+		con = console.New(cfg.Console.ConsoleConfig(console.Config{Log: log, API: server, Staff: staffStore,
 			AdminToken: cfg.Admission.AdminToken, Pool: pool, Policies: cache, Counters: admitter, Metrics: reg,
-			Refusals: consoleRefusals(refusalLog)})).Mount(mux)
+			Refusals: consoleRefusals(refusalLog)}))
+		con.Mount(mux)
 	}
 	// Envoy's rate-limit service has a listener of its own (docs/gateways.md), opened before
 	// anything runs so that a taken port fails the start.
@@ -134,6 +136,9 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		r.start(ctx, g, probes, cfg.Admission.OutboxMaxAge)
 	}
 	g.Go(func() error { return cache.Run(ctx) })
+	if con != nil {
+		g.Go(func() error { return con.Sample(ctx) })
+	}
 	// HTTP_WRITE_TIMEOUT outlasts ADMIT_MAX_WAIT (config.Admit.Validate), so a request may wait
 	// for capacity; at shutdown, waiters still held after SHUTDOWN_TIMEOUT are cut (docs/config.md).
 	g.Go(func() error { return ops.Serve(ctx, log, cfg.Server.HTTP(), mux) })

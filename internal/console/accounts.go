@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	_ "embed"
 	"fmt"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -328,26 +330,26 @@ func (c *Console) keys(r *http.Request, account string) ([]key, error) {
 }
 
 // usageCharts charts what account and those below it used per day since since, a chart
-// per unit used.
+// per unit used. The days before today come from daysCache when it read them within
+// pastDaysTTL; today is read every time.
 func (c *Console) usageCharts(r *http.Request, account string, since time.Time) ([]chart, error) {
-	rows, err := c.cfg.Pool.Query(r.Context(), accountDailyUsageSQL, pgx.StrictNamedArgs{"account": account, "since": since})
-	if err != nil {
-		return nil, fmt.Errorf("read daily usage: %w", err)
+	today := c.now().UTC().Truncate(24 * time.Hour)
+	byDay, ok := c.days.get(account, since, c.now())
+	if !ok {
+		var err error
+		if byDay, err = c.dailyUsage(r.Context(), account, since); err != nil {
+			return nil, err
+		}
+		delete(byDay, today.Format(time.DateOnly))
+		c.days.put(account, since, c.now(), byDay)
 	}
-	byDay := map[string][4]int64{}
-	_, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct{}, error) {
-		var day time.Time
-		var v [4]int64
-		err := r.Scan(&day, &v[0], &v[1], &v[2], &v[3])
-		byDay[day.Format("2006-01-02")] = v
-		return struct{}{}, err
-	})
+	todays, err := c.dailyUsage(r.Context(), account, today)
 	if err != nil {
-		return nil, fmt.Errorf("read daily usage: %w", err)
+		return nil, err
 	}
 	var labels []string
 	for d := since; !d.After(c.now()); d = d.AddDate(0, 0, 1) {
-		labels = append(labels, d.Format("2006-01-02"))
+		labels = append(labels, d.Format(time.DateOnly))
 	}
 	var out []chart
 	for i, u := range []policy.Unit{policy.Requests, policy.Tokens, policy.Credits, policy.CostMicros} {
@@ -355,6 +357,9 @@ func (c *Console) usageCharts(r *http.Request, account string, since time.Time) 
 		var total int64
 		for j, l := range labels {
 			values[j] = byDay[l][i]
+			if l == today.Format(time.DateOnly) {
+				values[j] = todays[l][i]
+			}
 			total += values[j]
 		}
 		if total > 0 {
@@ -364,6 +369,64 @@ func (c *Console) usageCharts(r *http.Request, account string, since time.Time) 
 		}
 	}
 	return out, nil
+}
+
+// dailyUsage reads what account and those below it used per UTC day since since.
+func (c *Console) dailyUsage(ctx context.Context, account string, since time.Time) (map[string][4]int64, error) {
+	rows, err := c.cfg.Pool.Query(ctx, accountDailyUsageSQL, pgx.StrictNamedArgs{"account": account, "since": since})
+	if err != nil {
+		return nil, fmt.Errorf("read daily usage: %w", err)
+	}
+	byDay := map[string][4]int64{}
+	_, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct{}, error) {
+		var day time.Time
+		var v [4]int64
+		err := r.Scan(&day, &v[0], &v[1], &v[2], &v[3])
+		byDay[day.Format(time.DateOnly)] = v
+		return struct{}{}, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read daily usage: %w", err)
+	}
+	return byDay, nil
+}
+
+// pastDaysTTL is how long the account page keeps an account's days before today: they
+// change only by late events and corrections, and reading them costs as many rows as the
+// account has events in 30 days.
+const pastDaysTTL = 10 * time.Minute
+
+// maxCachedAccounts bounds daysCache: past it, it starts again empty.
+const maxCachedAccounts = 10_000
+
+// daysCache keeps accounts' usage per day before today (usageCharts).
+type daysCache struct {
+	mu sync.Mutex
+	m  map[string]cachedDays
+}
+
+type cachedDays struct {
+	since, read time.Time
+	byDay       map[string][4]int64
+}
+
+func (d *daysCache) get(account string, since, now time.Time) (map[string][4]int64, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e, ok := d.m[account]
+	if !ok || !e.since.Equal(since) || now.Sub(e.read) > pastDaysTTL {
+		return nil, false
+	}
+	return e.byDay, true
+}
+
+func (d *daysCache) put(account string, since, now time.Time, byDay map[string][4]int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.m == nil || len(d.m) >= maxCachedAccounts {
+		d.m = map[string]cachedDays{}
+	}
+	d.m[account] = cachedDays{since: since, read: now, byDay: byDay}
 }
 
 func (c *Console) recentEvents(r *http.Request, account string, since time.Time, limit int) ([]event, error) {

@@ -82,6 +82,9 @@ type Console struct {
 	cfg Config
 	mux *http.ServeMux
 
+	minutes minuteSamples // this node's counters per minute (overview.go)
+	days    daysCache     // accounts' usage per day before today (accounts.go)
+
 	mu   sync.Mutex
 	last sample // this node's counters at the overview's last sample (overview.go)
 }

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -74,4 +75,39 @@ func TestAChangedLimitRefusesTheNextAdmission(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `select count(*) from audit_log where route = '/v1/admin/accounts/{id}'
 		and method = 'PUT' and before is not null and after is not null and after->'limits'->'requests'->>'quota' = '2'`).Scan(&audited))
 	require.Equal(t, 1, audited, "the change is an audit row with its before and after")
+}
+
+// TestAccountChartReadsTodayLive: the account page's usage per day reads today's events on
+// every view, and keeps the days before for a while (pastDaysTTL): a late event of
+// yesterday shows on a view after that, not at once.
+func TestAccountChartReadsTodayLive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	br := b.signedIn(t, adminToken)
+	org := opsOrg(t, b, "org")
+	now := time.Now().UTC()
+	today, yesterday := now.Truncate(24*time.Hour), now.Truncate(24*time.Hour).AddDate(0, 0, -1)
+	// Today's events at most a minute ago, and never before midnight.
+	recent := func(d time.Duration) time.Time {
+		if at := now.Add(-d); at.After(today) {
+			return at
+		}
+		return today
+	}
+	opsEvents(t, b, org, yesterday.Add(time.Hour), time.Second, 2)
+	opsEvents(t, b, org, recent(time.Minute), time.Second, 3)
+	bar := func(day time.Time, n int) string {
+		return fmt.Sprintf("<title>%s: %d</title>", day.Format(time.DateOnly), n)
+	}
+
+	r := br.get("/console/accounts/" + org)
+	require.Equal(t, http.StatusOK, r.status, r.body)
+	require.Contains(t, r.body, bar(yesterday, 2))
+	require.Contains(t, r.body, bar(today, 3))
+
+	opsEvents(t, b, org, recent(30*time.Second).Add(time.Millisecond), time.Second, 4) // ids differ from the first batch's
+	opsEvents(t, b, org, yesterday.Add(2*time.Hour), time.Second, 5)
+	r = br.get("/console/accounts/" + org)
+	require.Contains(t, r.body, bar(today, 7), "today is read on every view")
+	require.Contains(t, r.body, bar(yesterday, 2), "the days before are kept for a while")
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,8 +21,6 @@ import (
 var (
 	//go:embed sql/billing_log_lag.sql
 	billingLogLagSQL string
-	//go:embed sql/admissions_per_minute.sql
-	admissionsPerMinuteSQL string
 	//go:embed sql/dead_letters_newest.sql
 	deadLettersNewestSQL string
 	//go:embed sql/alerts_since.sql
@@ -29,8 +28,10 @@ var (
 )
 
 const (
-	// lagWindow is how far back the billing log's lag is measured.
-	lagWindow = 5 * time.Minute
+	// lagWindow is how far back the billing log's lag is measured, over lagRows rows at
+	// most: the overview reads a bounded sample, however busy the log.
+	lagWindow = 30 * time.Second
+	lagRows   = 5000
 	// chartWindow is how far back the admissions are charted, and the billing log's newest
 	// row looked for: a log quiet for longer shows none (the scan stays bounded).
 	chartWindow = time.Hour
@@ -76,16 +77,17 @@ type nodeCard struct {
 
 // pipelineCard is the outbox and the billing log's lag.
 type pipelineCard struct {
-	OutboxHere   bool      // this node exposes its outbox length
-	OutboxOK     bool      // and Redis answered
-	OutboxLen    int64     // entries in every shard's outbox
-	RelayHere    bool      // this node runs a relay
-	OutboxAge    string    // its oldest entry's age
-	Rows         int64     // rows of the billing log within lagWindow
-	P50, P95     string    // ingest_time - event_time
-	Newest       time.Time // the billing log's newest row within chartWindow
-	NewestAge    string
-	WindowMinute int
+	OutboxHere bool      // this node exposes its outbox length
+	OutboxOK   bool      // and Redis answered
+	OutboxLen  int64     // entries in every shard's outbox
+	RelayHere  bool      // this node runs a relay
+	OutboxAge  string    // its oldest entry's age
+	Rows       int64     // rows of the billing log read, within lagWindow (lagRows at most)
+	P50, P95   string    // ingest_time - event_time
+	Newest     time.Time // the newest row read
+	NewestAge  string
+	WindowS    int
+	Capped     bool // lagRows were read: the window has more
 }
 
 // deadLetterCard is the dead letters' count and the newest.
@@ -112,7 +114,8 @@ type overviewPage struct {
 	Run         *runRow
 	AlertsToday int64
 	Alerts      []alertRow
-	Chart       chart
+	Admitted    chart
+	Refused     chart
 }
 
 // overview is the console's first page: this node's decisions and refusals, the outbox
@@ -130,13 +133,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, v *view) {
 	fams := c.gather()
 	p.Node = c.nodeCard(fams, now)
 	p.Pipeline = outboxCard(fams)
+	p.Admitted, p.Refused = c.minuteCharts(now)
 	var err error
-	if p.Chart, p.Pipeline.Newest, err = c.admissionsChart(ctx, now); err == nil {
-		if err = c.billingLogLag(ctx, now, &p.Pipeline); err == nil {
-			if p.DeadLetters, err = c.deadLetterCard(ctx); err == nil {
-				if p.Run, err = c.lastRun(ctx); err == nil {
-					p.AlertsToday, p.Alerts, err = c.alertsSince(ctx, now.Truncate(24*time.Hour), 10)
-				}
+	if err = c.billingLogLag(ctx, now, &p.Pipeline); err == nil {
+		if p.DeadLetters, err = c.deadLetterCard(ctx); err == nil {
+			if p.Run, err = c.lastRun(ctx); err == nil {
+				p.AlertsToday, p.Alerts, err = c.alertsSince(ctx, now.Truncate(24*time.Hour), 10)
 			}
 		}
 	}
@@ -190,6 +192,7 @@ func (c *Console) nodeCard(fams map[string]*dto.MetricFamily, now time.Time) nod
 		return nodeCard{}
 	}
 	cur := sample{at: now, counts: counts(fams)}
+	c.minutes.record(now, cur.counts)
 	c.mu.Lock()
 	prev := c.last
 	switch {
@@ -291,19 +294,22 @@ func seconds(s float64) string {
 	return fmt.Sprintf("%.1f h", s/3600)
 }
 
-// billingLogLag measures the billing log's lag over the last lagWindow, and how old its
-// newest row (p.Newest) is.
+// billingLogLag measures the billing log's lag over its rows of the last lagWindow (the
+// first lagRows of them at most), and how old the newest of those is.
 func (c *Console) billingLogLag(ctx context.Context, now time.Time, p *pipelineCard) error {
-	p.WindowMinute = int(lagWindow / time.Minute)
+	p.WindowS = int(lagWindow / time.Second)
 	var p50, p95 float64
-	if err := c.cfg.Pool.QueryRow(ctx, billingLogLagSQL, pgx.StrictNamedArgs{"since": now.Add(-lagWindow)}).Scan(
-		&p.Rows, &p50, &p95); err != nil {
+	var newest *time.Time
+	if err := c.cfg.Pool.QueryRow(ctx, billingLogLagSQL, pgx.StrictNamedArgs{"since": now.Add(-lagWindow), "limit": lagRows}).Scan(
+		&p.Rows, &p50, &p95, &newest); err != nil {
 		return fmt.Errorf("billing log lag: %w", err)
 	}
+	p.Capped = p.Rows >= lagRows
 	if p.Rows > 0 {
 		p.P50, p.P95 = seconds(p50), seconds(p95)
 	}
-	if !p.Newest.IsZero() {
+	if newest != nil {
+		p.Newest = *newest
 		p.NewestAge = seconds(max(0, now.Sub(p.Newest).Seconds()))
 	}
 	return nil
@@ -351,40 +357,83 @@ func (c *Console) alertsSince(ctx context.Context, since time.Time, limit int) (
 	return total, list, nil
 }
 
-// admissionsChart charts the admissions of every org per minute over the last
-// chartWindow, the current minute last, and returns the newest admission in it (zero when
-// none).
-func (c *Console) admissionsChart(ctx context.Context, now time.Time) (chart, time.Time, error) {
+// Sample keeps sampling this node's counters every 10 s for the overview's per-minute
+// charts until ctx ends (the overview samples them too, whenever it is viewed).
+func (c *Console) Sample(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if fams := c.gather(); fams != nil {
+				c.minutes.record(c.now().UTC(), counts(fams))
+			}
+		}
+	}
+}
+
+// minuteCharts charts this node's admissions and refusals per minute over the last
+// chartWindow, the current minute last: each minute's growth of the counters, from the
+// samples kept (a minute without a sample on either side shows nothing).
+func (c *Console) minuteCharts(now time.Time) (admitted, refused chart) {
 	last := now.Truncate(time.Minute)
 	since := last.Add(-chartWindow + time.Minute)
-	rows, err := c.cfg.Pool.Query(ctx, admissionsPerMinuteSQL, pgx.StrictNamedArgs{"since": since})
-	if err != nil {
-		return chart{}, time.Time{}, fmt.Errorf("admissions per minute: %w", err)
-	}
-	perMinute := map[time.Time]int64{}
-	var newest time.Time
-	_, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct{}, error) {
-		var m, latest time.Time
-		var n int64
-		err := r.Scan(&m, &n, &latest)
-		perMinute[m.UTC()] = n
-		if latest.After(newest) {
-			newest = latest
-		}
-		return struct{}{}, err
-	})
-	if err != nil {
-		return chart{}, time.Time{}, fmt.Errorf("admissions per minute: %w", err)
-	}
 	var labels []string
-	var values []int64
+	var ok, no []int64
 	for m := since; !m.After(last); m = m.Add(time.Minute) {
 		labels = append(labels, m.Format("15:04"))
-		values = append(values, perMinute[m])
+		a, r := c.minutes.growth(m)
+		ok, no = append(ok, a), append(no, r)
 	}
-	ch := newChart("Admissions per minute, last hour (every org)", "admissions", labels, values)
-	ch.Caption = fmt.Sprintf("%s, UTC (at most %s a minute), from the billing log", ch.Title, formatNum(ch.Max))
-	return ch, newest, nil
+	admitted = newChart("Admitted per minute at this node, last hour", "admissions", labels, ok)
+	admitted.Caption = fmt.Sprintf("%s, UTC (at most %s a minute), from this node's counters", admitted.Title, formatNum(admitted.Max))
+	refused = newChart("Refused by a limit per minute at this node, last hour", "refusals", labels, no)
+	refused.Caption = fmt.Sprintf("%s, UTC (at most %s a minute): 429 and 402", refused.Title, formatNum(refused.Max))
+	return admitted, refused
+}
+
+// minuteSamples are this node's decision counters as last sampled in each minute of the
+// last hour or so: a ring of chartWindow/minute + 1 slots, so that memory and the page's
+// cost stay the same however busy the node.
+type minuteSamples struct {
+	mu    sync.Mutex
+	slots [61]minuteSample
+}
+
+type minuteSample struct {
+	minute             time.Time
+	admitted, refusals float64
+}
+
+// record keeps counts as the sample of now's minute.
+func (s *minuteSamples) record(now time.Time, counts map[string]float64) {
+	var admitted, refusals float64
+	for k, n := range counts {
+		switch r, _ := strings.CutPrefix(k, decisionKeyPrefix); admission.Result(r) {
+		case admission.Allow:
+			admitted += n
+		case admission.RateLimited, admission.QuotaExceeded, admission.InsufficientBalance:
+			refusals += n
+		}
+	}
+	m := now.Truncate(time.Minute)
+	s.mu.Lock()
+	s.slots[m.Unix()/60%int64(len(s.slots))] = minuteSample{minute: m, admitted: admitted, refusals: refusals}
+	s.mu.Unlock()
+}
+
+// growth is how much the counters grew from the sample of the minute before m to m's.
+func (s *minuteSamples) growth(m time.Time) (admitted, refusals int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := int64(len(s.slots))
+	cur, prev := s.slots[m.Unix()/60%n], s.slots[(m.Unix()/60-1+n)%n]
+	if !cur.minute.Equal(m) || !prev.minute.Equal(m.Add(-time.Minute)) {
+		return 0, 0
+	}
+	return int64(max(0, cur.admitted-prev.admitted)), int64(max(0, cur.refusals-prev.refusals))
 }
 
 // refused names a refusal as admit answers it: "Refused 402: quota exceeded".
