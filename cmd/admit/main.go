@@ -94,7 +94,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	defer admitter.Close()
 	recorder := cfg.Kafka.Writer()
 	defer recorder.Close()
-	staffStore := staff.NewStore(pool)
+	staffStore, credits := staff.NewStore(pool), credit.NewStore(pool, rdb, admitter.Keys(), nil)
 	// The refusal log (docs/admission.md): what the console shows of refused requests.
 	var refusalLog *refusals.Log
 	if cfg.Refusals.Enabled {
@@ -103,7 +103,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	}
 	server := api.New(cfg.Admission.APIConfig(api.Config{
 		Log: log, Policies: cache, Admin: policy.NewStore(pool), Decider: admitter, Recorder: recorder, Registerer: reg,
-		Credits: credit.NewStore(pool, rdb, admitter.Keys(), nil), Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
+		Credits: credits, Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
 		Invoices: api.InvoiceStore{Pool: pool, Issuer: cfg.Issuer()},
 		Staff:    staffStore, Refusals: gateRefusals(refusalLog),
 	}))
@@ -115,7 +115,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 	if cfg.Console.Enabled {
 		con = console.New(cfg.Console.ConsoleConfig(console.Config{Log: log, API: server, Staff: staffStore,
 			AdminToken: cfg.Admission.AdminToken, Pool: pool, Policies: cache, Counters: admitter, Metrics: reg,
-			Refusals: consoleRefusals(refusalLog)}))
+			Refusals: consoleRefusals(refusalLog), Balances: credits}))
 		con.Mount(mux)
 	}
 	// Envoy's rate-limit service has a listener of its own (docs/gateways.md), opened before

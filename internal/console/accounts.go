@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/credit"
 	"github.com/metergate/metergate/internal/policy"
 )
 
@@ -51,14 +52,16 @@ type unitUsage struct {
 
 func (c *Console) accountPages() map[string]page {
 	return map[string]page{
-		"GET /console/{$}":                              c.overview,
-		"GET /console/accounts":                         c.accounts,
-		"POST /console/accounts":                        c.createAccount,
-		"GET /console/accounts/{id}":                    c.account,
-		"POST /console/accounts/{id}":                   c.updateAccount,
-		"POST /console/accounts/{id}/keys":              c.createKey,
-		"POST /console/accounts/{id}/keys/{key}/revoke": c.revokeKey,
-		"GET /console/why":                              c.why,
+		"GET /console/{$}":                                c.overview,
+		"GET /console/accounts":                           c.accounts,
+		"POST /console/accounts":                          c.createAccount,
+		"GET /console/accounts/{id}":                      c.account,
+		"POST /console/accounts/{id}":                     c.updateAccount,
+		"POST /console/accounts/{id}/keys":                c.createKey,
+		"POST /console/accounts/{id}/keys/{key}/revoke":   c.revokeKey,
+		"POST /console/accounts/{id}/grants":              c.createGrant,
+		"POST /console/accounts/{id}/grants/{grant}/void": c.voidGrant,
+		"GET /console/why":                                c.why,
 	}
 }
 
@@ -193,6 +196,12 @@ type accountPage struct {
 	Plans     []policy.Plan
 	Units     []policy.Unit
 	Own       map[policy.Unit]policy.Limit
+	// Balance is the account's credit balances and grants (nil: none or not read);
+	// BalanceErr says why not read.
+	Balance    *credit.Balance
+	BalanceErr string
+	// GrantKey is the idempotency key of the grant form: a form sent twice grants once.
+	GrantKey string
 }
 
 // newKey is an API key just created, its secret shown once.
@@ -278,6 +287,17 @@ func (c *Console) accountView(w http.ResponseWriter, r *http.Request, v *view, s
 			return f.Account != id && f.Blocked.Account != id
 		})
 	}
+	if c.cfg.Balances != nil {
+		bal, err := c.cfg.Balances.Balance(ctx, id)
+		switch {
+		case err != nil:
+			c.cfg.Log.Warn("console: read balance", "account", id, "err", err)
+			p.BalanceErr = "the balance cannot be read right now"
+		case len(bal.Units) > 0:
+			p.Balance = &bal
+		}
+	}
+	p.GrantKey = "console-" + random(16)
 	var alerts struct {
 		Alerts []policy.AlertRule `json:"alerts"`
 	}
@@ -523,4 +543,40 @@ func (c *Console) revokeKey(w http.ResponseWriter, r *http.Request, v *view) {
 		return
 	}
 	seeOther(w, r, "/console/accounts/"+url.PathEscape(r.PathValue("id")))
+}
+
+// createGrant grants prepaid credits to the account: the form's unit, amount, expiry (a
+// date, at its UTC midnight) and source, with the form's idempotency key.
+func (c *Console) createGrant(w http.ResponseWriter, r *http.Request, v *view) {
+	id := r.PathValue("id")
+	amount, err := strconv.ParseInt(strings.TrimSpace(r.PostFormValue("amount")), 10, 64)
+	if err != nil || amount <= 0 {
+		c.fail(w, r, v, http.StatusBadRequest, "The amount must be a whole number above 0.")
+		return
+	}
+	body := map[string]any{"unit": r.PostFormValue("unit"), "amount": amount, "source": strings.TrimSpace(r.PostFormValue("source")),
+		"idempotency_key": r.PostFormValue("idempotency_key")}
+	if exp := strings.TrimSpace(r.PostFormValue("expires")); exp != "" {
+		day, err := time.Parse(time.DateOnly, exp)
+		if err != nil {
+			c.fail(w, r, v, http.StatusBadRequest, "The expiry must be a date, YYYY-MM-DD.")
+			return
+		}
+		body["expires_at"] = day.UTC().Format(time.RFC3339)
+	}
+	if err := v.call(r.Context(), http.MethodPost, "/v1/admin/accounts/"+url.PathEscape(id)+"/grants", body, nil); err != nil {
+		c.apiFailed(w, r, v, err)
+		return
+	}
+	seeOther(w, r, "/console/accounts/"+url.PathEscape(id))
+}
+
+func (c *Console) voidGrant(w http.ResponseWriter, r *http.Request, v *view) {
+	id := r.PathValue("id")
+	path := "/v1/admin/accounts/" + url.PathEscape(id) + "/grants/" + url.PathEscape(r.PathValue("grant"))
+	if err := v.call(r.Context(), http.MethodDelete, path, nil, nil); err != nil {
+		c.apiFailed(w, r, v, err)
+		return
+	}
+	seeOther(w, r, "/console/accounts/"+url.PathEscape(id))
 }

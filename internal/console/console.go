@@ -30,6 +30,7 @@ import (
 
 	"github.com/metergate/metergate/internal/admission"
 	"github.com/metergate/metergate/internal/api"
+	"github.com/metergate/metergate/internal/credit"
 	"github.com/metergate/metergate/internal/policy"
 	"github.com/metergate/metergate/internal/staff"
 )
@@ -50,6 +51,11 @@ type Counters interface {
 	Usage(ctx context.Context, p policy.Resolved) (map[policy.Unit]admission.UnitUsage, error)
 }
 
+// Balances reads an account's prepaid credit balances and grants (credit.Store).
+type Balances interface {
+	Balance(ctx context.Context, account string) (credit.Balance, error)
+}
+
 // Config assembles a Console.
 type Config struct {
 	Log *slog.Logger
@@ -63,6 +69,8 @@ type Config struct {
 	Pool       *pgxpool.Pool
 	Policies   Policies
 	Counters   Counters
+	// Balances shows the account page's credit balances and grants; nil: not shown.
+	Balances Balances
 	// Refusals is the refusal log (the "Why?" page and the account page's recent
 	// refusals); nil: refusals are not shown.
 	Refusals Refusals

@@ -111,3 +111,48 @@ func TestAccountChartReadsTodayLive(t *testing.T) {
 	require.Contains(t, r.body, bar(today, 7), "today is read on every view")
 	require.Contains(t, r.body, bar(yesterday, 2), "the days before are kept for a while")
 }
+
+var grantKey = regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`)
+
+// TestGrantsOnTheAccountPage: finance grants credits from an account's page once however
+// often the form is sent, sees the balance, and voids the grant; support may do neither.
+func TestGrantsOnTheAccountPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	org := opsOrg(t, b, "org")
+	_, finToken := b.member(t, staff.Finance)
+	_, supToken := b.member(t, staff.Support)
+	finance, support := b.signedIn(t, finToken), b.signedIn(t, supToken)
+
+	r := support.get("/console/accounts/" + org)
+	require.NotContains(t, r.body, "Grant credits", "support is offered no grant")
+	r = support.post("/console/accounts/"+org+"/grants", url.Values{"unit": {"credits"}, "amount": {"500"}, "idempotency_key": {"k"}})
+	require.Equal(t, http.StatusForbidden, r.status, r.body)
+
+	r = finance.get("/console/accounts/" + org)
+	require.Contains(t, r.body, "No credit grants.")
+	m := grantKey.FindStringSubmatch(r.body)
+	require.NotNil(t, m, r.body)
+	form := url.Values{"unit": {"credits"}, "amount": {"500"}, "expires": {"2099-01-01"}, "source": {"promotional"},
+		"idempotency_key": {m[1]}}
+	for range 2 { // the same form twice: one grant
+		r = finance.post("/console/accounts/"+org+"/grants", form)
+		require.Equal(t, http.StatusSeeOther, r.status, r.body)
+	}
+	var grants int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `select count(*) from credit_grants where account = $1`, org).Scan(&grants))
+	require.Equal(t, 1, grants, "a form sent twice grants once")
+	r = finance.get("/console/accounts/" + org)
+	require.Regexp(t, `<td>credits</td><td class="n">500</td>`, r.body, "the balance")
+	require.Contains(t, r.body, "<td>promotional</td>")
+	require.Contains(t, r.body, "drawable")
+	var grant string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `select id from credit_grants where account = $1`, org).Scan(&grant))
+
+	r = support.post("/console/accounts/"+org+"/grants/"+grant+"/void", nil)
+	require.Equal(t, http.StatusForbidden, r.status)
+	r = finance.post("/console/accounts/"+org+"/grants/"+grant+"/void", nil)
+	require.Equal(t, http.StatusSeeOther, r.status, r.body)
+	r = finance.get("/console/accounts/" + org)
+	require.Contains(t, r.body, `<span class="bad">voided</span>`)
+}

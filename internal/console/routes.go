@@ -20,6 +20,8 @@ var Routes = []string{
 	"POST /console/accounts/{id}",
 	"POST /console/accounts/{id}/keys",
 	"POST /console/accounts/{id}/keys/{key}/revoke",
+	"POST /console/accounts/{id}/grants",
+	"POST /console/accounts/{id}/grants/{grant}/void",
 	"GET /console/why",
 
 	"GET /console/plans",
@@ -59,6 +61,8 @@ var Writes = map[string]string{
 	"POST /console/accounts/{id}":                              "PUT /v1/admin/accounts/{id}",
 	"POST /console/accounts/{id}/keys":                         "POST /v1/admin/api-keys",
 	"POST /console/accounts/{id}/keys/{key}/revoke":            "DELETE /v1/admin/api-keys/{id}",
+	"POST /console/accounts/{id}/grants":                       "POST /v1/admin/accounts/{id}/grants",
+	"POST /console/accounts/{id}/grants/{grant}/void":          "DELETE /v1/admin/accounts/{id}/grants/{grant}",
 	"POST /console/invoices/{id}/void":                         "POST /v1/admin/invoices/{id}/void",
 	"POST /console/invoices/{id}/reissue":                      "POST /v1/admin/invoices/{id}/reissue",
 	"POST /console/webhooks/{id}/deliveries/{delivery}/replay": "POST /v1/admin/webhooks/{id}/deliveries/{delivery}/replay",

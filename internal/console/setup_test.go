@@ -94,14 +94,15 @@ func setup(t *testing.T, o setupOpts) *testBundle {
 		t.Cleanup(func() { _ = l.Close(context.Background()) })
 		gateLog, consoleLog = l, l
 	}
+	credits := credit.NewStore(b.pool, rdb, adm.Keys(), nil)
 	srv := api.New(api.Config{Refusals: gateLog, Log: log, ServiceToken: serviceToken, AdminToken: adminToken, Registerer: b.reg,
 		Policies: b.cache, Admin: policy.NewStore(b.pool), Decider: adm, Source: "test-node",
-		Credits: credit.NewStore(b.pool, rdb, adm.Keys(), nil), Webhooks: webhook.NewStore(b.pool, true),
+		Credits: credits, Webhooks: webhook.NewStore(b.pool, true),
 		Invoices: api.InvoiceStore{Pool: b.pool, Issuer: testIssuer}, Staff: b.staff})
 	mux := http.NewServeMux()
 	srv.Mount(mux)
 	console.New(console.Config{Log: log, API: srv, Staff: b.staff, AdminToken: adminToken, Pool: b.pool,
-		Policies: b.cache, Counters: adm, Refusals: consoleLog, Metrics: b.reg, InsecureCookies: true}).Mount(mux)
+		Policies: b.cache, Counters: adm, Refusals: consoleLog, Balances: credits, Metrics: b.reg, InsecureCookies: true}).Mount(mux)
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
 	b.url = ts.URL
