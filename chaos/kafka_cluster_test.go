@@ -307,6 +307,9 @@ func (s *stack) outboxLen(ctx context.Context, rdb *redis.Client) int64 {
 	var n int64
 	iter := rdb.ScanType(ctx, 0, prefix+"*", 1000, "stream").Iterator()
 	for iter.Next(ctx) {
+		if !outboxStream.MatchString(iter.Val()) {
+			continue
+		}
 		l, err := rdb.XLen(ctx, iter.Val()).Result()
 		require.NoError(s.t, err)
 		n += l

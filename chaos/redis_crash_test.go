@@ -175,12 +175,19 @@ func runRedisCrash(t *testing.T, broker *private.Broker, fsync string) *redisCra
 	return c
 }
 
-// outboxLen is the number of entries in the streams of a private Redis: the outbox's.
+// outboxStream matches the key of a shard's outbox stream (keyspace.Keys.Outboxes), and
+// not the other streams beside it (an org's refusal log, <prefix>{N}:r:<org>).
+var outboxStream = regexp.MustCompile(`\{[0-9]+\}:(batches|events)$`)
+
+// outboxLen is the number of entries in the outbox streams of a private Redis.
 func outboxLen(ctx context.Context, t *testing.T, rdb *redis.Client) int64 {
 	t.Helper()
 	var n int64
 	iter := rdb.ScanType(ctx, 0, "*", 100, "stream").Iterator()
 	for iter.Next(ctx) {
+		if !outboxStream.MatchString(iter.Val()) {
+			continue
+		}
 		l, err := rdb.XLen(ctx, iter.Val()).Result()
 		require.NoError(t, err)
 		n += l
@@ -189,8 +196,9 @@ func outboxLen(ctx context.Context, t *testing.T, rdb *redis.Client) int64 {
 	return n
 }
 
-// waitDrained polls until every consumer group of every stream whose key matches match
-// has nothing pending and nothing left to read: the relay sent and acknowledged it all.
+// waitDrained polls until every consumer group of every outbox stream whose key matches
+// match has nothing pending and nothing left to read: the relay sent and acknowledged it
+// all.
 func waitDrained(ctx context.Context, t *testing.T, rdb *redis.Client, match string, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -198,6 +206,9 @@ func waitDrained(ctx context.Context, t *testing.T, rdb *redis.Client, match str
 		left, last := int64(0), ""
 		iter := rdb.ScanType(ctx, 0, match, 100, "stream").Iterator()
 		for iter.Next(ctx) {
+			if !outboxStream.MatchString(iter.Val()) {
+				continue
+			}
 			groups, err := rdb.XInfoGroups(ctx, iter.Val()).Result()
 			require.NoError(t, err)
 			if len(groups) == 0 {
