@@ -1834,6 +1834,40 @@ COMMENT ON VIEW credits_covered IS 'Per request and unit that drew from grants o
 
 
 --
+-- Name: customer_tokens; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE customer_tokens (
+    id text NOT NULL,
+    account text NOT NULL,
+    org text NOT NULL,
+    scopes text[] NOT NULL,
+    token_hash bytea NOT NULL,
+    name text DEFAULT ''::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_by text NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    revoked_at timestamp with time zone,
+    revoked_by text,
+    CONSTRAINT customer_tokens_account_check CHECK ((account ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'::text)),
+    CONSTRAINT customer_tokens_id_check CHECK ((id ~ '^ct_[0-9a-f]{16}$'::text)),
+    CONSTRAINT customer_tokens_lifetime CHECK (((expires_at > created_at) AND (expires_at <= (created_at + '2160:00:00'::interval)))),
+    CONSTRAINT customer_tokens_name_check CHECK ((length(name) <= 200)),
+    CONSTRAINT customer_tokens_org_check CHECK ((org ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'::text)),
+    CONSTRAINT customer_tokens_revoked CHECK (((revoked_at IS NULL) = (revoked_by IS NULL))),
+    CONSTRAINT customer_tokens_scopes_check CHECK (((cardinality(scopes) >= 1) AND (scopes <@ ARRAY['usage:read'::text, 'billing:read'::text, 'keys:write'::text, 'accounts:write'::text]))),
+    CONSTRAINT customer_tokens_token_hash_check CHECK ((length(token_hash) = 32))
+);
+
+
+--
+-- Name: TABLE customer_tokens; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE customer_tokens IS 'Customer tokens: what a customer may do (scopes) on one account and everything below it, until expires_at (at most 90 days) or revoked_at. The token is kept as its SHA-256 only; a token whose account is gone is refused.';
+
+
+--
 -- Name: dead_letters; Type: TABLE; Schema: :schema; Owner: -
 --
 
@@ -3357,6 +3391,22 @@ ALTER TABLE ONLY credit_notes
 
 
 --
+-- Name: customer_tokens customer_tokens_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY customer_tokens
+    ADD CONSTRAINT customer_tokens_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: customer_tokens customer_tokens_token_hash_key; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY customer_tokens
+    ADD CONSTRAINT customer_tokens_token_hash_key UNIQUE (token_hash);
+
+
+--
 -- Name: dead_letters dead_letters_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -3756,6 +3806,20 @@ CREATE INDEX credit_notes_org_idx ON credit_notes USING btree (org, issued_at);
 --
 
 CREATE UNIQUE INDEX credit_notes_void_once ON credit_notes USING btree (invoice_id) WHERE (kind = 'void'::text);
+
+
+--
+-- Name: customer_tokens_account_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX customer_tokens_account_idx ON customer_tokens USING btree (account, created_at);
+
+
+--
+-- Name: customer_tokens_org_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX customer_tokens_org_idx ON customer_tokens USING btree (org, created_at);
 
 
 --
@@ -4831,6 +4895,13 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE finance_billable_events TO metergate_
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE credits_covered TO metergate_app;
+
+
+--
+-- Name: TABLE customer_tokens; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE customer_tokens TO metergate_app;
 
 
 --
