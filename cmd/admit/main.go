@@ -31,6 +31,7 @@ import (
 	"github.com/metergate/metergate/internal/config"
 	"github.com/metergate/metergate/internal/console"
 	"github.com/metergate/metergate/internal/credit"
+	"github.com/metergate/metergate/internal/customer"
 	"github.com/metergate/metergate/internal/gate"
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/policy"
@@ -105,7 +106,7 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		Log: log, Policies: cache, Admin: policy.NewStore(pool), Decider: admitter, Recorder: recorder, Registerer: reg,
 		Credits: credits, Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
 		Invoices: api.InvoiceStore{Pool: pool, Issuer: cfg.Issuer()},
-		Staff:    staffStore, Refusals: gateRefusals(refusalLog),
+		Staff:    staffStore, Customers: customer.NewStore(pool), Refusals: gateRefusals(refusalLog),
 	}))
 	probes := readiness(rdb, pool, cache)
 	mux := http.NewServeMux()

@@ -138,6 +138,9 @@ type Config struct {
 	// Staff authenticates named staff credentials and keeps the audit log (staff.Store);
 	// nil: the admin token alone opens the admin API, and its writes are not audited.
 	Staff Staff
+	// Customers issues, lists and revokes customer tokens (customer.Store); nil answers
+	// those routes 503.
+	Customers Customers
 	// Refusals is told every refusal by a limit (refusals.Log, the console's refusal log);
 	// nil: none is recorded.
 	Refusals gate.Refusals
@@ -222,6 +225,10 @@ var Routes = []string{
 	"GET /v1/admin/staff",
 	"DELETE /v1/admin/staff/{id}",
 	"GET /v1/admin/audit",
+	"POST /v1/admin/customer-tokens",
+	"GET /v1/admin/customer-tokens",
+	"GET /v1/admin/customer-tokens/{id}",
+	"DELETE /v1/admin/customer-tokens/{id}",
 	"GET /openapi.yaml",
 	// The forward-auth check answers every method: gateways send the original one.
 	"/v1/check",
@@ -307,6 +314,12 @@ func (s *Server) routes() {
 		"GET /v1/admin/staff":         s.staffStore(s.listStaff),
 		"DELETE /v1/admin/staff/{id}": s.staffStore(s.revokeStaff),
 		"GET /v1/admin/audit":         s.staffStore(s.listAudit),
+
+		// Customer tokens, for the customer API and portal (customers.go).
+		"POST /v1/admin/customer-tokens":        s.customers(s.createCustomerToken),
+		"GET /v1/admin/customer-tokens":         s.customers(s.listCustomerTokens),
+		"GET /v1/admin/customer-tokens/{id}":    s.customers(s.getCustomerToken),
+		"DELETE /v1/admin/customer-tokens/{id}": s.customers(s.revokeCustomerToken),
 
 		// Forward-auth for nginx, Traefik, Caddy and Envoy's ext_authz (check.go); below
 		// /v1/check/ for Envoy, which appends the original path to its path_prefix.

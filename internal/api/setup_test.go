@@ -24,6 +24,7 @@ import (
 	"github.com/metergate/metergate/internal/admission"
 	"github.com/metergate/metergate/internal/api"
 	"github.com/metergate/metergate/internal/credit"
+	"github.com/metergate/metergate/internal/customer"
 	"github.com/metergate/metergate/internal/keyspace"
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/outbox"
@@ -110,6 +111,9 @@ type setupOpts struct {
 	// staff wires a staff store (named credentials, the audit log) on a migrated schema of
 	// the test's own (staff_test.go).
 	staff bool
+	// customers wires a store of customer tokens (customer.Store) on the same schema as the
+	// policy store: tokens are issued to its accounts (customers_test.go).
+	customers bool
 }
 
 func setup(t *testing.T, o setupOpts) *testBundle {
@@ -162,6 +166,9 @@ func (b *testBundle) serve(t *testing.T, o setupOpts, log *slog.Logger, keyPrefi
 	}
 	if o.staff {
 		cfg.Staff = staff.NewStore(b.pool)
+	}
+	if o.customers {
+		cfg.Customers = customer.NewStore(b.pool)
 	}
 	if o.bare {
 		b.srv = api.New(cfg)

@@ -22,7 +22,7 @@ import (
 // staff tokens get 401.
 func TestEveryAdminRouteEnforcesItsRole(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{staff: true, invoices: true, webhooks: true, credits: true})
+	b := setup(t, setupOpts{staff: true, invoices: true, webhooks: true, credits: true, customers: true})
 	store := staff.NewStore(b.pool)
 	tokens := map[staff.Role]string{}
 	for _, role := range staff.Roles {

@@ -18,7 +18,7 @@ const (
 	// Finance reads everything and writes invoices, credit notes, amendments, billing
 	// details and grants.
 	Finance Role = "finance"
-	// Support reads everything and writes API keys and accounts' limits.
+	// Support reads everything and writes API keys, accounts' limits and customer tokens.
 	Support Role = "support"
 	// Viewer reads only.
 	Viewer Role = "viewer"
@@ -43,6 +43,9 @@ var writers = map[string][]Role{
 	"POST /v1/admin/invoices/{id}/void":             {Finance},
 	"POST /v1/admin/invoices/{id}/reissue":          {Finance},
 	"POST /v1/admin/amendments":                     {Finance},
+	// Customers' access (customer tokens) is support's, like their API keys.
+	"POST /v1/admin/customer-tokens":        {Support},
+	"DELETE /v1/admin/customer-tokens/{id}": {Support},
 }
 
 // Allows reports whether role may call the route pattern ("METHOD /path", as the mux
