@@ -144,7 +144,7 @@ func TestCustomerTokenRoutes(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", q, r.Raw)
 		require.Equal(t, "invalid_"+strings.Split(q, "=")[0], errCode(r), q)
 	}
-	for _, id := range []string{"ct_0000000000000000", "nonsense"} {
+	for _, id := range []string{"ct_0000000000000000", "nonsense", "ct_%00", "ct_%FF"} {
 		r := b.call(t, "GET", "/v1/admin/customer-tokens/"+id, adminToken, nil)
 		require.Equal(t, http.StatusNotFound, r.Status, "%s: %s", id, r.Raw)
 	}

@@ -74,8 +74,13 @@ func TestTokens(t *testing.T) {
 	read, err := b.store.Get(b.ctx, tok.ID)
 	require.NoError(t, err)
 	require.Equal(t, tok, read)
-	_, err = b.store.Get(b.ctx, "ct_0000000000000000")
-	require.ErrorIs(t, err, customer.ErrNotFound)
+	// Ids of no form, and bytes PostgreSQL refuses in a text, are no token's too.
+	for _, id := range []string{"ct_0000000000000000", "", "ct_", "ct_ABCDEF0000000000", tok.ID + "0", "ct_\x00", "ct_\xff", tok.ID[:18] + "\x00"} {
+		_, err = b.store.Get(b.ctx, id)
+		require.ErrorIs(t, err, customer.ErrNotFound, "%q", id)
+		_, err = b.store.Revoke(b.ctx, id, "test")
+		require.ErrorIs(t, err, customer.ErrNotFound, "%q", id)
+	}
 
 	revoked, err := b.store.Revoke(b.ctx, tok.ID, "admin-token")
 	require.NoError(t, err)

@@ -137,8 +137,23 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (Token, error) 
 	return t, nil
 }
 
+// validID reports whether id has the form of a token's id, "ct_" and 16 hex digits. Get
+// and Revoke answer any other ErrNotFound without a query: PostgreSQL would take a NUL
+// byte or bad UTF-8 from a request's path for an error of its own.
+func validID(id string) bool {
+	rest, ok := strings.CutPrefix(id, "ct_")
+	if !ok || len(rest) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(rest)
+	return err == nil && strings.ToLower(rest) == rest
+}
+
 // Get returns token id, live or not; ErrNotFound when there is none.
 func (s *Store) Get(ctx context.Context, id string) (Token, error) {
+	if !validID(id) {
+		return Token{}, fmt.Errorf("customer token %q: %w", id, ErrNotFound)
+	}
 	t, err := s.one(ctx, tokenByIDSQL, pgx.StrictNamedArgs{"id": id})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Token{}, fmt.Errorf("customer token %q: %w", id, ErrNotFound)
@@ -153,6 +168,9 @@ func (s *Store) Get(ctx context.Context, id string) (Token, error) {
 // Authenticate on. ErrNotFound when there is no token id or it is revoked already (an
 // expired token can still be revoked).
 func (s *Store) Revoke(ctx context.Context, id, by string) (Token, error) {
+	if !validID(id) {
+		return Token{}, fmt.Errorf("customer token %q: %w", id, ErrNotFound)
+	}
 	t, err := s.one(ctx, revokeTokenSQL, pgx.StrictNamedArgs{"id": id, "revoked_by": by})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Token{}, fmt.Errorf("customer token %q: %w", id, ErrNotFound)
