@@ -187,7 +187,7 @@ func TestStaffRoutes(t *testing.T) {
 	require.NotNil(t, revoked.RevokedAt)
 	require.Equal(t, ada.ID, revoked.RevokedBy)
 	require.Equal(t, http.StatusUnauthorized, b.call(t, "GET", "/v1/admin/staff", fiona.Token, nil).Status)
-	for _, id := range []string{fiona.ID, "st_0000000000000000", "nonsense"} {
+	for _, id := range []string{fiona.ID, "st_0000000000000000", "nonsense", "st_%00", "st_%ff%fe"} { // NUL, bad UTF-8: 404, not 503
 		r = b.call(t, "DELETE", "/v1/admin/staff/"+id, adminToken, nil)
 		require.Equal(t, http.StatusNotFound, r.Status, "%s: %s", id, r.Raw)
 		require.Equal(t, "not_found", errCode(r), id)

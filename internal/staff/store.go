@@ -128,6 +128,9 @@ func (s *Store) Authenticate(ctx context.Context, token string) (Member, error) 
 // Revoke revokes staff member id, by by: its token is refused from the next request on.
 // ErrNotFound when there is no live member id.
 func (s *Store) Revoke(ctx context.Context, id, by string) error {
+	if !validID(id) {
+		return fmt.Errorf("staff member %q: %w", id, ErrNotFound)
+	}
 	var at time.Time
 	err := s.pool.QueryRow(ctx, revokeStaffSQL, pgx.StrictNamedArgs{"id": id, "revoked_by": by}).Scan(&at)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -141,6 +144,9 @@ func (s *Store) Revoke(ctx context.Context, id, by string) error {
 
 // Member returns staff member id, revoked or not; ErrNotFound when there is none.
 func (s *Store) Member(ctx context.Context, id string) (Member, error) {
+	if !validID(id) {
+		return Member{}, fmt.Errorf("staff member %q: %w", id, ErrNotFound)
+	}
 	rows, err := s.pool.Query(ctx, staffByIDSQL, pgx.StrictNamedArgs{"id": id})
 	if err != nil {
 		return Member{}, fmt.Errorf("read staff member %q: %w", id, err)
@@ -175,4 +181,20 @@ func scanMember(r pgx.CollectableRow) (Member, error) {
 	err := r.Scan(&m.ID, &m.Name, &role, &m.CreatedAt, &m.CreatedBy, &m.RevokedAt, &m.RevokedBy)
 	m.Role = Role(role)
 	return m, err
+}
+
+// validID reports whether id has the form of a staff id, "st_" and 16 hex digits: any
+// other (a NUL byte, bad UTF-8 from a path) is no member, and is never sent to PostgreSQL,
+// which would refuse it with an error.
+func validID(id string) bool {
+	hexPart, ok := strings.CutPrefix(id, "st_")
+	if !ok || len(hexPart) != 16 {
+		return false
+	}
+	for i := 0; i < len(hexPart); i++ {
+		if c := hexPart[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
