@@ -3,7 +3,6 @@ package console
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	_ "embed"
 	"encoding/base64"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/metergate/metergate/internal/credential"
 	"github.com/metergate/metergate/internal/ops"
 	"github.com/metergate/metergate/internal/staff"
 )
@@ -101,11 +101,11 @@ func (c *Console) startSession(ctx context.Context, w http.ResponseWriter, m sta
 		return fmt.Errorf("forget ended sessions: %w", err)
 	}
 	id := random(32)
-	hash := sha256.Sum256([]byte(id))
+	hash := credential.Hash(id)
 	expires := c.now().Add(c.cfg.SessionTTL)
 	var created time.Time
 	if err := c.cfg.Pool.QueryRow(ctx, insertSessionSQL, pgx.StrictNamedArgs{
-		"id_hash": hash[:], "staff_id": m.ID, "role": string(m.Role), "csrf": random(32), "expires_at": expires,
+		"id_hash": hash, "staff_id": m.ID, "role": string(m.Role), "csrf": random(32), "expires_at": expires,
 	}).Scan(&created); err != nil {
 		return fmt.Errorf("start a console session: %w", err)
 	}
@@ -119,11 +119,11 @@ func (c *Console) session(r *http.Request) (session, []byte, error) {
 	if err != nil || len(ck.Value) != 43 {
 		return session{}, nil, errNoSession
 	}
-	hash := sha256.Sum256([]byte(ck.Value))
+	hash := credential.Hash(ck.Value)
 	var s session
 	var role string
 	err = c.cfg.Pool.QueryRow(r.Context(), sessionByIDSQL, pgx.StrictNamedArgs{
-		"id_hash": hash[:], "admin_token": staff.AdminToken,
+		"id_hash": hash, "admin_token": staff.AdminToken,
 	}).Scan(&s.Member.ID, &s.Member.Name, &role, &s.CSRF, &s.Started, &s.Expires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return session{}, nil, errNoSession
@@ -132,7 +132,7 @@ func (c *Console) session(r *http.Request) (session, []byte, error) {
 		return session{}, nil, fmt.Errorf("read the console session: %w", err)
 	}
 	s.Member.Role = staff.Role(role)
-	return s, hash[:], nil
+	return s, hash, nil
 }
 
 // endSession revokes the session whose id hash is hash (hex-encoded when from a page);

@@ -12,6 +12,9 @@ import (
 // TokenPrefix starts every customer token: "mgc_" and 43 characters of base64url.
 const TokenPrefix = "mgc_"
 
+// idPrefix starts every token's id: "ct_" and 16 hex digits (credential.New).
+const idPrefix = "ct_"
+
 // Scope is what a customer token lets its holder do on its account's subtree.
 type Scope string
 

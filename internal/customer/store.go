@@ -2,11 +2,7 @@ package customer
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -18,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/metergate/metergate/internal/credential"
 	"github.com/metergate/metergate/internal/policy"
 )
 
@@ -53,15 +50,9 @@ func (s *Store) Create(ctx context.Context, account string, scopes []Scope, ttl 
 	if err != nil {
 		return Token{}, "", err
 	}
-	raw := make([]byte, 40)
-	if _, err := rand.Read(raw); err != nil {
-		return Token{}, "", fmt.Errorf("customer token: %w", err)
-	}
-	id := "ct_" + hex.EncodeToString(raw[:8])
-	secret := TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[8:])
-	hash := sha256.Sum256([]byte(secret))
+	id, secret := credential.New(idPrefix, TokenPrefix)
 	rows, err := s.pool.Query(ctx, insertTokenSQL, pgx.StrictNamedArgs{
-		"id": id, "account": account, "scopes": names(kept), "token_hash": hash[:], "name": name,
+		"id": id, "account": account, "scopes": names(kept), "token_hash": credential.Hash(secret), "name": name,
 		"created_by": by, "ttl_us": ttl.Microseconds(),
 	})
 	if err != nil {
@@ -126,8 +117,7 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (Token, error) 
 	if !strings.HasPrefix(secret, TokenPrefix) || len(secret) > 100 {
 		return Token{}, ErrNotFound
 	}
-	hash := sha256.Sum256([]byte(secret))
-	t, err := s.one(ctx, tokenByHashSQL, pgx.StrictNamedArgs{"token_hash": hash[:]})
+	t, err := s.one(ctx, tokenByHashSQL, pgx.StrictNamedArgs{"token_hash": credential.Hash(secret)})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Token{}, ErrNotFound
 	}
@@ -137,21 +127,9 @@ func (s *Store) Authenticate(ctx context.Context, secret string) (Token, error) 
 	return t, nil
 }
 
-// validID reports whether id has the form of a token's id, "ct_" and 16 hex digits. Get
-// and Revoke answer any other ErrNotFound without a query: PostgreSQL would take a NUL
-// byte or bad UTF-8 from a request's path for an error of its own.
-func validID(id string) bool {
-	rest, ok := strings.CutPrefix(id, "ct_")
-	if !ok || len(rest) != 16 {
-		return false
-	}
-	_, err := hex.DecodeString(rest)
-	return err == nil && strings.ToLower(rest) == rest
-}
-
 // Get returns token id, live or not; ErrNotFound when there is none.
 func (s *Store) Get(ctx context.Context, id string) (Token, error) {
-	if !validID(id) {
+	if !credential.ValidID(id, idPrefix) {
 		return Token{}, fmt.Errorf("customer token %q: %w", id, ErrNotFound)
 	}
 	t, err := s.one(ctx, tokenByIDSQL, pgx.StrictNamedArgs{"id": id})
@@ -168,7 +146,7 @@ func (s *Store) Get(ctx context.Context, id string) (Token, error) {
 // Authenticate on. ErrNotFound when there is no token id or it is revoked already (an
 // expired token can still be revoked).
 func (s *Store) Revoke(ctx context.Context, id, by string) (Token, error) {
-	if !validID(id) {
+	if !credential.ValidID(id, idPrefix) {
 		return Token{}, fmt.Errorf("customer token %q: %w", id, ErrNotFound)
 	}
 	t, err := s.one(ctx, revokeTokenSQL, pgx.StrictNamedArgs{"id": id, "revoked_by": by})

@@ -2,11 +2,7 @@ package policy
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -18,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/metergate/metergate/internal/credential"
 	"github.com/metergate/metergate/internal/invoice"
 )
 
@@ -115,10 +112,7 @@ const SecretPrefix = "mgk_"
 
 // HashKey is how an API key secret is stored and looked up: its SHA-256. The secret has
 // 256 random bits, so a plain (unsalted, fast) hash is enough.
-func HashKey(secret string) []byte {
-	h := sha256.Sum256([]byte(secret))
-	return h[:]
-}
+func HashKey(secret string) []byte { return credential.Hash(secret) }
 
 // Store writes and reads policies in PostgreSQL, the source of truth. It validates every
 // write; the database's constraints repeat the checks for rows written by hand.
@@ -666,12 +660,8 @@ func (s *Store) CreateAPIKey(ctx context.Context, account string) (APIKey, strin
 	if !ValidID(account) {
 		return APIKey{}, "", fmt.Errorf("account %q: %w", account, ErrNotFound)
 	}
-	var raw [32]byte
-	_, _ = rand.Read(raw[:]) // never fails (crypto/rand panics instead)
-	secret := SecretPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
-	var idRaw [8]byte
-	_, _ = rand.Read(idRaw[:])
-	key := APIKey{ID: "key_" + hex.EncodeToString(idRaw[:]), Account: account}
+	id, secret := credential.New("key_", SecretPrefix)
+	key := APIKey{ID: id, Account: account}
 	err := s.pool.QueryRow(ctx, insertAPIKeySQL, pgx.StrictNamedArgs{
 		"id": key.ID, "account": account, "hash": HashKey(secret),
 	}).Scan(&key.CreatedAt)

@@ -2,11 +2,7 @@ package staff
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -17,10 +13,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/internal/credential"
 )
 
 // TokenPrefix starts every staff token: "mgs_" and 43 characters of base64url.
 const TokenPrefix = "mgs_"
+
+// idPrefix starts every staff id: "st_" and 16 hex digits (credential.New).
+const idPrefix = "st_"
 
 var (
 	// ErrInvalid is returned for a staff member that does not validate (an *InvalidError
@@ -84,15 +85,10 @@ func (s *Store) Create(ctx context.Context, name string, role Role, by string) (
 	case !role.Valid():
 		return Member{}, "", &InvalidError{Field: "role", Message: fmt.Sprintf("role %q: want one of %v", role, Roles)}
 	}
-	raw := make([]byte, 40)
-	if _, err := rand.Read(raw); err != nil {
-		return Member{}, "", fmt.Errorf("staff token: %w", err)
-	}
-	m := Member{ID: "st_" + hex.EncodeToString(raw[:8]), Name: name, Role: role, CreatedBy: by}
-	token := TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[8:])
-	hash := sha256.Sum256([]byte(token))
+	id, token := credential.New(idPrefix, TokenPrefix)
+	m := Member{ID: id, Name: name, Role: role, CreatedBy: by}
 	err := s.pool.QueryRow(ctx, insertStaffSQL, pgx.StrictNamedArgs{
-		"id": m.ID, "name": name, "role": string(role), "token_hash": hash[:], "created_by": by,
+		"id": m.ID, "name": name, "role": string(role), "token_hash": credential.Hash(token), "created_by": by,
 	}).Scan(&m.CreatedAt)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return Member{}, "", fmt.Errorf("staff member %q: %w", name, ErrExists)
@@ -110,10 +106,9 @@ func (s *Store) Authenticate(ctx context.Context, token string) (Member, error) 
 	if !strings.HasPrefix(token, TokenPrefix) || len(token) > 100 {
 		return Member{}, ErrNotFound
 	}
-	hash := sha256.Sum256([]byte(token))
 	var m Member
 	var role string
-	err := s.pool.QueryRow(ctx, staffByTokenSQL, pgx.StrictNamedArgs{"token_hash": hash[:]}).
+	err := s.pool.QueryRow(ctx, staffByTokenSQL, pgx.StrictNamedArgs{"token_hash": credential.Hash(token)}).
 		Scan(&m.ID, &m.Name, &role, &m.CreatedAt, &m.CreatedBy)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Member{}, ErrNotFound
@@ -128,7 +123,7 @@ func (s *Store) Authenticate(ctx context.Context, token string) (Member, error) 
 // Revoke revokes staff member id, by by: its token is refused from the next request on.
 // ErrNotFound when there is no live member id.
 func (s *Store) Revoke(ctx context.Context, id, by string) error {
-	if !validID(id) {
+	if !credential.ValidID(id, idPrefix) {
 		return fmt.Errorf("staff member %q: %w", id, ErrNotFound)
 	}
 	var at time.Time
@@ -144,7 +139,7 @@ func (s *Store) Revoke(ctx context.Context, id, by string) error {
 
 // Member returns staff member id, revoked or not; ErrNotFound when there is none.
 func (s *Store) Member(ctx context.Context, id string) (Member, error) {
-	if !validID(id) {
+	if !credential.ValidID(id, idPrefix) {
 		return Member{}, fmt.Errorf("staff member %q: %w", id, ErrNotFound)
 	}
 	rows, err := s.pool.Query(ctx, staffByIDSQL, pgx.StrictNamedArgs{"id": id})
@@ -181,20 +176,4 @@ func scanMember(r pgx.CollectableRow) (Member, error) {
 	err := r.Scan(&m.ID, &m.Name, &role, &m.CreatedAt, &m.CreatedBy, &m.RevokedAt, &m.RevokedBy)
 	m.Role = Role(role)
 	return m, err
-}
-
-// validID reports whether id has the form of a staff id, "st_" and 16 hex digits: any
-// other (a NUL byte, bad UTF-8 from a path) is no member, and is never sent to PostgreSQL,
-// which would refuse it with an error.
-func validID(id string) bool {
-	hexPart, ok := strings.CutPrefix(id, "st_")
-	if !ok || len(hexPart) != 16 {
-		return false
-	}
-	for i := 0; i < len(hexPart); i++ {
-		if c := hexPart[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }
