@@ -357,13 +357,12 @@ func (c *Console) usageCharts(r *http.Request, account string, since time.Time) 
 	byDay, ok := c.days.get(account, since, c.now())
 	if !ok {
 		var err error
-		if byDay, err = c.dailyUsage(r.Context(), account, since); err != nil {
+		if byDay, err = c.dailyUsage(r.Context(), account, since, today); err != nil {
 			return nil, err
 		}
-		delete(byDay, today.Format(time.DateOnly))
 		c.days.put(account, since, c.now(), byDay)
 	}
-	todays, err := c.dailyUsage(r.Context(), account, today)
+	todays, err := c.dailyUsage(r.Context(), account, today, today.AddDate(0, 0, 1))
 	if err != nil {
 		return nil, err
 	}
@@ -391,9 +390,10 @@ func (c *Console) usageCharts(r *http.Request, account string, since time.Time) 
 	return out, nil
 }
 
-// dailyUsage reads what account and those below it used per UTC day since since.
-func (c *Console) dailyUsage(ctx context.Context, account string, since time.Time) (map[string][4]int64, error) {
-	rows, err := c.cfg.Pool.Query(ctx, accountDailyUsageSQL, pgx.StrictNamedArgs{"account": account, "since": since})
+// dailyUsage reads what account and those below it used per UTC day from since until
+// before until.
+func (c *Console) dailyUsage(ctx context.Context, account string, since, until time.Time) (map[string][4]int64, error) {
+	rows, err := c.cfg.Pool.Query(ctx, accountDailyUsageSQL, pgx.StrictNamedArgs{"account": account, "since": since, "until": until})
 	if err != nil {
 		return nil, fmt.Errorf("read daily usage: %w", err)
 	}
