@@ -136,7 +136,10 @@ func TestOpenLoopHoldsTheRate(t *testing.T) {
 	require.InDelta(t, 200, res.Requests, 10)
 	// The warmup slots went out too, and nothing beyond the schedule did.
 	require.InDelta(t, 240, b.served.Load(), 10)
-	require.Zero(t, res.Unsent)
+	// A fast server leaves nothing unsent but the last few slots a loaded CI machine
+	// (-race, 2 cores, every package at once) had no worker for in time: the same
+	// tolerance as Requests, never the 100 of a server slower than the schedule.
+	require.LessOrEqual(t, res.Unsent, int64(10))
 }
 
 // A server slower than the schedule: latency is counted from when each request was due, so
