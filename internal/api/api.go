@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/customer"
 	"github.com/metergate/metergate/internal/estimate"
 	"github.com/metergate/metergate/internal/gate"
 	"github.com/metergate/metergate/internal/invoice"
@@ -228,6 +229,7 @@ var Routes = []string{
 	"POST /v1/admin/customer-tokens",
 	"GET /v1/admin/customer-tokens",
 	"GET /v1/admin/customer-tokens/{id}",
+	"GET /v1/portal/me",
 	"DELETE /v1/admin/customer-tokens/{id}",
 	"GET /openapi.yaml",
 	// The forward-auth check answers every method: gateways send the original one.
@@ -316,9 +318,12 @@ func (s *Server) routes() {
 		"GET /v1/admin/audit":         s.staffStore(s.listAudit),
 
 		// Customer tokens, for the customer API and portal (customers.go).
-		"POST /v1/admin/customer-tokens":        s.customers(s.createCustomerToken),
-		"GET /v1/admin/customer-tokens":         s.customers(s.listCustomerTokens),
-		"GET /v1/admin/customer-tokens/{id}":    s.customers(s.getCustomerToken),
+		"POST /v1/admin/customer-tokens":     s.customers(s.createCustomerToken),
+		"GET /v1/admin/customer-tokens":      s.customers(s.listCustomerTokens),
+		"GET /v1/admin/customer-tokens/{id}": s.customers(s.getCustomerToken),
+
+		// The customer API (portal.go): a customer token's view of its subtree.
+		"GET /v1/portal/me":                     s.portal(customer.UsageRead, s.portalMe),
 		"DELETE /v1/admin/customer-tokens/{id}": s.customers(s.revokeCustomerToken),
 
 		// Forward-auth for nginx, Traefik, Caddy and Envoy's ext_authz (check.go); below
