@@ -51,8 +51,12 @@ type Admin interface {
 	CreateAccount(ctx context.Context, a policy.Account) (policy.Account, error)
 	UpdateAccount(ctx context.Context, a policy.Account) (policy.Account, error)
 	GetAccount(ctx context.Context, id string) (policy.Account, error)
+	// Children lists an account's children by id after after, at most limit.
+	Children(ctx context.Context, parent, after string, limit int) ([]policy.Account, error)
 	CreateAPIKey(ctx context.Context, account string) (policy.APIKey, string, error)
 	RevokeAPIKey(ctx context.Context, id string) error
+	APIKey(ctx context.Context, id string) (policy.APIKey, error)
+	APIKeys(ctx context.Context, account string) ([]policy.APIKey, error)
 	// Plans: limits, concurrency, rank and priority, and versioned prices (nil: none added).
 	CreatePlan(ctx context.Context, p policy.Plan, price *invoice.Plan) (policy.Plan, error)
 	UpdatePlan(ctx context.Context, p policy.Plan, price *invoice.Plan) (policy.Plan, error)
@@ -142,6 +146,9 @@ type Config struct {
 	// Customers issues, lists and revokes customer tokens (customer.Store); nil answers
 	// those routes 503.
 	Customers Customers
+	// Usage reads usage per account and day from the billing log (billinglog.Daily), for
+	// the customer API; nil answers its usage route 503.
+	Usage UsageLog
 	// Refusals is told every refusal by a limit (refusals.Log, the console's refusal log);
 	// nil: none is recorded.
 	Refusals gate.Refusals
@@ -229,8 +236,21 @@ var Routes = []string{
 	"POST /v1/admin/customer-tokens",
 	"GET /v1/admin/customer-tokens",
 	"GET /v1/admin/customer-tokens/{id}",
-	"GET /v1/portal/me",
 	"DELETE /v1/admin/customer-tokens/{id}",
+	"GET /v1/portal/me",
+	"GET /v1/portal/accounts/{id}",
+	"GET /v1/portal/accounts/{id}/children",
+	"GET /v1/portal/accounts/{id}/usage",
+	"POST /v1/portal/accounts",
+	"PUT /v1/portal/accounts/{id}",
+	"GET /v1/portal/accounts/{id}/api-keys",
+	"POST /v1/portal/accounts/{id}/api-keys",
+	"DELETE /v1/portal/api-keys/{id}",
+	"GET /v1/portal/accounts/{id}/balance",
+	"GET /v1/portal/invoices",
+	"GET /v1/portal/invoices/{id}",
+	"GET /v1/portal/credit-notes",
+	"GET /v1/portal/credit-notes/{id}",
 	"GET /openapi.yaml",
 	// The forward-auth check answers every method: gateways send the original one.
 	"/v1/check",
@@ -322,9 +342,24 @@ func (s *Server) routes() {
 		"GET /v1/admin/customer-tokens":      s.customers(s.listCustomerTokens),
 		"GET /v1/admin/customer-tokens/{id}": s.customers(s.getCustomerToken),
 
-		// The customer API (portal.go): a customer token's view of its subtree.
-		"GET /v1/portal/me":                     s.portal(customer.UsageRead, s.portalMe),
 		"DELETE /v1/admin/customer-tokens/{id}": s.customers(s.revokeCustomerToken),
+
+		// The customer API (portal*.go): a customer token's view of its subtree, each route
+		// with the scope it takes ("": any).
+		"GET /v1/portal/me":                      s.portal("", s.portalMe),
+		"GET /v1/portal/accounts/{id}":           s.portal(customer.UsageRead, s.portalGetAccount),
+		"GET /v1/portal/accounts/{id}/children":  s.portal(customer.UsageRead, s.portalChildren),
+		"GET /v1/portal/accounts/{id}/usage":     s.portal(customer.UsageRead, s.portalUsage),
+		"POST /v1/portal/accounts":               s.portal(customer.AccountsWrite, s.portalCreateAccount),
+		"PUT /v1/portal/accounts/{id}":           s.portal(customer.AccountsWrite, s.portalUpdateAccount),
+		"GET /v1/portal/accounts/{id}/api-keys":  s.portal(customer.KeysWrite, s.portalKeys),
+		"POST /v1/portal/accounts/{id}/api-keys": s.portal(customer.KeysWrite, s.portalCreateKey),
+		"DELETE /v1/portal/api-keys/{id}":        s.portal(customer.KeysWrite, s.portalRevokeKey),
+		"GET /v1/portal/accounts/{id}/balance":   s.portal(customer.BillingRead, s.portalBalance),
+		"GET /v1/portal/invoices":                s.portal(customer.BillingRead, s.portalInvoices),
+		"GET /v1/portal/invoices/{id}":           s.portal(customer.BillingRead, s.portalGetInvoice),
+		"GET /v1/portal/credit-notes":            s.portal(customer.BillingRead, s.portalCreditNotes),
+		"GET /v1/portal/credit-notes/{id}":       s.portal(customer.BillingRead, s.portalGetCreditNote),
 
 		// Forward-auth for nginx, Traefik, Caddy and Envoy's ext_authz (check.go); below
 		// /v1/check/ for Envoy, which appends the original path to its path_prefix.

@@ -120,9 +120,14 @@ func (s *Server) audited(w http.ResponseWriter, r *http.Request, who staff.Membe
 // thing it changes, read as who just before the write (secrets left out); nil when the
 // thing has no GET route (an API key, a grant) or does not exist yet. The thing is the
 // path itself for a PUT or DELETE, and the path without its last segment for a POST to an
-// action (/invoices/{id}/void reads /invoices/{id}); a POST that creates has none.
+// action (/invoices/{id}/void reads /invoices/{id}); a POST that creates has none. A write
+// of the customer API (/v1/portal/…) reads the admin API's thing of the same path.
 func (s *Server) before(r *http.Request, who staff.Member) json.RawMessage {
 	path := r.URL.Path
+	if rest, ok := strings.CutPrefix(path, "/v1/portal/"); ok {
+		// A customer's write: the thing as the admin API shows it, read in process.
+		path, who = "/v1/admin/"+rest, staff.Member{ID: who.ID, Name: who.Name, Role: staff.Admin}
+	}
 	if r.Method == http.MethodPost {
 		if strings.Count(path, "/") < 5 { // /v1/admin/accounts: a create
 			return nil

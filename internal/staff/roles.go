@@ -22,6 +22,10 @@ const (
 	Support Role = "support"
 	// Viewer reads only.
 	Viewer Role = "viewer"
+	// Customer is no staff role: it is the audit log's role of a write through the
+	// customer API (docs/portal.md), whose actor is the customer token. It allows nothing
+	// of the admin API.
+	Customer Role = "customer"
 )
 
 // Roles lists every role.
