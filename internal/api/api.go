@@ -146,6 +146,9 @@ type Config struct {
 	// Customers issues, lists and revokes customer tokens (customer.Store); nil answers
 	// those routes 503.
 	Customers Customers
+	// PortalURL is the base of portal session links (PORTAL_PUBLIC_URL,
+	// https://admit.example); empty: the links are paths of this host.
+	PortalURL string
 	// Usage reads usage per account and day from the billing log (billinglog.Daily), for
 	// the customer API; nil answers its usage route 503.
 	Usage UsageLog
@@ -237,6 +240,7 @@ var Routes = []string{
 	"GET /v1/admin/customer-tokens",
 	"GET /v1/admin/customer-tokens/{id}",
 	"DELETE /v1/admin/customer-tokens/{id}",
+	"POST /v1/admin/portal-sessions",
 	"GET /v1/portal/me",
 	"GET /v1/portal/accounts/{id}",
 	"GET /v1/portal/accounts/{id}/children",
@@ -343,6 +347,8 @@ func (s *Server) routes() {
 		"GET /v1/admin/customer-tokens/{id}": s.customers(s.getCustomerToken),
 
 		"DELETE /v1/admin/customer-tokens/{id}": s.customers(s.revokeCustomerToken),
+		// One-time links to portal sessions (portal_sessions.go).
+		"POST /v1/admin/portal-sessions": s.customers(s.createPortalSession),
 
 		// The customer API (portal*.go): a customer token's view of its subtree, each route
 		// with the scope it takes ("": any).

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -108,7 +109,7 @@ func (s *Server) audited(w http.ResponseWriter, r *http.Request, who staff.Membe
 	e := staff.Entry{Actor: who.ID, Role: who.Role, Method: method, Route: route, Path: r.URL.Path, Status: rec.status,
 		Before: before}
 	if rec.status < 300 && rec.body.Len() < maxAudited && json.Valid(rec.body.Bytes()) {
-		e.After = redact(rec.body.Bytes())
+		e.After = redact(rec.body.Bytes(), routeSecrets[r.Pattern]...)
 	}
 	// The write is done: an audit row that cannot be written is logged loudly, not undone.
 	if _, err := s.cfg.Staff.Record(context.WithoutCancel(r.Context()), e); err != nil {
@@ -160,8 +161,13 @@ func (d discard) WriteHeader(int)             {}
 // webhook's secret, a staff token. The audit log never keeps them.
 var secretFields = []string{"key", "api_key", "secret", "token"}
 
-// redact is a JSON reply without its secrets (at any depth).
-func redact(raw []byte) json.RawMessage {
+// routeSecrets are the fields of one route's replies that carry a secret besides
+// secretFields: a portal session's url holds the link's one-time code (a webhook's url is
+// no secret).
+var routeSecrets = map[string][]string{"POST /v1/admin/portal-sessions": {"url"}}
+
+// redact is a JSON reply without its secrets (at any depth): secretFields and extra.
+func redact(raw []byte, extra ...string) json.RawMessage {
 	var v any
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return nil
@@ -171,10 +177,8 @@ func redact(raw []byte) json.RawMessage {
 		switch t := v.(type) {
 		case map[string]any:
 			for k, c := range t {
-				for _, f := range secretFields {
-					if k == f {
-						t[k] = "(redacted)"
-					}
+				if slices.Contains(secretFields, k) || slices.Contains(extra, k) {
+					t[k] = "(redacted)"
 				}
 				walk(c)
 			}

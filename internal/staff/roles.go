@@ -50,6 +50,7 @@ var writers = map[string][]Role{
 	// Customers' access (customer tokens) is support's, like their API keys.
 	"POST /v1/admin/customer-tokens":        {Support},
 	"DELETE /v1/admin/customer-tokens/{id}": {Support},
+	"POST /v1/admin/portal-sessions":        {Support},
 }
 
 // Allows reports whether role may call the route pattern ("METHOD /path", as the mux
