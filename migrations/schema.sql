@@ -13,6 +13,21 @@ CREATE SCHEMA :schema;
 
 
 --
+-- Name: usage_daily_change; Type: TYPE; Schema: :schema; Owner: -
+--
+
+CREATE TYPE usage_daily_change AS (
+	path text[],
+	day date,
+	events bigint,
+	requests bigint,
+	tokens bigint,
+	credits bigint,
+	cost_micros bigint
+);
+
+
+--
 -- Name: adjustment_sealed(); Type: FUNCTION; Schema: :schema; Owner: -
 --
 
@@ -330,6 +345,287 @@ $$;
 --
 
 COMMENT ON FUNCTION tax_minor(subtotal bigint, rate_bp integer) IS 'The tax on a subtotal at rate_bp basis points: subtotal * rate_bp / 10000 rounded half away from zero (internal/invoice.Tax).';
+
+
+--
+-- Name: usage_daily_add(usage_daily_change[]); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_add(changes usage_daily_change[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF cardinality(changes) = 0 THEN
+        RETURN;
+    END IF;
+    IF pg_try_advisory_xact_lock(hashtextextended('metergate.usage_daily fold ' || current_schema(), 0)) THEN
+        WITH folded AS (
+            DELETE FROM usage_daily_changes
+            RETURNING account, day, events, requests, tokens, credits, cost_micros
+        ), added AS (
+            SELECT a.account, c.day, c.events, c.requests, c.tokens, c.credits, c.cost_micros
+            FROM unnest(changes) c
+            CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(c.path) x WHERE x IS NOT NULL) a(account)
+        )
+        INSERT INTO usage_daily_totals AS t (account, day, events, requests, tokens, credits, cost_micros)
+        SELECT account, day, sum(events), sum(requests), sum(tokens), sum(credits), sum(cost_micros)
+        FROM (SELECT * FROM folded UNION ALL SELECT * FROM added) u
+        GROUP BY account, day
+        HAVING (sum(events), sum(requests), sum(tokens), sum(credits), sum(cost_micros)) <> (0, 0, 0, 0, 0)
+        ORDER BY account, day
+        ON CONFLICT (account, day) DO UPDATE
+        SET events = t.events + excluded.events, requests = t.requests + excluded.requests,
+            tokens = t.tokens + excluded.tokens, credits = t.credits + excluded.credits,
+            cost_micros = t.cost_micros + excluded.cost_micros;
+    ELSE
+        INSERT INTO usage_daily_changes (account, day, events, requests, tokens, credits, cost_micros)
+        SELECT a.account, c.day, sum(c.events), sum(c.requests), sum(c.tokens), sum(c.credits), sum(c.cost_micros)
+        FROM unnest(changes) c
+        CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(c.path) x WHERE x IS NOT NULL) a(account)
+        GROUP BY a.account, c.day
+        HAVING (sum(c.events), sum(c.requests), sum(c.tokens), sum(c.credits), sum(c.cost_micros)) <> (0, 0, 0, 0, 0);
+    END IF;
+END
+$$;
+
+
+--
+-- Name: FUNCTION usage_daily_add(changes usage_daily_change[]); Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON FUNCTION usage_daily_add(changes usage_daily_change[]) IS 'Adds signed changes to usage_daily under every account of their paths; folds every visible change into usage_daily_totals when the fold lock is free.';
+
+
+--
+-- Name: usage_daily_lock(text[], boolean); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_lock(event_ids text[], exclusive boolean) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    writers bigint := hashtextextended('metergate.usage_daily writers ' || current_schema(), 0);
+    seed    bigint := hashtext('metergate.usage_daily events ' || current_schema());
+    held    bigint := coalesce(nullif(current_setting('metergate.usage_daily_locks', true), ''), '0')::bigint;
+BEGIN
+    IF cardinality(event_ids) = 0 THEN
+        RETURN;
+    END IF;
+    IF held < 0 OR held + cardinality(event_ids) > usage_daily_lock_limit() THEN
+        PERFORM pg_advisory_xact_lock(writers);
+        PERFORM set_config('metergate.usage_daily_locks', '-1', true);
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(writers);
+    IF exclusive THEN
+        PERFORM pg_advisory_xact_lock(k)
+        FROM (SELECT DISTINCT hashtextextended(id, seed) AS k FROM unnest(event_ids) id ORDER BY 1) s;
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(k)
+        FROM (SELECT DISTINCT hashtextextended(id, seed) AS k FROM unnest(event_ids) id ORDER BY 1) s;
+    END IF;
+    PERFORM set_config('metergate.usage_daily_locks', (held + cardinality(event_ids))::text, true);
+END
+$$;
+
+
+--
+-- Name: FUNCTION usage_daily_lock(event_ids text[], exclusive boolean); Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON FUNCTION usage_daily_lock(event_ids text[], exclusive boolean) IS 'Locks events (shared or exclusive) until the transaction ends, for the triggers of usage_daily; past usage_daily_lock_limit() locks, the schema''s writers'' lock exclusively instead.';
+
+
+--
+-- Name: usage_daily_lock_limit(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_lock_limit() RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT 2000 $$;
+
+
+--
+-- Name: usage_daily_on_events(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_on_events() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), false);
+    ELSIF TG_OP = 'UPDATE' THEN
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows UNION SELECT event_id FROM old_rows), false);
+    ELSE
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM old_rows), false);
+    END IF;
+    -- A statement of its own after the locks: its snapshot is taken after them.
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM usage_daily_add(ARRAY(
+            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 1,
+                       billable_units(e.requests, o.requests, n.nothing), billable_units(e.tokens, o.tokens, n.nothing),
+                       billable_units(e.credits, o.credits, n.nothing), billable_units(e.cost_micros, o.cost_micros, n.nothing)
+                   )::usage_daily_change
+            FROM new_rows e
+            LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
+            LEFT JOIN usage_voids v ON v.event_id = e.event_id
+            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        PERFORM usage_daily_add(ARRAY(
+            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, -1,
+                       -billable_units(e.requests, o.requests, n.nothing), -billable_units(e.tokens, o.tokens, n.nothing),
+                       -billable_units(e.credits, o.credits, n.nothing), -billable_units(e.cost_micros, o.cost_micros, n.nothing)
+                   )::usage_daily_change
+            FROM old_rows e
+            LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
+            LEFT JOIN usage_voids v ON v.event_id = e.event_id
+            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: usage_daily_on_outcomes(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_on_outcomes() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ids text[];
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), true);
+        PERFORM usage_daily_add(ARRAY(
+            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
+                       billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, NULL, n.was),
+                       billable_units(e.tokens, o.tokens, n.now) - billable_units(e.tokens, NULL, n.was),
+                       billable_units(e.credits, o.credits, n.now) - billable_units(e.credits, NULL, n.was),
+                       billable_units(e.cost_micros, o.cost_micros, n.now) - billable_units(e.cost_micros, NULL, n.was)
+                   )::usage_daily_change
+            FROM new_rows o
+            JOIN usage_events e ON e.event_id = o.event_id
+            LEFT JOIN usage_voids v ON v.event_id = o.event_id
+            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL),
+                                       bills_nothing(NULL, v.event_id IS NOT NULL)) n(now, was)));
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        ids := ARRAY(SELECT event_id FROM new_rows UNION SELECT event_id FROM old_rows);
+    ELSE
+        ids := ARRAY(SELECT event_id FROM old_rows);
+    END IF;
+    PERFORM usage_daily_lock(ids, true);
+    PERFORM usage_daily_add(ARRAY(
+        SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
+                   billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, b.requests, n.was),
+                   billable_units(e.tokens, o.tokens, n.now) - billable_units(e.tokens, b.tokens, n.was),
+                   billable_units(e.credits, o.credits, n.now) - billable_units(e.credits, b.credits, n.was),
+                   billable_units(e.cost_micros, o.cost_micros, n.now) - billable_units(e.cost_micros, b.cost_micros, n.was)
+               )::usage_daily_change
+        FROM usage_events e
+        LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
+        LEFT JOIN old_rows b ON b.event_id = e.event_id
+        LEFT JOIN usage_voids v ON v.event_id = e.event_id
+        CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL),
+                                   bills_nothing(b.status, v.event_id IS NOT NULL)) n(now, was)
+        WHERE e.event_id = ANY (ids)));
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: usage_daily_on_truncate(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_on_truncate() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM usage_daily_rebuild();
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: usage_daily_on_voids(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_on_voids() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    ids text[];
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), true);
+        PERFORM usage_daily_add(ARRAY(
+            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
+                       -billable_units(e.requests, o.requests, n.was), -billable_units(e.tokens, o.tokens, n.was),
+                       -billable_units(e.credits, o.credits, n.was), -billable_units(e.cost_micros, o.cost_micros, n.was)
+                   )::usage_daily_change
+            FROM new_rows v
+            JOIN usage_events e ON e.event_id = v.event_id
+            LEFT JOIN usage_outcomes o ON o.event_id = v.event_id
+            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, false)) n(was)));
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        ids := ARRAY(SELECT event_id FROM new_rows UNION SELECT event_id FROM old_rows);
+    ELSE
+        ids := ARRAY(SELECT event_id FROM old_rows);
+    END IF;
+    PERFORM usage_daily_lock(ids, true);
+    PERFORM usage_daily_add(ARRAY(
+        SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
+                   billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, o.requests, n.was),
+                   billable_units(e.tokens, o.tokens, n.now) - billable_units(e.tokens, o.tokens, n.was),
+                   billable_units(e.credits, o.credits, n.now) - billable_units(e.credits, o.credits, n.was),
+                   billable_units(e.cost_micros, o.cost_micros, n.now) - billable_units(e.cost_micros, o.cost_micros, n.was)
+               )::usage_daily_change
+        FROM usage_events e
+        LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
+        CROSS JOIN LATERAL (SELECT bills_nothing(o.status, EXISTS (SELECT 1 FROM usage_voids v WHERE v.event_id = e.event_id)),
+                                   bills_nothing(o.status, EXISTS (SELECT 1 FROM old_rows b WHERE b.event_id = e.event_id))) n(now, was)
+        WHERE e.event_id = ANY (ids)));
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: usage_daily_rebuild(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_rebuild() RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    LOCK TABLE usage_events, usage_outcomes, usage_voids IN SHARE MODE;
+    PERFORM pg_advisory_xact_lock(hashtextextended('metergate.usage_daily fold ' || current_schema(), 0));
+    DELETE FROM usage_daily_changes;
+    DELETE FROM usage_daily_totals;
+    INSERT INTO usage_daily_totals (account, day, events, requests, tokens, credits, cost_micros)
+    SELECT a.account, (b.event_time AT TIME ZONE 'UTC')::date, count(*), sum(b.billable_requests),
+           sum(b.billable_tokens), sum(b.billable_credits), sum(b.billable_cost_micros)
+    FROM billable_events b
+    CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(b.path) x WHERE x IS NOT NULL) a(account)
+    GROUP BY 1, 2;
+END
+$$;
+
+
+--
+-- Name: FUNCTION usage_daily_rebuild(); Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON FUNCTION usage_daily_rebuild() IS 'Recomputes usage_daily from billable_events: after a TRUNCATE, or rows that reached the billing log without its triggers (a partition attached with rows).';
 
 
 --
@@ -2891,6 +3187,40 @@ COMMENT ON COLUMN plans.shadow IS 'Decide and record the requests of the account
 
 
 --
+-- Name: portal_sessions; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE portal_sessions (
+    id text NOT NULL,
+    account text NOT NULL,
+    org text NOT NULL,
+    scopes text[] NOT NULL,
+    return_url text NOT NULL,
+    code_hash bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_by text NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    opened_at timestamp with time zone,
+    token_id text,
+    CONSTRAINT portal_sessions_account_check CHECK ((account ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'::text)),
+    CONSTRAINT portal_sessions_code_hash_check CHECK ((length(code_hash) = 32)),
+    CONSTRAINT portal_sessions_id_check CHECK ((id ~ '^ps_[0-9a-f]{16}$'::text)),
+    CONSTRAINT portal_sessions_link_lifetime CHECK (((expires_at > created_at) AND (expires_at <= (created_at + '01:00:00'::interval)))),
+    CONSTRAINT portal_sessions_opened CHECK ((((opened_at IS NULL) = (token_id IS NULL)) AND ((opened_at IS NULL) OR (opened_at <= expires_at)))),
+    CONSTRAINT portal_sessions_org_check CHECK ((org ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'::text)),
+    CONSTRAINT portal_sessions_return_url_check CHECK (((length(return_url) <= 2000) AND (return_url ~ '^https?://[^/?#]'::text))),
+    CONSTRAINT portal_sessions_scopes_check CHECK (((cardinality(scopes) >= 1) AND (scopes <@ ARRAY['usage:read'::text, 'billing:read'::text, 'keys:write'::text, 'accounts:write'::text])))
+);
+
+
+--
+-- Name: TABLE portal_sessions; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE portal_sessions IS 'One-time links to the customer portal: the SHA-256 of the link''s code, the account and scopes of the session it opens, the return_url of its Back link, and until when it may be opened. Opened once (opened_at), it made the customer token token_id.';
+
+
+--
 -- Name: reconcile_runs; Type: TABLE; Schema: :schema; Owner: -
 --
 
@@ -3050,6 +3380,90 @@ COMMENT ON COLUMN usage_alerts.admitted IS 'false when the request was refused b
 --
 
 COMMENT ON COLUMN usage_alerts.payload IS 'The CloudEvent as the meter received it: what webhooks deliver.';
+
+
+--
+-- Name: usage_daily_changes; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE usage_daily_changes (
+    account text NOT NULL,
+    day date NOT NULL,
+    events bigint NOT NULL,
+    requests bigint NOT NULL,
+    tokens bigint NOT NULL,
+    credits bigint NOT NULL,
+    cost_micros bigint NOT NULL
+);
+
+
+--
+-- Name: TABLE usage_daily_changes; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE usage_daily_changes IS 'Part of usage_daily not folded into usage_daily_totals yet: signed changes appended by the triggers of usage_events, usage_outcomes and usage_voids.';
+
+
+--
+-- Name: usage_daily_totals; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE TABLE usage_daily_totals (
+    account text NOT NULL,
+    day date NOT NULL,
+    events bigint NOT NULL,
+    requests bigint NOT NULL,
+    tokens bigint NOT NULL,
+    credits bigint NOT NULL,
+    cost_micros bigint NOT NULL
+);
+
+
+--
+-- Name: TABLE usage_daily_totals; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE usage_daily_totals IS 'Folded part of usage_daily: one row per account and UTC day, written only by the fold (usage_daily_add) and usage_daily_rebuild.';
+
+
+--
+-- Name: usage_daily; Type: VIEW; Schema: :schema; Owner: -
+--
+
+CREATE VIEW usage_daily AS
+ SELECT u.account,
+    u.day,
+    (sum(u.events))::bigint AS events,
+    (sum(u.requests))::bigint AS requests,
+    (sum(u.tokens))::bigint AS tokens,
+    (sum(u.credits))::bigint AS credits,
+    (sum(u.cost_micros))::bigint AS cost_micros
+   FROM ( SELECT usage_daily_totals.account,
+            usage_daily_totals.day,
+            usage_daily_totals.events,
+            usage_daily_totals.requests,
+            usage_daily_totals.tokens,
+            usage_daily_totals.credits,
+            usage_daily_totals.cost_micros
+           FROM usage_daily_totals
+        UNION ALL
+         SELECT usage_daily_changes.account,
+            usage_daily_changes.day,
+            usage_daily_changes.events,
+            usage_daily_changes.requests,
+            usage_daily_changes.tokens,
+            usage_daily_changes.credits,
+            usage_daily_changes.cost_micros
+           FROM usage_daily_changes) u
+  GROUP BY u.account, u.day
+ HAVING ((sum(u.events) <> (0)::numeric) OR (sum(u.requests) <> (0)::numeric) OR (sum(u.tokens) <> (0)::numeric) OR (sum(u.credits) <> (0)::numeric) OR (sum(u.cost_micros) <> (0)::numeric));
+
+
+--
+-- Name: VIEW usage_daily; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON VIEW usage_daily IS 'Usage of each account and everything under it per UTC day of event_time: count(*) and the billable units of billable_events, exact at every commit (migration 00028).';
 
 
 --
@@ -3551,6 +3965,30 @@ ALTER TABLE ONLY plans
 
 
 --
+-- Name: portal_sessions portal_sessions_code_hash_key; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY portal_sessions
+    ADD CONSTRAINT portal_sessions_code_hash_key UNIQUE (code_hash);
+
+
+--
+-- Name: portal_sessions portal_sessions_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY portal_sessions
+    ADD CONSTRAINT portal_sessions_pkey PRIMARY KEY (id);
+
+
+--
+-- Name: portal_sessions portal_sessions_token_id_key; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY portal_sessions
+    ADD CONSTRAINT portal_sessions_token_id_key UNIQUE (token_id);
+
+
+--
 -- Name: reconcile_runs reconcile_runs_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -3588,6 +4026,14 @@ ALTER TABLE ONLY usage_alerts
 
 ALTER TABLE ONLY usage_borrowings
     ADD CONSTRAINT usage_borrowings_pkey PRIMARY KEY (event_id, account, unit);
+
+
+--
+-- Name: usage_daily_totals usage_daily_totals_pkey; Type: CONSTRAINT; Schema: :schema; Owner: -
+--
+
+ALTER TABLE ONLY usage_daily_totals
+    ADD CONSTRAINT usage_daily_totals_pkey PRIMARY KEY (account, day);
 
 
 --
@@ -3876,6 +4322,13 @@ CREATE INDEX usage_alerts_time_idx ON usage_alerts USING btree (event_time);
 --
 
 CREATE INDEX usage_borrowings_period_idx ON usage_borrowings USING btree (charged_period, org);
+
+
+--
+-- Name: usage_daily_changes_account_day_idx; Type: INDEX; Schema: :schema; Owner: -
+--
+
+CREATE INDEX usage_daily_changes_account_day_idx ON usage_daily_changes USING btree (account, day);
 
 
 --
@@ -4278,6 +4731,90 @@ CREATE TRIGGER usage_alerts_webhooks AFTER INSERT ON usage_alerts FOR EACH ROW E
 
 
 --
+-- Name: usage_events usage_daily_delete; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_delete AFTER DELETE ON usage_events REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_events();
+
+
+--
+-- Name: usage_outcomes usage_daily_delete; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_delete AFTER DELETE ON usage_outcomes REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_outcomes();
+
+
+--
+-- Name: usage_voids usage_daily_delete; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_delete AFTER DELETE ON usage_voids REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_voids();
+
+
+--
+-- Name: usage_events usage_daily_insert; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_insert AFTER INSERT ON usage_events REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_events();
+
+
+--
+-- Name: usage_outcomes usage_daily_insert; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_insert AFTER INSERT ON usage_outcomes REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_outcomes();
+
+
+--
+-- Name: usage_voids usage_daily_insert; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_insert AFTER INSERT ON usage_voids REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_voids();
+
+
+--
+-- Name: usage_events usage_daily_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_truncate AFTER TRUNCATE ON usage_events FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_truncate();
+
+
+--
+-- Name: usage_outcomes usage_daily_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_truncate AFTER TRUNCATE ON usage_outcomes FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_truncate();
+
+
+--
+-- Name: usage_voids usage_daily_truncate; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_truncate AFTER TRUNCATE ON usage_voids FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_truncate();
+
+
+--
+-- Name: usage_events usage_daily_update; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_update AFTER UPDATE ON usage_events REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_events();
+
+
+--
+-- Name: usage_outcomes usage_daily_update; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_update AFTER UPDATE ON usage_outcomes REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_outcomes();
+
+
+--
+-- Name: usage_voids usage_daily_update; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_update AFTER UPDATE ON usage_voids REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_voids();
+
+
+--
 -- Name: account_limits account_limits_account_fkey; Type: FK CONSTRAINT; Schema: :schema; Owner: -
 --
 
@@ -4635,6 +5172,62 @@ GRANT ALL ON FUNCTION price_version_frozen() TO metergate_app;
 --
 
 GRANT ALL ON FUNCTION tax_minor(subtotal bigint, rate_bp integer) TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_add(changes usage_daily_change[]); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_add(changes usage_daily_change[]) TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_lock(event_ids text[], exclusive boolean); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_lock(event_ids text[], exclusive boolean) TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_lock_limit(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_lock_limit() TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_on_events(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_on_events() TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_on_outcomes(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_on_outcomes() TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_on_truncate(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_on_truncate() TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_on_voids(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_on_voids() TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_rebuild(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_rebuild() TO metergate_app;
 
 
 --
@@ -5101,6 +5694,13 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE plans TO metergate_app;
 
 
 --
+-- Name: TABLE portal_sessions; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE portal_sessions TO metergate_app;
+
+
+--
 -- Name: TABLE reconcile_runs; Type: ACL; Schema: :schema; Owner: -
 --
 
@@ -5119,6 +5719,27 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE staff TO metergate_app;
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE usage_alerts TO metergate_app;
+
+
+--
+-- Name: TABLE usage_daily_changes; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE usage_daily_changes TO metergate_app;
+
+
+--
+-- Name: TABLE usage_daily_totals; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE usage_daily_totals TO metergate_app;
+
+
+--
+-- Name: TABLE usage_daily; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE usage_daily TO metergate_app;
 
 
 --
