@@ -467,16 +467,21 @@ func (c *Console) documentPDF(apiPrefix, what string) page {
 			c.apiFailed(w, r, v, err)
 			return
 		}
-		h := w.Header()
-		for _, k := range []string{"Content-Type", "Content-Disposition"} {
-			if x := rep.header.Get(k); x != "" {
-				h.Set(k, x)
-			}
-		}
-		h.Set("Content-Length", strconv.Itoa(rep.body.Len()))
-		w.WriteHeader(http.StatusOK)
-		_, _ = rep.body.WriteTo(w) // a failed write means the client left
+		sendDocument(w, rep)
 	}
+}
+
+// sendDocument sends a document the API rendered (a PDF) as it is: its type and file name.
+func sendDocument(w http.ResponseWriter, rep *reply) {
+	h := w.Header()
+	for _, k := range []string{"Content-Type", "Content-Disposition"} {
+		if x := rep.header.Get(k); x != "" {
+			h.Set(k, x)
+		}
+	}
+	h.Set("Content-Length", strconv.Itoa(rep.body.Len()))
+	w.WriteHeader(http.StatusOK)
+	_, _ = rep.body.WriteTo(w) // a failed write means the client left
 }
 
 // replyError is the *apiError of an error reply of the admin API (as view.call reads it).

@@ -124,13 +124,7 @@ func (c *Console) Mount(mux *http.ServeMux) {
 // ServeHTTP serves a console page with the console's security headers; a panic in a page
 // is a logged 500, never a crash.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h := w.Header()
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self' data:; "+
-		"form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "same-origin")
-	h.Set("Cache-Control", "no-store")
+	pageHeaders(w.Header())
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value, compared as net/http does
@@ -142,6 +136,17 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
 	c.mux.ServeHTTP(&timed{ResponseWriter: w, start: time.Now()}, r)
+}
+
+// pageHeaders sets the security headers of every page of the console and the portal: no
+// script at all, no framing, forms posting only here, nothing cached.
+func pageHeaders(h http.Header) {
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self' data:; "+
+		"form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "same-origin")
+	h.Set("Cache-Control", "no-store")
 }
 
 // timed tells the browser, and make bench, how long the server took to make a page: a
@@ -326,8 +331,8 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, v *view, status i
 	}{status, msg})
 }
 
-// seeOther redirects after a write (POST, redirect, GET) to a console page: to is a
-// console path the caller built, or safeNext's.
+// seeOther redirects after a write (POST, redirect, GET) to a page: to is a console or
+// portal path the caller built, or safeNext's.
 func seeOther(w http.ResponseWriter, r *http.Request, to string) {
-	http.Redirect(w, r, to, http.StatusSeeOther) //nolint:gosec // G710: to is always a /console/ path (see above)
+	http.Redirect(w, r, to, http.StatusSeeOther) //nolint:gosec // G710: to is always a /console/ or /portal/ path (see above)
 }

@@ -62,7 +62,7 @@ func parsePages() map[string]*template.Template {
 	out := map[string]*template.Template{}
 	for _, name := range names {
 		base := strings.TrimSuffix(strings.TrimPrefix(name, "templates/"), ".html")
-		if base == "layout" || base == "partials" {
+		if base == "layout" || base == "partials" || strings.HasPrefix(base, "portal_") { // the portal's (portal.go)
 			continue
 		}
 		out[base] = template.Must(template.Must(layout.Clone()).ParseFS(templateFiles, name))
