@@ -40,6 +40,8 @@ type Admit struct {
 	Billing Billing
 	// Console is the web console (docs/console.md).
 	Console Console
+	// Portal is the customer portal (docs/portal.md).
+	Portal Portal
 	// Refusals is the refusal log the console reads.
 	Refusals Refusals
 	// Migrate applies pending migrations before serving.
@@ -312,6 +314,7 @@ func (c *Admit) Register(l *Loader) {
 	c.Webhooks.registerAllowPrivate(l)
 	c.Billing.Register(l)
 	c.Console.Register(l)
+	c.Portal.Register(l)
 	c.Refusals.Register(l)
 	l.Bool(&c.Migrate, "MIGRATE", false, "apply pending database migrations at start")
 }
@@ -332,7 +335,7 @@ func (c *Admit) Validate() error {
 			c.Server.WriteTimeout, answerMargin, need))
 	}
 	return errors.Join(c.Server.Validate(), c.Log.Validate(), c.Redis.Validate(), c.Postgres.Validate(), c.Kafka.Validate(),
-		c.Admission.Validate(), c.RLS.Validate(), c.Billing.Validate(), c.Console.Validate(), c.Refusals.Validate(), prefix("server", errs))
+		c.Admission.Validate(), c.RLS.Validate(), c.Billing.Validate(), c.Console.Validate(), c.Portal.Validate(), c.Refusals.Validate(), prefix("server", errs))
 }
 
 // Issuer is who issues the documents of the invoices API: the billing settings, with this
