@@ -284,7 +284,9 @@ func (p *Portal) accountPage(w http.ResponseWriter, r *http.Request, v *portalVi
 		}
 		d.Balance, d.TopUp = &b, p.topUp(id)
 	}
-	d.CanCreate = v.Has(string(customer.AccountsWrite))
+	// A child's kind is deeper than its parent's (an agent has none); the API checks it too.
+	d.Kinds = slices.DeleteFunc(d.Kinds, func(k policy.Kind) bool { return d.Kind != "" && k.Depth() <= d.Kind.Depth() })
+	d.CanCreate = v.Has(string(customer.AccountsWrite)) && len(d.Kinds) > 0
 	v.Nav = "overview"
 	switch {
 	case id == v.Token.Account:
