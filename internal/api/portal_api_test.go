@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/api"
+	"github.com/metergate/metergate/internal/period"
 )
 
 var allScopes = []string{"usage:read", "billing:read", "keys:write", "accounts:write"}
@@ -86,7 +87,7 @@ func TestPortalAccountView(t *testing.T) {
 	require.Equal(t, int64(397), v.Levels[0].Quotas["requests"].Remaining)
 	require.Equal(t, int64(97), v.Remaining["requests"], "the least left of the levels shown")
 	require.False(t, v.Writable, "usage:read writes nothing")
-	require.NotContains(t, r.Raw, p.org, "nothing of the org")
+	require.NotContains(t, r.Raw, `"`+p.org+`"`, "nothing of the org")
 
 	r = b.call(t, "GET", "/v1/portal/accounts/"+p.team, tok, nil)
 	require.Equal(t, http.StatusOK, r.Status, r.Raw)
@@ -397,5 +398,80 @@ func TestPortalSubtreeProperty(t *testing.T) {
 				require.Equal(t, map[bool]int64{true: 1, false: 0}[r.Status == http.StatusCreated], made, "seed %d", seed)
 			}
 		}
+	}
+}
+
+// Usage comes from the billing log, exactly: per day and per month, for the account and
+// for each child, and a team's token sees its own team's alone.
+func TestPortalUsage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{customers: true})
+	p := b.portalTree(t, "usage")
+	month := period.MonthStart(time.Now())
+	day := month.Add(36 * time.Hour).Format(time.DateOnly) // usageEvent's event time
+	b.usageEvent(t, month, 5, p.org)
+	b.usageEvent(t, month, 7, p.org, p.team)
+	b.usageEvent(t, month, 11, p.org, p.team, p.user)
+	b.usageEvent(t, month, 13, p.org, p.sibling)
+	void := b.usageEvent(t, month, 1000, p.org, p.team)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO usage_voids (event_id, attempt, reason, void_time, source, kafka_partition, kafka_offset)
+		VALUES ($1, $1, 'caller_gone', now(), 'test', 0, 0)`, void)
+	require.NoError(t, err)
+	org := b.customerToken(t, p.org, "usage:read")
+
+	type view struct {
+		From, To, Granularity, By string
+		Series                    []struct {
+			Account string
+			Points  []struct {
+				Start    string
+				Events   int64
+				Requests int64
+			}
+		}
+		Totals struct{ Events, Requests int64 }
+	}
+	get := func(token, path string) view {
+		t.Helper()
+		r := b.call(t, "GET", path, token, nil)
+		require.Equal(t, http.StatusOK, r.Status, r.Raw)
+		var v view
+		require.NoError(t, json.Unmarshal([]byte(r.Raw), &v))
+		return v
+	}
+	v := get(org, "/v1/portal/accounts/"+p.org+"/usage")
+	require.Equal(t, month.Format(time.DateOnly), v.From, "this month by default")
+	require.Len(t, v.Series, 1)
+	require.Equal(t, int64(36), v.Totals.Requests, "5+7+11+13; the voided 1000 bills nothing")
+	require.Equal(t, int64(5), v.Totals.Events, "events counts every admission recorded, the voided one too")
+	for _, pt := range v.Series[0].Points {
+		if pt.Start == day {
+			require.Equal(t, int64(36), pt.Requests)
+		} else {
+			require.Zero(t, pt.Requests, pt.Start)
+		}
+	}
+
+	v = get(org, "/v1/portal/accounts/"+p.org+"/usage?by=child&granularity=month")
+	byChild := map[string]int64{}
+	for _, s := range v.Series {
+		require.Len(t, s.Points, 12, "the last 12 months")
+		byChild[s.Account] = s.Points[11].Requests
+	}
+	require.Equal(t, map[string]int64{p.team: 18, p.sibling: 13}, byChild)
+	require.Equal(t, int64(36), v.Totals.Requests, "the org's own total, its own traffic included")
+
+	team := b.customerToken(t, p.team, "usage:read")
+	v = get(team, "/v1/portal/accounts/"+p.team+"/usage?by=child")
+	require.Len(t, v.Series, 1)
+	require.Equal(t, p.user, v.Series[0].Account)
+	require.Equal(t, int64(18), v.Totals.Requests)
+	r := b.call(t, "GET", "/v1/portal/accounts/"+p.org+"/usage", team, nil)
+	require.Equal(t, http.StatusNotFound, r.Status, r.Raw)
+
+	for _, q := range []string{"from=2026-13-01", "from=2026-02-01&to=2026-01-01", "from=2020-01-01&to=2026-01-01",
+		"granularity=week", "by=key", "granularity=month&from=2000-01-01&to=2026-01-01"} {
+		r := b.call(t, "GET", "/v1/portal/accounts/"+p.org+"/usage?"+q, org, nil)
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s: %s", q, r.Raw)
 	}
 }

@@ -15,6 +15,7 @@ func TestPortalCredentials(t *testing.T) {
 	b := setup(t, setupOpts{staff: true, customers: true})
 	org := b.id("org")
 	b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro"})
+	b.waitResolvable(t, org)
 	reader := b.issueCustomerToken(t, adminToken, map[string]any{"account": org, "scopes": []string{"usage:read"}})
 	keys := b.issueCustomerToken(t, adminToken, map[string]any{"account": org, "scopes": []string{"keys:write"}})
 
@@ -35,7 +36,7 @@ func TestPortalCredentials(t *testing.T) {
 		{"admin token", adminToken, http.StatusForbidden, "forbidden"},
 		{"service token", serviceToken, http.StatusForbidden, "forbidden"},
 	} {
-		r := b.call(t, "GET", "/v1/portal/me", tt.token, nil)
+		r := b.call(t, "GET", "/v1/portal/accounts/"+org, tt.token, nil)
 		require.Equal(t, tt.status, r.Status, "%s: %s", tt.name, r.Raw)
 		require.Equal(t, tt.code, errCode(r), tt.name)
 	}

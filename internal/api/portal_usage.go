@@ -5,6 +5,9 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/metergate/metergate/internal/billinglog"
 	"github.com/metergate/metergate/internal/customer"
 	"github.com/metergate/metergate/internal/period"
 )
@@ -13,17 +16,19 @@ import (
 // time from the billing log: billable units, as invoices count them (the daily rollup of
 // billable_events, billinglog.Daily).
 type UsageLog interface {
-	Daily(ctx context.Context, accounts []string, from, to time.Time) ([]UsageDay, error)
+	Daily(ctx context.Context, accounts []string, from, to time.Time) ([]billinglog.DayUsage, error)
 }
 
-// UsageDay is what an account and everything below it used on one UTC day.
-type UsageDay struct {
-	Account string
-	Day     time.Time
-	Usage
+// UsageOf is the UsageLog of a PostgreSQL pool.
+type UsageOf struct{ Pool *pgxpool.Pool }
+
+// Daily reads the pool's daily rollup (billinglog.Daily).
+func (u UsageOf) Daily(ctx context.Context, accounts []string, from, to time.Time) ([]billinglog.DayUsage, error) {
+	return billinglog.Daily(ctx, u.Pool, accounts, from, to)
 }
 
-// Usage is billable usage: the admissions counted (events) and the units they bill.
+// Usage is billable usage: the admissions recorded (events, those that bill nothing, voided
+// or refunded, included) and the units they bill.
 type Usage struct {
 	Events     int64 `json:"events"`
 	Requests   int64 `json:"requests"`
@@ -32,12 +37,12 @@ type Usage struct {
 	CostMicros int64 `json:"cost_micros"`
 }
 
-func (u *Usage) add(v Usage) {
-	u.Events += v.Events
-	u.Requests += v.Requests
-	u.Tokens += v.Tokens
-	u.Credits += v.Credits
-	u.CostMicros += v.CostMicros
+func (u *Usage) add(d billinglog.DayUsage) {
+	u.Events += d.Events
+	u.Requests += d.Requests
+	u.Tokens += d.Tokens
+	u.Credits += d.Credits
+	u.CostMicros += d.CostMicros
 }
 
 // The bounds of a usage query: a day series covers at most maxDays, a month series at
@@ -175,7 +180,7 @@ func usageRange(rawFrom, rawTo, granularity string, now time.Time) (from, to tim
 // usageSeriesOf buckets days into a series per account (the first alone unless byChild,
 // then the others), each with every day or month of [from, to), zeros included, and the
 // first account's totals.
-func usageSeriesOf(accounts []string, days []UsageDay, from, to time.Time, granularity string, byChild bool) ([]usageSeries, Usage) {
+func usageSeriesOf(accounts []string, days []billinglog.DayUsage, from, to time.Time, granularity string, byChild bool) ([]usageSeries, Usage) {
 	var starts []time.Time
 	step := func(t time.Time) time.Time { return t.AddDate(0, 0, 1) }
 	bucket := func(t time.Time) time.Time { return t }
@@ -205,9 +210,9 @@ func usageSeriesOf(accounts []string, days []UsageDay, from, to time.Time, granu
 		if !ok || !in {
 			continue
 		}
-		p[i].add(d.Usage)
+		p[i].add(d)
 		if d.Account == accounts[0] {
-			totals.add(d.Usage)
+			totals.add(d)
 		}
 	}
 	series := accounts[:1]

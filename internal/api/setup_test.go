@@ -190,6 +190,7 @@ func (b *testBundle) serve(t *testing.T, o setupOpts, log *slog.Logger, keyPrefi
 		}
 	}
 	cfg.Policies, cfg.Admin, cfg.Source = b.cache, b.store, "test-node"
+	cfg.Usage = api.UsageOf{Pool: b.pool}
 	rdb := b.rdb
 	if len(b.nodes) > 1 {
 		rdb, cfg.Source = testenv.Redis(t), "node-"+string(rune('a'+i)) // a client of its own, as each node has
