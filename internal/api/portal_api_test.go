@@ -344,9 +344,13 @@ func TestPortalSubtreeProperty(t *testing.T) {
 		all := []string{org}
 		b.account(t, map[string]any{"id": org, "kind": "org", "plan": "pro", "limits": map[string]any{"requests": map[string]any{"quota": 1000}}})
 		for i := range 6 + rng.IntN(6) {
-			var p string
-			for p = all[rng.IntN(len(all))]; depth[p] == 3; p = all[rng.IntN(len(all))] {
+			var open []string // the accounts a child can go under: not agents
+			for _, a := range all {
+				if depth[a] < 3 {
+					open = append(open, a)
+				}
 			}
+			p := open[rng.IntN(len(open))]
 			id := fmt.Sprintf("%s-%d", org, i)
 			q := 1 + rng.Int64N(quota[p])
 			b.account(t, map[string]any{"id": id, "kind": kinds[depth[p]+1], "parent": p, "limits": map[string]any{"requests": map[string]any{"quota": q}}})
