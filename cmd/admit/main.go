@@ -102,12 +102,13 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 		refusalLog = refusals.New(rdb, admitter.Keys(), cfg.Refusals.Options(refusals.Options{
 			Log: log.With("component", "refusals"), Registerer: reg}))
 	}
-	server := api.New(cfg.Admission.APIConfig(api.Config{
+	customers := customer.NewStore(pool)
+	server := api.New(cfg.Portal.APIConfig(cfg.Admission.APIConfig(api.Config{
 		Log: log, Policies: cache, Admin: policy.NewStore(pool), Decider: admitter, Recorder: recorder, Registerer: reg,
 		Credits: credits, Webhooks: webhook.NewStore(pool, cfg.Webhooks.AllowPrivate),
-		Invoices: api.InvoiceStore{Pool: pool, Issuer: cfg.Issuer()},
-		Staff:    staffStore, Customers: customer.NewStore(pool), Refusals: gateRefusals(refusalLog),
-	}))
+		Invoices: api.InvoiceStore{Pool: pool, Issuer: cfg.Issuer()}, Usage: api.UsageOf{Pool: pool},
+		Staff: staffStore, Customers: customers, Refusals: gateRefusals(refusalLog),
+	})))
 	probes := readiness(rdb, pool, cache)
 	mux := http.NewServeMux()
 	probes.Mount(mux, reg)
@@ -118,6 +119,11 @@ func run(ctx context.Context, cfg config.Admit, log *slog.Logger) error {
 			AdminToken: cfg.Admission.AdminToken, Pool: pool, Policies: cache, Counters: admitter, Metrics: reg,
 			Refusals: consoleRefusals(refusalLog), Balances: credits}))
 		con.Mount(mux)
+	}
+	if cfg.Portal.Enabled {
+		// The customer portal (docs/portal.md): its pages read the customer API in process.
+		console.NewPortal(cfg.Portal.PortalConfig(console.PortalConfig{Log: log, API: server, Sessions: customers},
+			cfg.Console.InsecureCookies)).Mount(mux)
 	}
 	// Envoy's rate-limit service has a listener of its own (docs/gateways.md), opened before
 	// anything runs so that a taken port fails the start.
