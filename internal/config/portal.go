@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -27,7 +28,7 @@ type Portal struct {
 // Register adds the portal's settings to l.
 func (c *Portal) Register(l *Loader) {
 	l.Bool(&c.Enabled, "PORTAL_ENABLED", true, "serve the customer portal at /portal/ (customers open it by a portal session's link)")
-	l.String(&c.Brand, "PORTAL_BRAND_NAME", "", "your name in the portal's pages (\"Back to Acme Cloud\"); empty: \"Back\"")
+	l.String(&c.Brand, "PORTAL_BRAND_NAME", "", "your name in the portal's pages (\"Back to Acme Cloud\"); empty: \"Back to your provider\"")
 	l.String(&c.Color, "PORTAL_BRAND_COLOR", console.DefaultPortalColor, "your brand's color in the portal, #rrggbb")
 	l.String(&c.TopUpURL, "PORTAL_TOPUP_URL", "", "where the portal's top-up link goes, an http(s) URL; {account} in it is the account's id; empty: no link")
 	l.String(&c.PublicURL, "PORTAL_PUBLIC_URL", "", "the base of portal session links (https://admit.example); empty: the links are paths of this host")
@@ -46,7 +47,7 @@ func (c Portal) Validate() error {
 		errs = append(errs, fmt.Errorf("PORTAL_PUBLIC_URL=%q: want an absolute http(s) URL without a query (https://admit.example)", c.PublicURL))
 	}
 	if len(c.Brand) > 100 {
-		errs = append(errs, fmt.Errorf("PORTAL_BRAND_NAME: at most 100 bytes"))
+		errs = append(errs, errors.New("PORTAL_BRAND_NAME: at most 100 bytes"))
 	}
 	return prefix("portal", errs)
 }

@@ -62,7 +62,7 @@ type PortalConfig struct {
 	// InsecureCookies sends the session cookie without Secure, for a portal on loopback
 	// over plain HTTP (CONSOLE_INSECURE_COOKIES, as the console's); never across a network.
 	InsecureCookies bool
-	// Brand is the operator's name in the pages ("Back to Acme Cloud"); empty: "Back".
+	// Brand is the operator's name in the pages ("Back to Acme Cloud"); empty: "your provider".
 	Brand string
 	// Color is the brand's color, #rrggbb (DefaultPortalColor when empty): the rule under
 	// the pages' header.
