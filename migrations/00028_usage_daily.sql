@@ -28,8 +28,10 @@
 --    log without a trigger (a partition attached with rows in it, or written directly
 --    rather than through usage_events) are not in it until usage_daily_rebuild() runs.
 
+-- Accounts sort bytewise ("C"): the fold sorts and looks up hundreds of them per batch of
+-- the meter, and a locale's comparisons cost several times as much.
 CREATE TABLE usage_daily_totals (
-    account     text   NOT NULL,
+    account     text   COLLATE "C" NOT NULL,
     day         date   NOT NULL,
     events      bigint NOT NULL,
     requests    bigint NOT NULL,
@@ -39,9 +41,11 @@ CREATE TABLE usage_daily_totals (
     PRIMARY KEY (account, day)
 );
 
--- No key: rows are only ever added by the triggers and removed by the fold.
+-- No key and no index: rows are only ever appended by the triggers, a few hundred per
+-- statement of the meter, and removed all at once by the fold; a reader scans the few
+-- thousand not folded yet.
 CREATE TABLE usage_daily_changes (
-    account     text   NOT NULL,
+    account     text   COLLATE "C" NOT NULL,
     day         date   NOT NULL,
     events      bigint NOT NULL,
     requests    bigint NOT NULL,
@@ -49,8 +53,6 @@ CREATE TABLE usage_daily_changes (
     credits     bigint NOT NULL,
     cost_micros bigint NOT NULL
 );
-
-CREATE INDEX usage_daily_changes_account_day_idx ON usage_daily_changes (account, day);
 
 COMMENT ON TABLE usage_daily_totals IS 'Folded part of usage_daily: one row per account and UTC day, written only by the fold (usage_daily_add) and usage_daily_rebuild.';
 COMMENT ON TABLE usage_daily_changes IS 'Part of usage_daily not folded into usage_daily_totals yet: signed changes appended by the triggers of usage_events, usage_outcomes and usage_voids.';
@@ -78,6 +80,14 @@ GROUP BY account, day
 HAVING (sum(events), sum(requests), sum(tokens), sum(credits), sum(cost_micros)) <> (0, 0, 0, 0, 0);
 
 COMMENT ON VIEW usage_daily IS 'Usage of each account and everything under it per UTC day of event_time: count(*) and the billable units of billable_events, exact at every commit (migration 00028).';
+
+-- How often a statement folds usage_daily_changes into usage_daily_totals (when no other
+-- transaction is folding): the changes of a few statements are folded at once, each
+-- (account, day) of theirs updated once.
+-- +goose StatementBegin
+CREATE FUNCTION usage_daily_fold_odds() RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1.0 / 16 $$;
+-- +goose StatementEnd
 
 -- Most event locks a transaction takes before it locks the schema's writers instead.
 -- +goose StatementBegin
@@ -122,41 +132,45 @@ $$;
 COMMENT ON FUNCTION usage_daily_lock(text[], boolean) IS 'Locks events (shared or exclusive) until the transaction ends, for the triggers of usage_daily; past usage_daily_lock_limit() locks, the schema''s writers'' lock exclusively instead.';
 
 -- Adds changes to usage_daily, under every account of each change's path (once, whatever
--- the path repeats). The transaction that holds the fold lock (taken without waiting, kept
--- until it ends) folds every visible change, its own with them, into usage_daily_totals;
--- the others append theirs to usage_daily_changes, which no one else writes to.
+-- the path repeats), summed per account and day (hashed: sorting the keys costs more). One
+-- statement in usage_daily_fold_odds() folds, if it gets the fold lock (taken without
+-- waiting, kept until its transaction ends): every visible change, its own with them, into
+-- usage_daily_totals, which only the holder of that lock writes (no order needed against
+-- deadlocks). The others append theirs to usage_daily_changes.
 -- +goose StatementBegin
 CREATE FUNCTION usage_daily_add(changes usage_daily_change[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_sort = off AS $$
 BEGIN
     IF cardinality(changes) = 0 THEN
         RETURN;
     END IF;
-    IF pg_try_advisory_xact_lock(hashtextextended('metergate.usage_daily fold ' || current_schema(), 0)) THEN
+    IF random() < usage_daily_fold_odds()
+       AND pg_try_advisory_xact_lock(hashtextextended('metergate.usage_daily fold ' || current_schema(), 0)) THEN
         WITH folded AS (
             DELETE FROM usage_daily_changes
             RETURNING account, day, events, requests, tokens, credits, cost_micros
         ), added AS (
-            SELECT a.account, c.day, c.events, c.requests, c.tokens, c.credits, c.cost_micros
+            SELECT a.account COLLATE "C", c.day, c.events, c.requests, c.tokens, c.credits, c.cost_micros
             FROM unnest(changes) c
-            CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(c.path) x WHERE x IS NOT NULL) a(account)
+            CROSS JOIN LATERAL unnest(c.path) WITH ORDINALITY a(account, n)
+            WHERE a.account IS NOT NULL AND a.account <> ALL (c.path[:a.n - 1])
         )
         INSERT INTO usage_daily_totals AS t (account, day, events, requests, tokens, credits, cost_micros)
         SELECT account, day, sum(events), sum(requests), sum(tokens), sum(credits), sum(cost_micros)
         FROM (SELECT * FROM folded UNION ALL SELECT * FROM added) u
         GROUP BY account, day
         HAVING (sum(events), sum(requests), sum(tokens), sum(credits), sum(cost_micros)) <> (0, 0, 0, 0, 0)
-        ORDER BY account, day
         ON CONFLICT (account, day) DO UPDATE
         SET events = t.events + excluded.events, requests = t.requests + excluded.requests,
             tokens = t.tokens + excluded.tokens, credits = t.credits + excluded.credits,
             cost_micros = t.cost_micros + excluded.cost_micros;
     ELSE
         INSERT INTO usage_daily_changes (account, day, events, requests, tokens, credits, cost_micros)
-        SELECT a.account, c.day, sum(c.events), sum(c.requests), sum(c.tokens), sum(c.credits), sum(c.cost_micros)
+        SELECT a.account COLLATE "C", c.day, sum(c.events), sum(c.requests), sum(c.tokens), sum(c.credits), sum(c.cost_micros)
         FROM unnest(changes) c
-        CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(c.path) x WHERE x IS NOT NULL) a(account)
-        GROUP BY a.account, c.day
+        CROSS JOIN LATERAL unnest(c.path) WITH ORDINALITY a(account, n)
+        WHERE a.account IS NOT NULL AND a.account <> ALL (c.path[:a.n - 1])
+        GROUP BY 1, c.day
         HAVING (sum(c.events), sum(c.requests), sum(c.tokens), sum(c.credits), sum(c.cost_micros)) <> (0, 0, 0, 0, 0);
     END IF;
 END
@@ -169,7 +183,7 @@ COMMENT ON FUNCTION usage_daily_add(usage_daily_change[]) IS 'Adds signed change
 -- written) say, an event removed no longer does.
 -- +goose StatementBegin
 CREATE FUNCTION usage_daily_on_events() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), false);
@@ -186,8 +200,8 @@ BEGIN
                        billable_units(e.credits, o.credits, n.nothing), billable_units(e.cost_micros, o.cost_micros, n.nothing)
                    )::usage_daily_change
             FROM new_rows e
-            LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
-            LEFT JOIN usage_voids v ON v.event_id = e.event_id
+            LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM new_rows))) o ON o.event_id = e.event_id
+            LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM new_rows))) v ON v.event_id = e.event_id
             CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
     END IF;
     IF TG_OP IN ('UPDATE', 'DELETE') THEN
@@ -197,8 +211,8 @@ BEGIN
                        -billable_units(e.credits, o.credits, n.nothing), -billable_units(e.cost_micros, o.cost_micros, n.nothing)
                    )::usage_daily_change
             FROM old_rows e
-            LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
-            LEFT JOIN usage_voids v ON v.event_id = e.event_id
+            LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM old_rows))) o ON o.event_id = e.event_id
+            LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM old_rows))) v ON v.event_id = e.event_id
             CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
     END IF;
     RETURN NULL;
@@ -206,17 +220,52 @@ END
 $$;
 -- +goose StatementEnd
 
+-- The admission of an outcome or void written at a given time: looked for in the months
+-- around that time (its own and the two beside it), then, when it is not there, in every
+-- other month. An event is one row (usage_events: the same CloudEvent, delivered again, has
+-- the same time), so the first found is it. An outcome reads 3 partitions rather than a
+-- year's 15: its admission's key looked up in each costs a btree descent.
+-- +goose StatementBegin
+CREATE FUNCTION usage_daily_event(event_id text, near timestamptz)
+RETURNS TABLE (path text[], event_time timestamptz, requests bigint, tokens bigint, credits bigint, cost_micros bigint)
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT * FROM (
+        SELECT e.path, e.event_time, e.requests, e.tokens, e.credits, e.cost_micros
+        FROM usage_events e
+        WHERE e.event_id = usage_daily_event.event_id
+          AND e.billing_period BETWEEN (date_trunc('month', near AT TIME ZONE 'UTC') - interval '1 month')::date
+                                   AND (date_trunc('month', near AT TIME ZONE 'UTC') + interval '1 month')::date
+        UNION ALL
+        SELECT e.path, e.event_time, e.requests, e.tokens, e.credits, e.cost_micros
+        FROM usage_events e
+        WHERE e.event_id = usage_daily_event.event_id
+          AND NOT e.billing_period BETWEEN (date_trunc('month', near AT TIME ZONE 'UTC') - interval '1 month')::date
+                                       AND (date_trunc('month', near AT TIME ZONE 'UTC') + interval '1 month')::date
+    ) found
+    LIMIT 1
+$$;
+-- +goose StatementEnd
+
+-- Whether an outcome changes what its event bills: a 5xx, or actual units reported.
+-- +goose StatementBegin
+CREATE FUNCTION usage_daily_bills(status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT bills_nothing(status, false) OR num_nonnulls(requests, tokens, credits, cost_micros) > 0 $$;
+-- +goose StatementEnd
+
 -- The trigger of usage_outcomes: each event whose outcome changed bills what its outcome
 -- says now less what its outcome said before (none, for an outcome inserted). Events not
 -- written yet change nothing: their trigger reads the outcome.
 -- +goose StatementBegin
 CREATE FUNCTION usage_daily_on_outcomes() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     ids text[];
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), true);
+        -- An outcome of a 2xx-4xx without actual units changes nothing its event bills,
+        -- voided or not: it is neither locked nor looked up.
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows o WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)), true);
         PERFORM usage_daily_add(ARRAY(
             SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
                        billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, NULL, n.was),
@@ -225,10 +274,11 @@ BEGIN
                        billable_units(e.cost_micros, o.cost_micros, n.now) - billable_units(e.cost_micros, NULL, n.was)
                    )::usage_daily_change
             FROM new_rows o
-            JOIN usage_events e ON e.event_id = o.event_id
-            LEFT JOIN usage_voids v ON v.event_id = o.event_id
-            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL),
-                                       bills_nothing(NULL, v.event_id IS NOT NULL)) n(now, was)));
+            CROSS JOIN LATERAL usage_daily_event(o.event_id, o.outcome_time) e
+            LEFT JOIN LATERAL (SELECT true AS voided FROM usage_voids v WHERE v.event_id = o.event_id LIMIT 1) v ON true
+            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.voided IS NOT NULL),
+                                       bills_nothing(NULL, v.voided IS NOT NULL)) n(now, was)
+            WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)));
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
@@ -260,7 +310,7 @@ $$;
 -- longer voided bills again.
 -- +goose StatementBegin
 CREATE FUNCTION usage_daily_on_voids() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     ids text[];
 BEGIN
@@ -272,8 +322,8 @@ BEGIN
                        -billable_units(e.credits, o.credits, n.was), -billable_units(e.cost_micros, o.cost_micros, n.was)
                    )::usage_daily_change
             FROM new_rows v
-            JOIN usage_events e ON e.event_id = v.event_id
-            LEFT JOIN usage_outcomes o ON o.event_id = v.event_id
+            CROSS JOIN LATERAL usage_daily_event(v.event_id, v.void_time) e
+            LEFT JOIN LATERAL (SELECT * FROM usage_outcomes o WHERE o.event_id = v.event_id LIMIT 1) o ON true
             CROSS JOIN LATERAL (SELECT bills_nothing(o.status, false)) n(was)));
         RETURN NULL;
     END IF;
@@ -385,6 +435,9 @@ DROP FUNCTION usage_daily_on_events();
 DROP FUNCTION usage_daily_add(usage_daily_change[]);
 DROP FUNCTION usage_daily_lock(text[], boolean);
 DROP FUNCTION usage_daily_lock_limit();
+DROP FUNCTION usage_daily_bills(integer, bigint, bigint, bigint, bigint);
+DROP FUNCTION usage_daily_event(text, timestamptz);
+DROP FUNCTION usage_daily_fold_odds();
 DROP VIEW usage_daily;
 DROP TYPE usage_daily_change;
 DROP TABLE usage_daily_changes;

@@ -353,36 +353,39 @@ COMMENT ON FUNCTION tax_minor(subtotal bigint, rate_bp integer) IS 'The tax on a
 
 CREATE FUNCTION usage_daily_add(changes usage_daily_change[]) RETURNS void
     LANGUAGE plpgsql
+    SET enable_sort TO 'off'
     AS $$
 BEGIN
     IF cardinality(changes) = 0 THEN
         RETURN;
     END IF;
-    IF pg_try_advisory_xact_lock(hashtextextended('metergate.usage_daily fold ' || current_schema(), 0)) THEN
+    IF random() < usage_daily_fold_odds()
+       AND pg_try_advisory_xact_lock(hashtextextended('metergate.usage_daily fold ' || current_schema(), 0)) THEN
         WITH folded AS (
             DELETE FROM usage_daily_changes
             RETURNING account, day, events, requests, tokens, credits, cost_micros
         ), added AS (
-            SELECT a.account, c.day, c.events, c.requests, c.tokens, c.credits, c.cost_micros
+            SELECT a.account COLLATE "C", c.day, c.events, c.requests, c.tokens, c.credits, c.cost_micros
             FROM unnest(changes) c
-            CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(c.path) x WHERE x IS NOT NULL) a(account)
+            CROSS JOIN LATERAL unnest(c.path) WITH ORDINALITY a(account, n)
+            WHERE a.account IS NOT NULL AND a.account <> ALL (c.path[:a.n - 1])
         )
         INSERT INTO usage_daily_totals AS t (account, day, events, requests, tokens, credits, cost_micros)
         SELECT account, day, sum(events), sum(requests), sum(tokens), sum(credits), sum(cost_micros)
         FROM (SELECT * FROM folded UNION ALL SELECT * FROM added) u
         GROUP BY account, day
         HAVING (sum(events), sum(requests), sum(tokens), sum(credits), sum(cost_micros)) <> (0, 0, 0, 0, 0)
-        ORDER BY account, day
         ON CONFLICT (account, day) DO UPDATE
         SET events = t.events + excluded.events, requests = t.requests + excluded.requests,
             tokens = t.tokens + excluded.tokens, credits = t.credits + excluded.credits,
             cost_micros = t.cost_micros + excluded.cost_micros;
     ELSE
         INSERT INTO usage_daily_changes (account, day, events, requests, tokens, credits, cost_micros)
-        SELECT a.account, c.day, sum(c.events), sum(c.requests), sum(c.tokens), sum(c.credits), sum(c.cost_micros)
+        SELECT a.account COLLATE "C", c.day, sum(c.events), sum(c.requests), sum(c.tokens), sum(c.credits), sum(c.cost_micros)
         FROM unnest(changes) c
-        CROSS JOIN LATERAL (SELECT DISTINCT x FROM unnest(c.path) x WHERE x IS NOT NULL) a(account)
-        GROUP BY a.account, c.day
+        CROSS JOIN LATERAL unnest(c.path) WITH ORDINALITY a(account, n)
+        WHERE a.account IS NOT NULL AND a.account <> ALL (c.path[:a.n - 1])
+        GROUP BY 1, c.day
         HAVING (sum(c.events), sum(c.requests), sum(c.tokens), sum(c.credits), sum(c.cost_micros)) <> (0, 0, 0, 0, 0);
     END IF;
 END
@@ -394,6 +397,48 @@ $$;
 --
 
 COMMENT ON FUNCTION usage_daily_add(changes usage_daily_change[]) IS 'Adds signed changes to usage_daily under every account of their paths; folds every visible change into usage_daily_totals when the fold lock is free.';
+
+
+--
+-- Name: usage_daily_bills(integer, bigint, bigint, bigint, bigint); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_bills(status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT bills_nothing(status, false) OR num_nonnulls(requests, tokens, credits, cost_micros) > 0 $$;
+
+
+--
+-- Name: usage_daily_event(text, timestamp with time zone); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_event(event_id text, near timestamp with time zone) RETURNS TABLE(path text[], event_time timestamp with time zone, requests bigint, tokens bigint, credits bigint, cost_micros bigint)
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT * FROM (
+        SELECT e.path, e.event_time, e.requests, e.tokens, e.credits, e.cost_micros
+        FROM usage_events e
+        WHERE e.event_id = usage_daily_event.event_id
+          AND e.billing_period BETWEEN (date_trunc('month', near AT TIME ZONE 'UTC') - interval '1 month')::date
+                                   AND (date_trunc('month', near AT TIME ZONE 'UTC') + interval '1 month')::date
+        UNION ALL
+        SELECT e.path, e.event_time, e.requests, e.tokens, e.credits, e.cost_micros
+        FROM usage_events e
+        WHERE e.event_id = usage_daily_event.event_id
+          AND NOT e.billing_period BETWEEN (date_trunc('month', near AT TIME ZONE 'UTC') - interval '1 month')::date
+                                       AND (date_trunc('month', near AT TIME ZONE 'UTC') + interval '1 month')::date
+    ) found
+    LIMIT 1
+$$;
+
+
+--
+-- Name: usage_daily_fold_odds(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_fold_odds() RETURNS double precision
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT 1.0 / 16 $$;
 
 
 --
@@ -451,6 +496,8 @@ CREATE FUNCTION usage_daily_lock_limit() RETURNS integer
 
 CREATE FUNCTION usage_daily_on_events() RETURNS trigger
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -468,8 +515,8 @@ BEGIN
                        billable_units(e.credits, o.credits, n.nothing), billable_units(e.cost_micros, o.cost_micros, n.nothing)
                    )::usage_daily_change
             FROM new_rows e
-            LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
-            LEFT JOIN usage_voids v ON v.event_id = e.event_id
+            LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM new_rows))) o ON o.event_id = e.event_id
+            LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM new_rows))) v ON v.event_id = e.event_id
             CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
     END IF;
     IF TG_OP IN ('UPDATE', 'DELETE') THEN
@@ -479,8 +526,8 @@ BEGIN
                        -billable_units(e.credits, o.credits, n.nothing), -billable_units(e.cost_micros, o.cost_micros, n.nothing)
                    )::usage_daily_change
             FROM old_rows e
-            LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
-            LEFT JOIN usage_voids v ON v.event_id = e.event_id
+            LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM old_rows))) o ON o.event_id = e.event_id
+            LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM old_rows))) v ON v.event_id = e.event_id
             CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
     END IF;
     RETURN NULL;
@@ -494,12 +541,16 @@ $$;
 
 CREATE FUNCTION usage_daily_on_outcomes() RETURNS trigger
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     ids text[];
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), true);
+        -- An outcome of a 2xx-4xx without actual units changes nothing its event bills,
+        -- voided or not: it is neither locked nor looked up.
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows o WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)), true);
         PERFORM usage_daily_add(ARRAY(
             SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
                        billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, NULL, n.was),
@@ -508,10 +559,11 @@ BEGIN
                        billable_units(e.cost_micros, o.cost_micros, n.now) - billable_units(e.cost_micros, NULL, n.was)
                    )::usage_daily_change
             FROM new_rows o
-            JOIN usage_events e ON e.event_id = o.event_id
-            LEFT JOIN usage_voids v ON v.event_id = o.event_id
-            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL),
-                                       bills_nothing(NULL, v.event_id IS NOT NULL)) n(now, was)));
+            CROSS JOIN LATERAL usage_daily_event(o.event_id, o.outcome_time) e
+            LEFT JOIN LATERAL (SELECT true AS voided FROM usage_voids v WHERE v.event_id = o.event_id LIMIT 1) v ON true
+            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.voided IS NOT NULL),
+                                       bills_nothing(NULL, v.voided IS NOT NULL)) n(now, was)
+            WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)));
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
@@ -559,6 +611,8 @@ $$;
 
 CREATE FUNCTION usage_daily_on_voids() RETURNS trigger
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     ids text[];
@@ -571,8 +625,8 @@ BEGIN
                        -billable_units(e.credits, o.credits, n.was), -billable_units(e.cost_micros, o.cost_micros, n.was)
                    )::usage_daily_change
             FROM new_rows v
-            JOIN usage_events e ON e.event_id = v.event_id
-            LEFT JOIN usage_outcomes o ON o.event_id = v.event_id
+            CROSS JOIN LATERAL usage_daily_event(v.event_id, v.void_time) e
+            LEFT JOIN LATERAL (SELECT * FROM usage_outcomes o WHERE o.event_id = v.event_id LIMIT 1) o ON true
             CROSS JOIN LATERAL (SELECT bills_nothing(o.status, false)) n(was)));
         RETURN NULL;
     END IF;
@@ -3387,7 +3441,7 @@ COMMENT ON COLUMN usage_alerts.payload IS 'The CloudEvent as the meter received 
 --
 
 CREATE TABLE usage_daily_changes (
-    account text NOT NULL,
+    account text NOT NULL COLLATE pg_catalog."C",
     day date NOT NULL,
     events bigint NOT NULL,
     requests bigint NOT NULL,
@@ -3409,7 +3463,7 @@ COMMENT ON TABLE usage_daily_changes IS 'Part of usage_daily not folded into usa
 --
 
 CREATE TABLE usage_daily_totals (
-    account text NOT NULL,
+    account text NOT NULL COLLATE pg_catalog."C",
     day date NOT NULL,
     events bigint NOT NULL,
     requests bigint NOT NULL,
@@ -4325,13 +4379,6 @@ CREATE INDEX usage_borrowings_period_idx ON usage_borrowings USING btree (charge
 
 
 --
--- Name: usage_daily_changes_account_day_idx; Type: INDEX; Schema: :schema; Owner: -
---
-
-CREATE INDEX usage_daily_changes_account_day_idx ON usage_daily_changes USING btree (account, day);
-
-
---
 -- Name: usage_events_event_time_idx; Type: INDEX; Schema: :schema; Owner: -
 --
 
@@ -5179,6 +5226,27 @@ GRANT ALL ON FUNCTION tax_minor(subtotal bigint, rate_bp integer) TO metergate_a
 --
 
 GRANT ALL ON FUNCTION usage_daily_add(changes usage_daily_change[]) TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_bills(status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_bills(status integer, requests bigint, tokens bigint, credits bigint, cost_micros bigint) TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_event(event_id text, near timestamp with time zone); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_event(event_id text, near timestamp with time zone) TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_fold_odds(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_fold_odds() TO metergate_app;
 
 
 --

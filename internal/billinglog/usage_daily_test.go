@@ -143,6 +143,7 @@ type outcome struct {
 	id     string
 	status int
 	units  [4]*int64 // nil: not reported
+	at     time.Time // the outcome's time: its admission is looked for in the months around it first
 }
 
 // batch is what one of the meter's transactions writes.
@@ -200,7 +201,7 @@ func (b *dailyBundle) writeTx(conn *pgxpool.Conn, bt batch, staged bool) error {
 			}
 			rows := make([][]any, len(bt.outcomes))
 			for i, o := range bt.outcomes {
-				rows[i] = []any{o.id, o.status, o.units[0], o.units[1], o.units[2], o.units[3], b.start, "node-1", 0, int64(i)}
+				rows[i] = []any{o.id, o.status, o.units[0], o.units[1], o.units[2], o.units[3], o.at, "node-1", 0, int64(i)}
 			}
 			cols := []string{"event_id", "status", "requests", "tokens", "credits", "cost_micros", "outcome_time", "source", "kafka_partition", "kafka_offset"}
 			if _, err := tx.CopyFrom(b.ctx, pgx.Identifier{"meter_outcomes"}, cols, pgx.CopyFromRows(rows)); err != nil {
@@ -276,13 +277,17 @@ func TestUsageDailyIsTheBillingLogSummed(t *testing.T) {
 			msgs = append(msgs, message{a: &a})
 		}
 		if rng.IntN(10) < 7 {
-			o := outcome{id: a.id, status: 200, units: randomUnits(rng)}
+			at := a.at.Add(time.Duration(rng.IntN(1000)) * time.Millisecond)
+			if rng.IntN(10) == 0 { // reported months later, or with a clock months behind
+				at = a.at.AddDate(0, 3-rng.IntN(7), 0)
+			}
+			o := outcome{id: a.id, status: 200, units: randomUnits(rng), at: at}
 			if rng.IntN(5) == 0 {
-				o = outcome{id: a.id, status: 500 + rng.IntN(4), units: randomUnits(rng)}
+				o = outcome{id: a.id, status: 500 + rng.IntN(4), units: randomUnits(rng), at: at}
 			}
 			msgs = append(msgs, message{o: &o})
 			if rng.IntN(5) == 0 { // a second outcome, which loses to whichever is written first
-				msgs = append(msgs, message{o: &outcome{id: a.id, status: 200 + rng.IntN(400), units: randomUnits(rng)}})
+				msgs = append(msgs, message{o: &outcome{id: a.id, status: 200 + rng.IntN(400), units: randomUnits(rng), at: a.at}})
 			}
 		}
 		if rng.IntN(7) == 0 {
