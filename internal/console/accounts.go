@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/metergate/metergate/internal/admission"
+	"github.com/metergate/metergate/internal/billinglog"
 	"github.com/metergate/metergate/internal/credit"
 	"github.com/metergate/metergate/internal/policy"
 )
@@ -28,8 +29,6 @@ var (
 	accountChildrenSQL string
 	//go:embed sql/account_keys.sql
 	accountKeysSQL string
-	//go:embed sql/account_daily_usage.sql
-	accountDailyUsageSQL string
 	//go:embed sql/recent_events.sql
 	recentEventsSQL string
 )
@@ -391,29 +390,21 @@ func (c *Console) usageCharts(r *http.Request, account string, since time.Time) 
 }
 
 // dailyUsage reads what account and those below it used per UTC day from since until
-// before until.
+// before until, in billable units (billinglog.Daily: a row per day, whatever the events).
 func (c *Console) dailyUsage(ctx context.Context, account string, since, until time.Time) (map[string][4]int64, error) {
-	rows, err := c.cfg.Pool.Query(ctx, accountDailyUsageSQL, pgx.StrictNamedArgs{"account": account, "since": since, "until": until})
+	days, err := billinglog.Daily(ctx, c.cfg.Pool, []string{account}, since, until)
 	if err != nil {
-		return nil, fmt.Errorf("read daily usage: %w", err)
+		return nil, err
 	}
-	byDay := map[string][4]int64{}
-	_, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct{}, error) {
-		var day time.Time
-		var v [4]int64
-		err := r.Scan(&day, &v[0], &v[1], &v[2], &v[3])
-		byDay[day.Format(time.DateOnly)] = v
-		return struct{}{}, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read daily usage: %w", err)
+	byDay := make(map[string][4]int64, len(days))
+	for _, d := range days {
+		byDay[d.Day.Format(time.DateOnly)] = [4]int64{d.Requests, d.Tokens, d.Credits, d.CostMicros}
 	}
 	return byDay, nil
 }
 
 // pastDaysTTL is how long the account page keeps an account's days before today: they
-// change only by late events and corrections, and reading them costs as many rows as the
-// account has events in 30 days.
+// change only by late events and corrections.
 const pastDaysTTL = 10 * time.Minute
 
 // maxCachedAccounts bounds daysCache: past it, it starts again empty.
