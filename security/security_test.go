@@ -272,6 +272,7 @@ func probes() []probe {
 	all = append(all, fuzzProbes()...)
 	all = append(all, staffProbes()...)
 	all = append(all, consoleProbes()...)
+	all = append(all, customerProbes()...)
 	return all
 }
 
