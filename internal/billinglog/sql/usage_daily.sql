@@ -1,10 +1,28 @@
 -- What each of @accounts, with everything under it, used per UTC day from @from until
--- before @to: the rows of usage_daily (migration 00028), the days without usage left out.
--- usage_daily_totals' primary key (account, day) finds the folded days; the changes not
--- folded yet (a few thousand rows) are scanned.
-select account, day, events, requests, tokens, credits, cost_micros
-from usage_daily
-where account = any(@accounts::text[])
-  and day >= @from::date
-  and day < @to::date
+-- before @to: the rows of the view usage_daily (migration 00028), the days without usage
+-- left out. The view groups every row of its two tables; this groups only the changes not
+-- folded yet (a few thousand rows, scanned) and joins them to the folded days, which
+-- usage_daily_totals' primary key (account, day) finds in order.
+with changes as (
+  select account, day, sum(events)::bigint as events, sum(requests)::bigint as requests, sum(tokens)::bigint as tokens,
+         sum(credits)::bigint as credits, sum(cost_micros)::bigint as cost_micros
+  from usage_daily_changes
+  where account = any(@accounts::text[]) and day >= @from::date and day < @to::date
+  group by account, day
+), totals as (
+  select account, day, events, requests, tokens, credits, cost_micros
+  from usage_daily_totals
+  where account = any(@accounts::text[]) and day >= @from::date and day < @to::date
+)
+select account, day,
+       coalesce(t.events, 0) + coalesce(c.events, 0),
+       coalesce(t.requests, 0) + coalesce(c.requests, 0),
+       coalesce(t.tokens, 0) + coalesce(c.tokens, 0),
+       coalesce(t.credits, 0) + coalesce(c.credits, 0),
+       coalesce(t.cost_micros, 0) + coalesce(c.cost_micros, 0)
+from totals t
+full join changes c using (account, day)
+where (coalesce(t.events, 0) + coalesce(c.events, 0), coalesce(t.requests, 0) + coalesce(c.requests, 0),
+       coalesce(t.tokens, 0) + coalesce(c.tokens, 0), coalesce(t.credits, 0) + coalesce(c.credits, 0),
+       coalesce(t.cost_micros, 0) + coalesce(c.cost_micros, 0)) <> (0, 0, 0, 0, 0)
 order by account, day
