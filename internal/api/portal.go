@@ -54,6 +54,7 @@ func (s *Server) portal(scope customer.Scope, h portalRoute) http.HandlerFunc {
 			h(w, r, tok)
 			return
 		}
+		r = r.WithContext(context.WithValue(r.Context(), customerKey{}, tok)) // for the audit's before
 		s.audited(w, r, staff.Member{ID: tok.ID, Name: tok.Name, Role: staff.Customer}, func(w http.ResponseWriter, r *http.Request) {
 			h(w, r, tok)
 		})

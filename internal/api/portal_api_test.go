@@ -158,6 +158,10 @@ func TestPortalDividesWithinTheAccount(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, r.Status, r.Raw)
 	require.Equal(t, int64(0), b.count(t, `SELECT count(*) FROM accounts WHERE id = $1`, b.id("divide-x")))
 
+	// A path PostgreSQL cannot keep as it is (NUL) is refused and audited all the same.
+	r = b.call(t, "PUT", "/v1/portal/accounts/x%00y", tok, map[string]any{"limits": map[string]any{}})
+	require.Equal(t, http.StatusNotFound, r.Status, r.Raw)
+	require.Equal(t, int64(1), b.count(t, `SELECT count(*) FROM audit_log WHERE path = $1`, "/v1/portal/accounts/x\uFFFDy"))
 	// The write is in the audit log, the token as its actor.
 	var actor, role string
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT actor, role FROM audit_log WHERE path = $1 AND status = 200`,
@@ -245,7 +249,7 @@ func TestPortalEveryRouteChecksItsScope(t *testing.T) {
 // route takes an id, the same answer as for an id nothing has, and no list shows any of B.
 func TestPortalIsolation(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{customers: true, invoices: true})
+	b := setup(t, setupOpts{customers: true, invoices: true, staff: true})
 	a, bee := b.portalTree(t, "iso-a"), b.portalTree(t, "iso-b")
 	// Invoices and credit notes of an org B, with usage of its own.
 	orgB := b.orgRow(t, b.id("iso-billed"))
@@ -320,6 +324,10 @@ func TestPortalIsolation(t *testing.T) {
 			require.NotContains(t, r.Raw, id, path)
 		}
 	}
+	// A's audit rows hold nothing of B: a refused write reads no before of another's.
+	me := b.call(t, "GET", "/v1/portal/me", tok, nil).Body["id"].(string)
+	require.Positive(t, b.count(t, `SELECT count(*) FROM audit_log WHERE actor = $1`, me), "the writes are audited")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM audit_log WHERE actor = $1 AND before IS NOT NULL`, me))
 	// B's own token sees its invoice: the 404s above were the subtree check, not a bug.
 	mine := b.call(t, "GET", fmt.Sprintf("/v1/portal/invoices/%d", invB.ID), b.customerToken(t, orgB, "billing:read"), nil)
 	require.Equal(t, http.StatusOK, mine.Status, mine.Raw)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/metergate/metergate/internal/customer"
 	"github.com/metergate/metergate/internal/staff"
 )
 
@@ -106,7 +107,7 @@ func (s *Server) audited(w http.ResponseWriter, r *http.Request, who staff.Membe
 	r = r.WithContext(AsStaff(r.Context(), who))
 	h(rec, r)
 	method, route, _ := strings.Cut(r.Pattern, " ")
-	e := staff.Entry{Actor: who.ID, Role: who.Role, Method: method, Route: route, Path: r.URL.Path, Status: rec.status,
+	e := staff.Entry{Actor: who.ID, Role: who.Role, Method: method, Route: route, Path: auditable(r.URL.Path), Status: rec.status,
 		Before: before}
 	if rec.status < 300 && rec.body.Len() < maxAudited && json.Valid(rec.body.Bytes()) {
 		e.After = redact(rec.body.Bytes(), routeSecrets[r.Pattern]...)
@@ -115,6 +116,12 @@ func (s *Server) audited(w http.ResponseWriter, r *http.Request, who staff.Membe
 	if _, err := s.cfg.Staff.Record(context.WithoutCancel(r.Context()), e); err != nil {
 		s.cfg.Log.Error("audit row not written", "actor", who.ID, "route", r.Pattern, "path", r.URL.Path, "err", err)
 	}
+}
+
+// auditable is path as PostgreSQL's text keeps it: valid UTF-8 without NUL (a request
+// refused for such a path is still an audit row).
+func auditable(path string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(path, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // before is what a write to r's path finds there: the reply of the admin API's GET of the
@@ -126,7 +133,14 @@ func (s *Server) audited(w http.ResponseWriter, r *http.Request, who staff.Membe
 func (s *Server) before(r *http.Request, who staff.Member) json.RawMessage {
 	path := r.URL.Path
 	if rest, ok := strings.CutPrefix(path, "/v1/portal/"); ok {
-		// A customer's write: the thing as the admin API shows it, read in process.
+		// A customer's write: the thing as the admin API shows it, read in process, and
+		// only when it is the customer's own (no other customer's data in its audit row).
+		tok, _ := r.Context().Value(customerKey{}).(customer.Token)
+		if id := r.PathValue("id"); id != "" && !strings.HasPrefix(rest, "api-keys/") {
+			if _, e := s.within(tok, id); e != nil {
+				return nil
+			}
+		}
 		path, who = "/v1/admin/"+rest, staff.Member{ID: who.ID, Name: who.Name, Role: staff.Admin}
 	}
 	if r.Method == http.MethodPost {

@@ -8,7 +8,8 @@ import "fmt"
 //   - a rate part at most the bound's rate per second and its burst (a sliding window's
 //     rate is its limit over its window, its burst the limit), and a ceiling at most the
 //     bound's burst; no rate part is within any bound (the bound's applies above it);
-//   - a quota at most the bound's, whatever their periods; no quota is within any bound.
+//   - a quota at most the bound's, whatever their periods; no quota is within any bound,
+//     an uncapped one (-1) within none but an uncapped bound.
 func (l Limit) Beyond(bound Limit) string {
 	if bound.HasRate() && l.HasRate() {
 		rate, burst := l.capacity()
@@ -22,7 +23,10 @@ func (l Limit) Beyond(bound Limit) string {
 			return fmt.Sprintf("a ceiling of %d is more than the burst of %d above it", l.Ceiling, bBurst)
 		}
 	}
-	if bound.Quota != nil && l.Quota != nil && *l.Quota > *bound.Quota {
+	if bound.Quota != nil && l.Quota != nil && *bound.Quota >= 0 && (*l.Quota < 0 || *l.Quota > *bound.Quota) {
+		if *l.Quota < 0 {
+			return fmt.Sprintf("an uncapped quota is more than the %d (per %s) above it", *bound.Quota, bound.QuotaPeriod)
+		}
 		return fmt.Sprintf("a quota of %d is more than the %d (per %s) above it", *l.Quota, *bound.Quota, bound.QuotaPeriod)
 	}
 	return ""

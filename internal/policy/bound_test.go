@@ -25,6 +25,7 @@ func TestBeyond(t *testing.T) {
 		{"a bigger burst", policy.Limit{RatePerS: 1, Burst: 101}.Normalize(), true},
 		{"a ceiling past the burst", policy.Limit{RatePerS: 1, Burst: 10, Ceiling: 101}.Normalize(), true},
 		{"a bigger quota", policy.Limit{Quota: quota(1001)}.Normalize(), true},
+		{"an uncapped quota", policy.Limit{Quota: quota(-1)}.Normalize(), true},
 		{"a bigger daily quota", policy.Limit{Quota: quota(1001), QuotaPeriod: policy.Day}.Normalize(), true},
 		{"a window within", policy.Limit{Algorithm: policy.SlidingWindow, Limit: 100, WindowS: 10}, false},
 		{"a window faster", policy.Limit{Algorithm: policy.SlidingWindow, Limit: 100, WindowS: 5}, true},
@@ -33,6 +34,7 @@ func TestBeyond(t *testing.T) {
 		why := tt.l.Beyond(bucket)
 		require.Equal(t, tt.beyond, why != "", "%s: %q", tt.name, why)
 	}
+	require.Empty(t, policy.Limit{Quota: quota(-1)}.Normalize().Beyond(policy.Limit{Quota: quota(-1)}), "uncapped under uncapped")
 	// Without a bound, anything is within.
 	require.Empty(t, policy.Limit{RatePerS: 1e6, Burst: 1e9, Quota: quota(1e12)}.Normalize().Beyond(policy.Limit{}))
 }
