@@ -86,8 +86,11 @@ type Config struct {
 	// each reloads its pages, and ConsoleDuration the load windows.
 	ConsoleAccounts, ConsoleEvents, ConsoleRequests, ConsoleTabs int
 	ConsoleRefresh, ConsoleDuration                              time.Duration
+	// PortalEvents are the billing-log events of the year the portal section loads for
+	// one org; PortalRequests the timed reads of each kind.
+	PortalEvents, PortalRequests int
 	// Only names the measurements to take (throughput, idle, e2e, pipeline, memory,
-	// redismem, waiters, credits, alerts, gateway, replicas, console, go);
+	// redismem, waiters, credits, alerts, gateway, replicas, console, portal, go);
 	// empty: all of them.
 	Only []string
 	// MeterEvents is the events of the meter benchmark (its -benchtime Nx), and
@@ -136,7 +139,9 @@ func parse(args []string) (Config, error) {
 	fs.IntVar(&cfg.ConsoleTabs, "console-tabs", 5, "auto-refreshing console tabs beside admission's load")
 	fs.DurationVar(&cfg.ConsoleRefresh, "console-refresh", time.Second, "how often each console tab reloads the overview and its account page")
 	fs.DurationVar(&cfg.ConsoleDuration, "console-duration", 4*time.Second, "load windows of the console's effect on admission")
-	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, gateway, replicas, console, go (default: all)")
+	fs.IntVar(&cfg.PortalEvents, "portal-events", 10_000_000, "billing-log events of the year of one org the portal section loads")
+	fs.IntVar(&cfg.PortalRequests, "portal-requests", 100, "timed reads of each kind of the portal's usage page (after 5 warm-ups)")
+	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, gateway, replicas, console, portal, go (default: all)")
 	fs.StringVar(&cfg.MeterEvents, "meter-events", "100000", "events of the meter benchmark")
 	fs.StringVar(&cfg.ReconcileBenchtime, "reconcile-benchtime", "3x", "-benchtime of the reconcile benchmark")
 	if err := fs.Parse(args); err != nil {
@@ -144,6 +149,9 @@ func parse(args []string) (Config, error) {
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if cfg.PortalEvents < 365 || cfg.PortalRequests < 1 {
+		return cfg, fmt.Errorf("-portal-events=%d, -portal-requests=%d: want at least 365 and 1", cfg.PortalEvents, cfg.PortalRequests)
 	}
 	if cfg.Rounds < 1 || cfg.MemoryN < 1 || cfg.ConsoleRequests < 1 || cfg.ConsoleTabs < 1 || cfg.ConsoleEvents < 1 || cfg.ConsoleRefresh <= 0 {
 		return cfg, fmt.Errorf("-rounds=%d, -memory-n=%d, -console-requests=%d, -console-tabs=%d, -console-events=%d, -console-refresh=%s: want at least 1",

@@ -83,6 +83,7 @@ func run(ctx context.Context, cfg Config, out io.Writer) (*Results, error) {
 		{"gateway", "admit CPU per decision through Envoy's rate-limit service (gRPC) against HTTP", s.gateway},
 		{"replicas", "decisions with ADMIT_REDIS_WAIT_REPLICAS=1 against without, on the Sentinel setup", s.replicas},
 		{"console", "the console: each page's server time over a seeded billing log, its effect on admission", s.consoleBench},
+		{"portal", "the portal's usage page over a year of one org's events (usage_daily)", s.portalBench},
 		{"go", "Go benchmarks: meter vs INSERT … SELECT, reconcile, the decision path", s.goBenchmarks},
 	}
 	for _, st := range steps {
