@@ -6,25 +6,32 @@
 -- e.path @> ARRAY[A] and (e.event_time AT TIME ZONE 'UTC')::date = D: count(*) as events,
 -- and billable_requests, billable_tokens, billable_credits and billable_cost_micros.
 --
--- Statement triggers keep it: each INSERT, UPDATE or DELETE of usage_events, usage_outcomes
--- or usage_voids adds, to every account on the path of each event it changes and the
--- event's day, what the event bills after the statement less what it billed before
--- (bills_nothing and billable_units of 00009: the rule is the view's). Three choices:
+-- Triggers keep it: each INSERT, UPDATE or DELETE of usage_events, usage_outcomes or
+-- usage_voids adds, to every account on the path of each event it changes and the event's
+-- day, what the event bills after less what it billed before (bills_nothing and
+-- billable_units of 00009: the rule is the view's). Four choices:
 --
--- 1. The triggers append their changes to usage_daily_changes, and one transaction at a
---    time (the one that finds the fold lock free) folds them into usage_daily_totals; the
---    view adds the two. Upserting the totals from every trigger would make the meter's
---    writers wait on one another's (org, day) rows until each commits, and deadlock when
---    one's admissions and another's outcomes reach the same rows in opposite orders.
+-- 1. Inserts, all the meter writes, are counted when their transaction commits: each
+--    statement queues what it inserted (usage_daily_queue, one row), and a deferred
+--    constraint trigger flushes the transaction's queue at COMMIT (usage_daily_flush).
 -- 2. An outcome or a void may be written before its admission, or at the same time by
---    another transaction: whichever commits second must see the first. So each statement
---    first locks the events it changes (advisory transaction locks keyed by event id:
---    shared for usage_events, exclusive for outcomes and voids), then reads the other
---    tables in a statement of its own, whose snapshot (READ COMMITTED) holds what the
---    transaction it waited for committed. Past usage_daily_lock_limit event locks in one
---    transaction (PostgreSQL's lock table is bounded), it takes the schema's writers' lock
---    exclusively instead: a bulk load waits for every other writer and they for it.
--- 3. TRUNCATE rebuilds the rollup from the log (usage_daily_rebuild). Rows that reach the
+--    another transaction: whichever commits second must see the first. So the flush
+--    first locks the transaction's events, all at once in one order (advisory transaction
+--    locks keyed by event id: shared for admissions, exclusive for outcomes and voids),
+--    then reads the other tables in a statement of its own, whose snapshot (READ
+--    COMMITTED) holds what the transaction it waited for committed. Taken at COMMIT, the
+--    locks are held for the commit alone: the meter's writers wait on one another only
+--    when two commit at once, where locks taken by each statement would make an outcome
+--    wait for the whole transaction writing its admission. Past usage_daily_lock_limit()
+--    events, a transaction takes the schema's writers' lock exclusively instead
+--    (PostgreSQL's lock table is bounded): a bulk load waits for every other writer and
+--    they for it. UPDATE and DELETE, which the services never run, are counted at once,
+--    after the transaction's queue is flushed.
+-- 3. Changes are appended to usage_daily_changes, and one transaction at a time (the one
+--    that finds the fold lock free) folds them into usage_daily_totals; the view adds the
+--    two. Upserting the totals from every transaction would make the meter's writers wait
+--    on one another's (org, day) rows until each commits.
+-- 4. TRUNCATE rebuilds the rollup from the log (usage_daily_rebuild). Rows that reach the
 --    log without a trigger (a partition attached with rows in it, or written directly
 --    rather than through usage_events) are not in it until usage_daily_rebuild() runs.
 
@@ -56,6 +63,28 @@ CREATE TABLE usage_daily_changes (
 
 COMMENT ON TABLE usage_daily_totals IS 'Folded part of usage_daily: one row per account and UTC day, written only by the fold (usage_daily_add) and usage_daily_rebuild.';
 COMMENT ON TABLE usage_daily_changes IS 'Part of usage_daily not folded into usage_daily_totals yet: signed changes appended by the triggers of usage_events, usage_outcomes and usage_voids.';
+
+-- An admission as the queue keeps it: what its billing needs.
+CREATE TYPE usage_daily_event AS (
+    event_id    text,
+    path        text[],
+    day         date,
+    requests    bigint,
+    tokens      bigint,
+    credits     bigint,
+    cost_micros bigint
+);
+
+-- What a transaction inserted and has not counted yet: a row per statement, deleted by the
+-- flush at COMMIT, so that no row is ever seen by another transaction (UNLOGGED: none
+-- outlives its transaction).
+CREATE UNLOGGED TABLE usage_daily_queue (
+    kind   "char" NOT NULL CHECK (kind IN ('e', 'o', 'v')),
+    events usage_daily_event[],
+    ids    text[]
+);
+
+COMMENT ON TABLE usage_daily_queue IS 'Rows the current transaction inserted into usage_events (kind e: events), usage_outcomes (o) or usage_voids (v: ids) and has not counted into usage_daily yet; flushed at COMMIT.';
 
 -- What a statement changed of one event's billing: the event's path and UTC day, and the
 -- signed change of its count and of each unit it bills.
@@ -95,41 +124,42 @@ CREATE FUNCTION usage_daily_lock_limit() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 2000 $$;
 -- +goose StatementEnd
 
--- Locks the events of a statement for its trigger, until the transaction ends: shared
--- (admissions: an event is inserted once) or exclusive (outcomes and voids), in one order
--- (keys sorted), after a shared lock of the schema's writers. A transaction past
--- usage_daily_lock_limit locks takes the writers' lock exclusively instead, and keeps it;
+-- Locks events until the transaction ends, all in one order (keys sorted): shared the
+-- admissions (an event is inserted once), exclusive the events whose outcome or void is
+-- written, after a shared lock of the schema's writers. A transaction past
+-- usage_daily_lock_limit() locks takes the writers' lock exclusively instead, and keeps it;
 -- the setting metergate.usage_daily_locks counts its locks (-1: exclusive).
 -- +goose StatementBegin
-CREATE FUNCTION usage_daily_lock(event_ids text[], exclusive boolean) RETURNS void
+CREATE FUNCTION usage_daily_lock(shared_ids text[], exclusive_ids text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     writers bigint := hashtextextended('metergate.usage_daily writers ' || current_schema(), 0);
     seed    bigint := hashtext('metergate.usage_daily events ' || current_schema());
     held    bigint := coalesce(nullif(current_setting('metergate.usage_daily_locks', true), ''), '0')::bigint;
+    n       bigint := cardinality(shared_ids) + cardinality(exclusive_ids);
 BEGIN
-    IF cardinality(event_ids) = 0 THEN
+    IF n = 0 THEN
         RETURN;
     END IF;
-    IF held < 0 OR held + cardinality(event_ids) > usage_daily_lock_limit() THEN
+    IF held < 0 OR held + n > usage_daily_lock_limit() THEN
         PERFORM pg_advisory_xact_lock(writers);
         PERFORM set_config('metergate.usage_daily_locks', '-1', true);
         RETURN;
     END IF;
     PERFORM pg_advisory_xact_lock_shared(writers);
-    IF exclusive THEN
-        PERFORM pg_advisory_xact_lock(k)
-        FROM (SELECT DISTINCT hashtextextended(id, seed) AS k FROM unnest(event_ids) id ORDER BY 1) s;
-    ELSE
-        PERFORM pg_advisory_xact_lock_shared(k)
-        FROM (SELECT DISTINCT hashtextextended(id, seed) AS k FROM unnest(event_ids) id ORDER BY 1) s;
-    END IF;
-    PERFORM set_config('metergate.usage_daily_locks', (held + cardinality(event_ids))::text, true);
+    PERFORM CASE WHEN x THEN pg_advisory_xact_lock(k) ELSE pg_advisory_xact_lock_shared(k) END
+    FROM (SELECT k, bool_or(x) AS x
+          FROM (SELECT hashtextextended(id, seed), false FROM unnest(shared_ids) id
+                UNION ALL
+                SELECT hashtextextended(id, seed), true FROM unnest(exclusive_ids) id) ids(k, x)
+          GROUP BY k
+          ORDER BY k) s;
+    PERFORM set_config('metergate.usage_daily_locks', (held + n)::text, true);
 END
 $$;
 -- +goose StatementEnd
 
-COMMENT ON FUNCTION usage_daily_lock(text[], boolean) IS 'Locks events (shared or exclusive) until the transaction ends, for the triggers of usage_daily; past usage_daily_lock_limit() locks, the schema''s writers'' lock exclusively instead.';
+COMMENT ON FUNCTION usage_daily_lock(text[], text[]) IS 'Locks events (shared, exclusive) in one order until the transaction ends, for usage_daily; past usage_daily_lock_limit() locks, the schema''s writers'' lock exclusively instead.';
 
 -- Adds changes to usage_daily, under every account of each change's path (once, whatever
 -- the path repeats), summed per account and day (hashed: sorting the keys costs more). One
@@ -179,47 +209,6 @@ $$;
 
 COMMENT ON FUNCTION usage_daily_add(usage_daily_change[]) IS 'Adds signed changes to usage_daily under every account of their paths; folds every visible change into usage_daily_totals when the fold lock is free.';
 
--- The trigger of usage_events: an event added bills what its outcome and void (already
--- written) say, an event removed no longer does.
--- +goose StatementBegin
-CREATE FUNCTION usage_daily_on_events() RETURNS trigger
-LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), false);
-    ELSIF TG_OP = 'UPDATE' THEN
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows UNION SELECT event_id FROM old_rows), false);
-    ELSE
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM old_rows), false);
-    END IF;
-    -- A statement of its own after the locks: its snapshot is taken after them.
-    IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        PERFORM usage_daily_add(ARRAY(
-            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 1,
-                       billable_units(e.requests, o.requests, n.nothing), billable_units(e.tokens, o.tokens, n.nothing),
-                       billable_units(e.credits, o.credits, n.nothing), billable_units(e.cost_micros, o.cost_micros, n.nothing)
-                   )::usage_daily_change
-            FROM new_rows e
-            LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM new_rows))) o ON o.event_id = e.event_id
-            LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM new_rows))) v ON v.event_id = e.event_id
-            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
-    END IF;
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        PERFORM usage_daily_add(ARRAY(
-            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, -1,
-                       -billable_units(e.requests, o.requests, n.nothing), -billable_units(e.tokens, o.tokens, n.nothing),
-                       -billable_units(e.credits, o.credits, n.nothing), -billable_units(e.cost_micros, o.cost_micros, n.nothing)
-                   )::usage_daily_change
-            FROM old_rows e
-            LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM old_rows))) o ON o.event_id = e.event_id
-            LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM old_rows))) v ON v.event_id = e.event_id
-            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
-    END IF;
-    RETURN NULL;
-END
-$$;
--- +goose StatementEnd
-
 -- The admission of an outcome or void written at a given time: looked for in the months
 -- around that time (its own and the two beside it), then, when it is not there, in every
 -- other month. An event is one row (usage_events: the same CloudEvent, delivered again, has
@@ -253,9 +242,129 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT bills_nothing(status, false) OR num_nonnulls(requests, tokens, credits, cost_micros) > 0 $$;
 -- +goose StatementEnd
 
--- The trigger of usage_outcomes: each event whose outcome changed bills what its outcome
--- says now less what its outcome said before (none, for an outcome inserted). Events not
--- written yet change nothing: their trigger reads the outcome.
+-- Counts what the transaction queued (usage_daily_queue) and empties the queue: its
+-- admissions bill what their outcomes and voids say now; each event whose outcome or void it
+-- wrote (and that it did not admit) bills what it bills now less what it billed before
+-- those. Called at COMMIT and before an UPDATE or DELETE (usage_daily_on_flush). Lookups
+-- go by key whatever the statistics say (enable_seqscan off; and jit off: the disabled
+-- scans' cost would make every query compile).
+-- +goose StatementBegin
+CREATE FUNCTION usage_daily_flush() RETURNS void
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
+DECLARE
+    admitted usage_daily_event[];
+    outcomes text[];
+    voids    text[];
+BEGIN
+    SELECT coalesce(array_agg(e), '{}') INTO admitted
+    FROM usage_daily_queue q CROSS JOIN LATERAL unnest(q.events) e WHERE q.kind = 'e';
+    SELECT coalesce(array_agg(DISTINCT i) FILTER (WHERE q.kind = 'o'), '{}'),
+           coalesce(array_agg(DISTINCT i) FILTER (WHERE q.kind = 'v'), '{}')
+    INTO outcomes, voids
+    FROM usage_daily_queue q CROSS JOIN LATERAL unnest(q.ids) i;
+    IF cardinality(admitted) + cardinality(outcomes) + cardinality(voids) = 0 THEN
+        RETURN;
+    END IF;
+    DELETE FROM usage_daily_queue;
+    PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM unnest(admitted)), outcomes || voids);
+    -- A statement of its own after the locks: its snapshot is taken after them.
+    PERFORM usage_daily_add(ARRAY(
+        SELECT ROW(e.path, e.day, 1,
+                   billable_units(e.requests, o.requests, n.nothing), billable_units(e.tokens, o.tokens, n.nothing),
+                   billable_units(e.credits, o.credits, n.nothing), billable_units(e.cost_micros, o.cost_micros, n.nothing)
+               )::usage_daily_change
+        FROM unnest(admitted) e
+        LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM unnest(admitted)))) o ON o.event_id = e.event_id
+        LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM unnest(admitted)))) v ON v.event_id = e.event_id
+        CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)
+        UNION ALL
+        SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
+                   billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, b.requests, n.was),
+                   billable_units(e.tokens, o.tokens, n.now) - billable_units(e.tokens, b.tokens, n.was),
+                   billable_units(e.credits, o.credits, n.now) - billable_units(e.credits, b.credits, n.was),
+                   billable_units(e.cost_micros, o.cost_micros, n.now) - billable_units(e.cost_micros, b.cost_micros, n.was)
+               )::usage_daily_change
+        FROM (SELECT x.id, bool_or(x.outcome) AS outcome, bool_or(NOT x.outcome) AS void
+              FROM (SELECT id, true FROM unnest(outcomes) id UNION ALL SELECT id, false FROM unnest(voids) id) x(id, outcome)
+              WHERE NOT EXISTS (SELECT 1 FROM unnest(admitted) a WHERE a.event_id = x.id)
+              GROUP BY x.id) w
+        LEFT JOIN LATERAL (SELECT * FROM usage_outcomes o WHERE o.event_id = w.id LIMIT 1) o ON true
+        LEFT JOIN LATERAL (SELECT * FROM usage_voids v WHERE v.event_id = w.id LIMIT 1) v ON true
+        -- Before this transaction: without the outcome and the void it wrote.
+        CROSS JOIN LATERAL (SELECT CASE WHEN w.outcome THEN NULL ELSE o.status END,
+                                   CASE WHEN w.outcome THEN NULL ELSE o.requests END,
+                                   CASE WHEN w.outcome THEN NULL ELSE o.tokens END,
+                                   CASE WHEN w.outcome THEN NULL ELSE o.credits END,
+                                   CASE WHEN w.outcome THEN NULL ELSE o.cost_micros END
+                           ) b(status, requests, tokens, credits, cost_micros)
+        CROSS JOIN LATERAL usage_daily_event(w.id, coalesce(o.outcome_time, v.void_time)) e
+        CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL),
+                                   bills_nothing(b.status, v.event_id IS NOT NULL AND NOT w.void)) n(now, was)));
+END
+$$;
+-- +goose StatementEnd
+
+COMMENT ON FUNCTION usage_daily_flush() IS 'Counts into usage_daily what the current transaction queued in usage_daily_queue, and empties it.';
+
+-- The trigger that flushes: at COMMIT, and before an UPDATE or DELETE of the three tables
+-- changes a row (its AFTER trigger counts what it changed against the state before it).
+-- +goose StatementBegin
+CREATE FUNCTION usage_daily_on_flush() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM usage_daily_flush();
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+-- The trigger of usage_events: admissions inserted are queued; an UPDATE or DELETE is
+-- counted at once: an event added bills what its outcome and void say, an event removed no
+-- longer does.
+-- +goose StatementBegin
+CREATE FUNCTION usage_daily_on_events() RETURNS trigger
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO usage_daily_queue (kind, events)
+        SELECT 'e', array_agg(ROW(event_id, path, (event_time AT TIME ZONE 'UTC')::date,
+                                  requests, tokens, credits, cost_micros)::usage_daily_event)
+        FROM new_rows
+        HAVING count(*) > 0;
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows UNION SELECT event_id FROM old_rows), '{}');
+        PERFORM usage_daily_add(ARRAY(
+            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 1,
+                       billable_units(e.requests, o.requests, n.nothing), billable_units(e.tokens, o.tokens, n.nothing),
+                       billable_units(e.credits, o.credits, n.nothing), billable_units(e.cost_micros, o.cost_micros, n.nothing)
+                   )::usage_daily_change
+            FROM new_rows e
+            LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
+            LEFT JOIN usage_voids v ON v.event_id = e.event_id
+            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
+    ELSE
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM old_rows), '{}');
+    END IF;
+    PERFORM usage_daily_add(ARRAY(
+        SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, -1,
+                   -billable_units(e.requests, o.requests, n.nothing), -billable_units(e.tokens, o.tokens, n.nothing),
+                   -billable_units(e.credits, o.credits, n.nothing), -billable_units(e.cost_micros, o.cost_micros, n.nothing)
+               )::usage_daily_change
+        FROM old_rows e
+        LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
+        LEFT JOIN usage_voids v ON v.event_id = e.event_id
+        CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+-- The trigger of usage_outcomes: outcomes inserted are queued, those of a 2xx-4xx without
+-- actual units left out (they change nothing their event bills, voided or not). An UPDATE
+-- or DELETE is counted at once: each event whose outcome changed bills what its outcome says
+-- now less what it said before.
 -- +goose StatementBegin
 CREATE FUNCTION usage_daily_on_outcomes() RETURNS trigger
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
@@ -263,22 +372,11 @@ DECLARE
     ids text[];
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        -- An outcome of a 2xx-4xx without actual units changes nothing its event bills,
-        -- voided or not: it is neither locked nor looked up.
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows o WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)), true);
-        PERFORM usage_daily_add(ARRAY(
-            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
-                       billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, NULL, n.was),
-                       billable_units(e.tokens, o.tokens, n.now) - billable_units(e.tokens, NULL, n.was),
-                       billable_units(e.credits, o.credits, n.now) - billable_units(e.credits, NULL, n.was),
-                       billable_units(e.cost_micros, o.cost_micros, n.now) - billable_units(e.cost_micros, NULL, n.was)
-                   )::usage_daily_change
-            FROM new_rows o
-            CROSS JOIN LATERAL usage_daily_event(o.event_id, o.outcome_time) e
-            LEFT JOIN LATERAL (SELECT true AS voided FROM usage_voids v WHERE v.event_id = o.event_id LIMIT 1) v ON true
-            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.voided IS NOT NULL),
-                                       bills_nothing(NULL, v.voided IS NOT NULL)) n(now, was)
-            WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)));
+        INSERT INTO usage_daily_queue (kind, ids)
+        SELECT 'o', array_agg(event_id)
+        FROM new_rows o
+        WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)
+        HAVING count(*) > 0;
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
@@ -286,7 +384,7 @@ BEGIN
     ELSE
         ids := ARRAY(SELECT event_id FROM old_rows);
     END IF;
-    PERFORM usage_daily_lock(ids, true);
+    PERFORM usage_daily_lock('{}', ids);
     PERFORM usage_daily_add(ARRAY(
         SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
                    billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, b.requests, n.was),
@@ -306,8 +404,8 @@ END
 $$;
 -- +goose StatementEnd
 
--- The trigger of usage_voids: each event voided bills nothing from now on, each event no
--- longer voided bills again.
+-- The trigger of usage_voids: voids inserted are queued. An UPDATE or DELETE is counted at
+-- once: each event no longer voided bills again.
 -- +goose StatementBegin
 CREATE FUNCTION usage_daily_on_voids() RETURNS trigger
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
@@ -315,16 +413,8 @@ DECLARE
     ids text[];
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), true);
-        PERFORM usage_daily_add(ARRAY(
-            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
-                       -billable_units(e.requests, o.requests, n.was), -billable_units(e.tokens, o.tokens, n.was),
-                       -billable_units(e.credits, o.credits, n.was), -billable_units(e.cost_micros, o.cost_micros, n.was)
-                   )::usage_daily_change
-            FROM new_rows v
-            CROSS JOIN LATERAL usage_daily_event(v.event_id, v.void_time) e
-            LEFT JOIN LATERAL (SELECT * FROM usage_outcomes o WHERE o.event_id = v.event_id LIMIT 1) o ON true
-            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, false)) n(was)));
+        INSERT INTO usage_daily_queue (kind, ids)
+        SELECT 'v', array_agg(event_id) FROM new_rows HAVING count(*) > 0;
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
@@ -332,7 +422,7 @@ BEGIN
     ELSE
         ids := ARRAY(SELECT event_id FROM old_rows);
     END IF;
-    PERFORM usage_daily_lock(ids, true);
+    PERFORM usage_daily_lock('{}', ids);
     PERFORM usage_daily_add(ARRAY(
         SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
                    billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, o.requests, n.was),
@@ -358,6 +448,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     LOCK TABLE usage_events, usage_outcomes, usage_voids IN SHARE MODE;
     PERFORM pg_advisory_xact_lock(hashtextextended('metergate.usage_daily fold ' || current_schema(), 0));
+    DELETE FROM usage_daily_queue; -- this transaction's: counted below
     DELETE FROM usage_daily_changes;
     DELETE FROM usage_daily_totals;
     INSERT INTO usage_daily_totals (account, day, events, requests, tokens, credits, cost_micros)
@@ -411,6 +502,17 @@ CREATE TRIGGER usage_daily_delete AFTER DELETE ON usage_voids
 CREATE TRIGGER usage_daily_truncate AFTER TRUNCATE ON usage_voids
     FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_truncate();
 
+-- Flushes a transaction's queue when it commits (one firing per statement that queued:
+-- the first flushes them all).
+CREATE CONSTRAINT TRIGGER usage_daily_commit AFTER INSERT ON usage_daily_queue
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION usage_daily_on_flush();
+CREATE TRIGGER usage_daily_flush BEFORE UPDATE OR DELETE ON usage_events
+    FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_flush();
+CREATE TRIGGER usage_daily_flush BEFORE UPDATE OR DELETE ON usage_outcomes
+    FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_flush();
+CREATE TRIGGER usage_daily_flush BEFORE UPDATE OR DELETE ON usage_voids
+    FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_flush();
+
 -- The log written so far.
 SELECT usage_daily_rebuild();
 
@@ -427,18 +529,26 @@ DROP TRIGGER usage_daily_truncate ON usage_events;
 DROP TRIGGER usage_daily_delete ON usage_events;
 DROP TRIGGER usage_daily_update ON usage_events;
 DROP TRIGGER usage_daily_insert ON usage_events;
+DROP TRIGGER usage_daily_flush ON usage_voids;
+DROP TRIGGER usage_daily_flush ON usage_outcomes;
+DROP TRIGGER usage_daily_flush ON usage_events;
+DROP TRIGGER usage_daily_commit ON usage_daily_queue;
 DROP FUNCTION usage_daily_on_truncate();
 DROP FUNCTION usage_daily_rebuild();
 DROP FUNCTION usage_daily_on_voids();
 DROP FUNCTION usage_daily_on_outcomes();
 DROP FUNCTION usage_daily_on_events();
+DROP FUNCTION usage_daily_on_flush();
+DROP FUNCTION usage_daily_flush();
 DROP FUNCTION usage_daily_add(usage_daily_change[]);
-DROP FUNCTION usage_daily_lock(text[], boolean);
+DROP FUNCTION usage_daily_lock(text[], text[]);
 DROP FUNCTION usage_daily_lock_limit();
 DROP FUNCTION usage_daily_bills(integer, bigint, bigint, bigint, bigint);
 DROP FUNCTION usage_daily_event(text, timestamptz);
 DROP FUNCTION usage_daily_fold_odds();
 DROP VIEW usage_daily;
 DROP TYPE usage_daily_change;
+DROP TABLE usage_daily_queue;
+DROP TYPE usage_daily_event;
 DROP TABLE usage_daily_changes;
 DROP TABLE usage_daily_totals;

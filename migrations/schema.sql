@@ -28,6 +28,21 @@ CREATE TYPE usage_daily_change AS (
 
 
 --
+-- Name: usage_daily_event; Type: TYPE; Schema: :schema; Owner: -
+--
+
+CREATE TYPE usage_daily_event AS (
+	event_id text,
+	path text[],
+	day date,
+	requests bigint,
+	tokens bigint,
+	credits bigint,
+	cost_micros bigint
+);
+
+
+--
 -- Name: adjustment_sealed(); Type: FUNCTION; Schema: :schema; Owner: -
 --
 
@@ -433,6 +448,75 @@ $$;
 
 
 --
+-- Name: usage_daily_flush(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_flush() RETURNS void
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    admitted usage_daily_event[];
+    outcomes text[];
+    voids    text[];
+BEGIN
+    SELECT coalesce(array_agg(e), '{}') INTO admitted
+    FROM usage_daily_queue q CROSS JOIN LATERAL unnest(q.events) e WHERE q.kind = 'e';
+    SELECT coalesce(array_agg(DISTINCT i) FILTER (WHERE q.kind = 'o'), '{}'),
+           coalesce(array_agg(DISTINCT i) FILTER (WHERE q.kind = 'v'), '{}')
+    INTO outcomes, voids
+    FROM usage_daily_queue q CROSS JOIN LATERAL unnest(q.ids) i;
+    IF cardinality(admitted) + cardinality(outcomes) + cardinality(voids) = 0 THEN
+        RETURN;
+    END IF;
+    DELETE FROM usage_daily_queue;
+    PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM unnest(admitted)), outcomes || voids);
+    -- A statement of its own after the locks: its snapshot is taken after them.
+    PERFORM usage_daily_add(ARRAY(
+        SELECT ROW(e.path, e.day, 1,
+                   billable_units(e.requests, o.requests, n.nothing), billable_units(e.tokens, o.tokens, n.nothing),
+                   billable_units(e.credits, o.credits, n.nothing), billable_units(e.cost_micros, o.cost_micros, n.nothing)
+               )::usage_daily_change
+        FROM unnest(admitted) e
+        LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM unnest(admitted)))) o ON o.event_id = e.event_id
+        LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM unnest(admitted)))) v ON v.event_id = e.event_id
+        CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)
+        UNION ALL
+        SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
+                   billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, b.requests, n.was),
+                   billable_units(e.tokens, o.tokens, n.now) - billable_units(e.tokens, b.tokens, n.was),
+                   billable_units(e.credits, o.credits, n.now) - billable_units(e.credits, b.credits, n.was),
+                   billable_units(e.cost_micros, o.cost_micros, n.now) - billable_units(e.cost_micros, b.cost_micros, n.was)
+               )::usage_daily_change
+        FROM (SELECT x.id, bool_or(x.outcome) AS outcome, bool_or(NOT x.outcome) AS void
+              FROM (SELECT id, true FROM unnest(outcomes) id UNION ALL SELECT id, false FROM unnest(voids) id) x(id, outcome)
+              WHERE NOT EXISTS (SELECT 1 FROM unnest(admitted) a WHERE a.event_id = x.id)
+              GROUP BY x.id) w
+        LEFT JOIN LATERAL (SELECT * FROM usage_outcomes o WHERE o.event_id = w.id LIMIT 1) o ON true
+        LEFT JOIN LATERAL (SELECT * FROM usage_voids v WHERE v.event_id = w.id LIMIT 1) v ON true
+        -- Before this transaction: without the outcome and the void it wrote.
+        CROSS JOIN LATERAL (SELECT CASE WHEN w.outcome THEN NULL ELSE o.status END,
+                                   CASE WHEN w.outcome THEN NULL ELSE o.requests END,
+                                   CASE WHEN w.outcome THEN NULL ELSE o.tokens END,
+                                   CASE WHEN w.outcome THEN NULL ELSE o.credits END,
+                                   CASE WHEN w.outcome THEN NULL ELSE o.cost_micros END
+                           ) b(status, requests, tokens, credits, cost_micros)
+        CROSS JOIN LATERAL usage_daily_event(w.id, coalesce(o.outcome_time, v.void_time)) e
+        CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL),
+                                   bills_nothing(b.status, v.event_id IS NOT NULL AND NOT w.void)) n(now, was)));
+END
+$$;
+
+
+--
+-- Name: FUNCTION usage_daily_flush(); Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON FUNCTION usage_daily_flush() IS 'Counts into usage_daily what the current transaction queued in usage_daily_queue, and empties it.';
+
+
+--
 -- Name: usage_daily_fold_odds(); Type: FUNCTION; Schema: :schema; Owner: -
 --
 
@@ -442,43 +526,44 @@ CREATE FUNCTION usage_daily_fold_odds() RETURNS double precision
 
 
 --
--- Name: usage_daily_lock(text[], boolean); Type: FUNCTION; Schema: :schema; Owner: -
+-- Name: usage_daily_lock(text[], text[]); Type: FUNCTION; Schema: :schema; Owner: -
 --
 
-CREATE FUNCTION usage_daily_lock(event_ids text[], exclusive boolean) RETURNS void
+CREATE FUNCTION usage_daily_lock(shared_ids text[], exclusive_ids text[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     writers bigint := hashtextextended('metergate.usage_daily writers ' || current_schema(), 0);
     seed    bigint := hashtext('metergate.usage_daily events ' || current_schema());
     held    bigint := coalesce(nullif(current_setting('metergate.usage_daily_locks', true), ''), '0')::bigint;
+    n       bigint := cardinality(shared_ids) + cardinality(exclusive_ids);
 BEGIN
-    IF cardinality(event_ids) = 0 THEN
+    IF n = 0 THEN
         RETURN;
     END IF;
-    IF held < 0 OR held + cardinality(event_ids) > usage_daily_lock_limit() THEN
+    IF held < 0 OR held + n > usage_daily_lock_limit() THEN
         PERFORM pg_advisory_xact_lock(writers);
         PERFORM set_config('metergate.usage_daily_locks', '-1', true);
         RETURN;
     END IF;
     PERFORM pg_advisory_xact_lock_shared(writers);
-    IF exclusive THEN
-        PERFORM pg_advisory_xact_lock(k)
-        FROM (SELECT DISTINCT hashtextextended(id, seed) AS k FROM unnest(event_ids) id ORDER BY 1) s;
-    ELSE
-        PERFORM pg_advisory_xact_lock_shared(k)
-        FROM (SELECT DISTINCT hashtextextended(id, seed) AS k FROM unnest(event_ids) id ORDER BY 1) s;
-    END IF;
-    PERFORM set_config('metergate.usage_daily_locks', (held + cardinality(event_ids))::text, true);
+    PERFORM CASE WHEN x THEN pg_advisory_xact_lock(k) ELSE pg_advisory_xact_lock_shared(k) END
+    FROM (SELECT k, bool_or(x) AS x
+          FROM (SELECT hashtextextended(id, seed), false FROM unnest(shared_ids) id
+                UNION ALL
+                SELECT hashtextextended(id, seed), true FROM unnest(exclusive_ids) id) ids(k, x)
+          GROUP BY k
+          ORDER BY k) s;
+    PERFORM set_config('metergate.usage_daily_locks', (held + n)::text, true);
 END
 $$;
 
 
 --
--- Name: FUNCTION usage_daily_lock(event_ids text[], exclusive boolean); Type: COMMENT; Schema: :schema; Owner: -
+-- Name: FUNCTION usage_daily_lock(shared_ids text[], exclusive_ids text[]); Type: COMMENT; Schema: :schema; Owner: -
 --
 
-COMMENT ON FUNCTION usage_daily_lock(event_ids text[], exclusive boolean) IS 'Locks events (shared or exclusive) until the transaction ends, for the triggers of usage_daily; past usage_daily_lock_limit() locks, the schema''s writers'' lock exclusively instead.';
+COMMENT ON FUNCTION usage_daily_lock(shared_ids text[], exclusive_ids text[]) IS 'Locks events (shared, exclusive) in one order until the transaction ends, for usage_daily; past usage_daily_lock_limit() locks, the schema''s writers'' lock exclusively instead.';
 
 
 --
@@ -501,35 +586,50 @@ CREATE FUNCTION usage_daily_on_events() RETURNS trigger
     AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), false);
-    ELSIF TG_OP = 'UPDATE' THEN
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows UNION SELECT event_id FROM old_rows), false);
-    ELSE
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM old_rows), false);
+        INSERT INTO usage_daily_queue (kind, events)
+        SELECT 'e', array_agg(ROW(event_id, path, (event_time AT TIME ZONE 'UTC')::date,
+                                  requests, tokens, credits, cost_micros)::usage_daily_event)
+        FROM new_rows
+        HAVING count(*) > 0;
+        RETURN NULL;
     END IF;
-    -- A statement of its own after the locks: its snapshot is taken after them.
-    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    IF TG_OP = 'UPDATE' THEN
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows UNION SELECT event_id FROM old_rows), '{}');
         PERFORM usage_daily_add(ARRAY(
             SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 1,
                        billable_units(e.requests, o.requests, n.nothing), billable_units(e.tokens, o.tokens, n.nothing),
                        billable_units(e.credits, o.credits, n.nothing), billable_units(e.cost_micros, o.cost_micros, n.nothing)
                    )::usage_daily_change
             FROM new_rows e
-            LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM new_rows))) o ON o.event_id = e.event_id
-            LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM new_rows))) v ON v.event_id = e.event_id
+            LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
+            LEFT JOIN usage_voids v ON v.event_id = e.event_id
             CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
+    ELSE
+        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM old_rows), '{}');
     END IF;
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        PERFORM usage_daily_add(ARRAY(
-            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, -1,
-                       -billable_units(e.requests, o.requests, n.nothing), -billable_units(e.tokens, o.tokens, n.nothing),
-                       -billable_units(e.credits, o.credits, n.nothing), -billable_units(e.cost_micros, o.cost_micros, n.nothing)
-                   )::usage_daily_change
-            FROM old_rows e
-            LEFT JOIN (SELECT * FROM usage_outcomes WHERE event_id = ANY (ARRAY(SELECT event_id FROM old_rows))) o ON o.event_id = e.event_id
-            LEFT JOIN (SELECT event_id FROM usage_voids WHERE event_id = ANY (ARRAY(SELECT event_id FROM old_rows))) v ON v.event_id = e.event_id
-            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
-    END IF;
+    PERFORM usage_daily_add(ARRAY(
+        SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, -1,
+                   -billable_units(e.requests, o.requests, n.nothing), -billable_units(e.tokens, o.tokens, n.nothing),
+                   -billable_units(e.credits, o.credits, n.nothing), -billable_units(e.cost_micros, o.cost_micros, n.nothing)
+               )::usage_daily_change
+        FROM old_rows e
+        LEFT JOIN usage_outcomes o ON o.event_id = e.event_id
+        LEFT JOIN usage_voids v ON v.event_id = e.event_id
+        CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.event_id IS NOT NULL)) n(nothing)));
+    RETURN NULL;
+END
+$$;
+
+
+--
+-- Name: usage_daily_on_flush(); Type: FUNCTION; Schema: :schema; Owner: -
+--
+
+CREATE FUNCTION usage_daily_on_flush() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM usage_daily_flush();
     RETURN NULL;
 END
 $$;
@@ -548,22 +648,11 @@ DECLARE
     ids text[];
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        -- An outcome of a 2xx-4xx without actual units changes nothing its event bills,
-        -- voided or not: it is neither locked nor looked up.
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows o WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)), true);
-        PERFORM usage_daily_add(ARRAY(
-            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
-                       billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, NULL, n.was),
-                       billable_units(e.tokens, o.tokens, n.now) - billable_units(e.tokens, NULL, n.was),
-                       billable_units(e.credits, o.credits, n.now) - billable_units(e.credits, NULL, n.was),
-                       billable_units(e.cost_micros, o.cost_micros, n.now) - billable_units(e.cost_micros, NULL, n.was)
-                   )::usage_daily_change
-            FROM new_rows o
-            CROSS JOIN LATERAL usage_daily_event(o.event_id, o.outcome_time) e
-            LEFT JOIN LATERAL (SELECT true AS voided FROM usage_voids v WHERE v.event_id = o.event_id LIMIT 1) v ON true
-            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, v.voided IS NOT NULL),
-                                       bills_nothing(NULL, v.voided IS NOT NULL)) n(now, was)
-            WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)));
+        INSERT INTO usage_daily_queue (kind, ids)
+        SELECT 'o', array_agg(event_id)
+        FROM new_rows o
+        WHERE usage_daily_bills(o.status, o.requests, o.tokens, o.credits, o.cost_micros)
+        HAVING count(*) > 0;
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
@@ -571,7 +660,7 @@ BEGIN
     ELSE
         ids := ARRAY(SELECT event_id FROM old_rows);
     END IF;
-    PERFORM usage_daily_lock(ids, true);
+    PERFORM usage_daily_lock('{}', ids);
     PERFORM usage_daily_add(ARRAY(
         SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
                    billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, b.requests, n.was),
@@ -618,16 +707,8 @@ DECLARE
     ids text[];
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM usage_daily_lock(ARRAY(SELECT event_id FROM new_rows), true);
-        PERFORM usage_daily_add(ARRAY(
-            SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
-                       -billable_units(e.requests, o.requests, n.was), -billable_units(e.tokens, o.tokens, n.was),
-                       -billable_units(e.credits, o.credits, n.was), -billable_units(e.cost_micros, o.cost_micros, n.was)
-                   )::usage_daily_change
-            FROM new_rows v
-            CROSS JOIN LATERAL usage_daily_event(v.event_id, v.void_time) e
-            LEFT JOIN LATERAL (SELECT * FROM usage_outcomes o WHERE o.event_id = v.event_id LIMIT 1) o ON true
-            CROSS JOIN LATERAL (SELECT bills_nothing(o.status, false)) n(was)));
+        INSERT INTO usage_daily_queue (kind, ids)
+        SELECT 'v', array_agg(event_id) FROM new_rows HAVING count(*) > 0;
         RETURN NULL;
     END IF;
     IF TG_OP = 'UPDATE' THEN
@@ -635,7 +716,7 @@ BEGIN
     ELSE
         ids := ARRAY(SELECT event_id FROM old_rows);
     END IF;
-    PERFORM usage_daily_lock(ids, true);
+    PERFORM usage_daily_lock('{}', ids);
     PERFORM usage_daily_add(ARRAY(
         SELECT ROW(e.path, (e.event_time AT TIME ZONE 'UTC')::date, 0,
                    billable_units(e.requests, o.requests, n.now) - billable_units(e.requests, o.requests, n.was),
@@ -663,6 +744,7 @@ CREATE FUNCTION usage_daily_rebuild() RETURNS void
 BEGIN
     LOCK TABLE usage_events, usage_outcomes, usage_voids IN SHARE MODE;
     PERFORM pg_advisory_xact_lock(hashtextextended('metergate.usage_daily fold ' || current_schema(), 0));
+    DELETE FROM usage_daily_queue; -- this transaction's: counted below
     DELETE FROM usage_daily_changes;
     DELETE FROM usage_daily_totals;
     INSERT INTO usage_daily_totals (account, day, events, requests, tokens, credits, cost_micros)
@@ -3521,6 +3603,25 @@ COMMENT ON VIEW usage_daily IS 'Usage of each account and everything under it pe
 
 
 --
+-- Name: usage_daily_queue; Type: TABLE; Schema: :schema; Owner: -
+--
+
+CREATE UNLOGGED TABLE usage_daily_queue (
+    kind "char" NOT NULL,
+    events usage_daily_event[],
+    ids text[],
+    CONSTRAINT usage_daily_queue_kind_check CHECK ((kind = ANY (ARRAY['e'::"char", 'o'::"char", 'v'::"char"])))
+);
+
+
+--
+-- Name: TABLE usage_daily_queue; Type: COMMENT; Schema: :schema; Owner: -
+--
+
+COMMENT ON TABLE usage_daily_queue IS 'Rows the current transaction inserted into usage_events (kind e: events), usage_outcomes (o) or usage_voids (v: ids) and has not counted into usage_daily yet; flushed at COMMIT.';
+
+
+--
 -- Name: webhook_attempts; Type: TABLE; Schema: :schema; Owner: -
 --
 
@@ -4778,6 +4879,13 @@ CREATE TRIGGER usage_alerts_webhooks AFTER INSERT ON usage_alerts FOR EACH ROW E
 
 
 --
+-- Name: usage_daily_queue usage_daily_commit; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE CONSTRAINT TRIGGER usage_daily_commit AFTER INSERT ON usage_daily_queue DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION usage_daily_on_flush();
+
+
+--
 -- Name: usage_events usage_daily_delete; Type: TRIGGER; Schema: :schema; Owner: -
 --
 
@@ -4796,6 +4904,27 @@ CREATE TRIGGER usage_daily_delete AFTER DELETE ON usage_outcomes REFERENCING OLD
 --
 
 CREATE TRIGGER usage_daily_delete AFTER DELETE ON usage_voids REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_voids();
+
+
+--
+-- Name: usage_events usage_daily_flush; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_flush BEFORE DELETE OR UPDATE ON usage_events FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_flush();
+
+
+--
+-- Name: usage_outcomes usage_daily_flush; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_flush BEFORE DELETE OR UPDATE ON usage_outcomes FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_flush();
+
+
+--
+-- Name: usage_voids usage_daily_flush; Type: TRIGGER; Schema: :schema; Owner: -
+--
+
+CREATE TRIGGER usage_daily_flush BEFORE DELETE OR UPDATE ON usage_voids FOR EACH STATEMENT EXECUTE FUNCTION usage_daily_on_flush();
 
 
 --
@@ -5243,6 +5372,13 @@ GRANT ALL ON FUNCTION usage_daily_event(event_id text, near timestamp with time 
 
 
 --
+-- Name: FUNCTION usage_daily_flush(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_flush() TO metergate_app;
+
+
+--
 -- Name: FUNCTION usage_daily_fold_odds(); Type: ACL; Schema: :schema; Owner: -
 --
 
@@ -5250,10 +5386,10 @@ GRANT ALL ON FUNCTION usage_daily_fold_odds() TO metergate_app;
 
 
 --
--- Name: FUNCTION usage_daily_lock(event_ids text[], exclusive boolean); Type: ACL; Schema: :schema; Owner: -
+-- Name: FUNCTION usage_daily_lock(shared_ids text[], exclusive_ids text[]); Type: ACL; Schema: :schema; Owner: -
 --
 
-GRANT ALL ON FUNCTION usage_daily_lock(event_ids text[], exclusive boolean) TO metergate_app;
+GRANT ALL ON FUNCTION usage_daily_lock(shared_ids text[], exclusive_ids text[]) TO metergate_app;
 
 
 --
@@ -5268,6 +5404,13 @@ GRANT ALL ON FUNCTION usage_daily_lock_limit() TO metergate_app;
 --
 
 GRANT ALL ON FUNCTION usage_daily_on_events() TO metergate_app;
+
+
+--
+-- Name: FUNCTION usage_daily_on_flush(); Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT ALL ON FUNCTION usage_daily_on_flush() TO metergate_app;
 
 
 --
@@ -5808,6 +5951,13 @@ GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE usage_daily_totals TO metergate_app;
 --
 
 GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE usage_daily TO metergate_app;
+
+
+--
+-- Name: TABLE usage_daily_queue; Type: ACL; Schema: :schema; Owner: -
+--
+
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE usage_daily_queue TO metergate_app;
 
 
 --

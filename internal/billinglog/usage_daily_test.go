@@ -392,13 +392,54 @@ func TestUsageDailyIsTheBillingLogSummed(t *testing.T) {
 		require.NoError(t, err, sql)
 		b.requireExact(t, sql)
 	}
+
+	// Inserts (counted at COMMIT), changes of the same rows (counted at once) and a rebuild
+	// in one transaction.
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		for _, sql := range []string{
+			`insert into usage_events (event_id, billing_period, event_time, charged_period, org, account, account_kind, path, source,
+			   requests, tokens, credits, kafka_partition, kafka_offset)
+			 select $1 || '-mixed' || i, '2031-01-01', '2031-01-31T10:00:00Z', '2031-01-01', $1, $1 || '-t2', 'team', array[$1, $1 || '-t2'],
+			   'test', 1, 100 * i, 1, 0, i
+			 from generate_series(1, 6) i`,
+			`insert into usage_outcomes (event_id, status, tokens, outcome_time, source, kafka_partition, kafka_offset)
+			 select $1 || '-mixed' || i, case when i = 2 then 502 else 200 end, 7 * i, now(), 'test', 0, i from generate_series(1, 4) i`,
+			// The rollup recomputed from the log: what the transaction queued is in it.
+			`select usage_daily_rebuild(), $1::text`,
+			`update usage_outcomes set tokens = tokens + 1000 where event_id in ($1 || '-mixed1', $1 || '-mixed2')`,
+			`insert into usage_voids (event_id, attempt, reason, void_time, source, kafka_partition, kafka_offset)
+			 select $1 || '-mixed' || i, 'x', 'unavailable', now(), 'test', 0, i from generate_series(3, 5) i`,
+			`delete from usage_voids where event_id = $1 || '-mixed4'`,
+			`update usage_events set tokens = tokens + 1 where event_id = $1 || '-mixed5'`,
+			`delete from usage_events where event_id = $1 || '-mixed6'`,
+			`insert into usage_outcomes (event_id, status, tokens, outcome_time, source, kafka_partition, kafka_offset)
+			 values ($1 || '-mixed5', 200, 1, now(), 'test', 0, 5)`,
+		} {
+			if _, err := tx.Exec(b.ctx, sql, b.org); err != nil {
+				return fmt.Errorf("%s: %w", sql, err)
+			}
+		}
+		return nil
+	}))
+	b.requireExact(t, "inserts, updates, deletes of the same rows and a rebuild in one transaction")
 }
 
-// race writes first in one transaction and second in another at once, then commits the
-// first, then the second. Second's statement is let run until it either completes or
-// waits for a lock (the rollup's triggers make it wait for the first transaction).
+// race writes first in one transaction and second in another at once, each counted into
+// usage_daily as at its COMMIT (SET CONSTRAINTS ALL IMMEDIATE runs the deferred flush now),
+// then commits the first, then the second. Second's flush is let run until it either
+// completes or waits for a lock (the flush makes it wait for the first transaction).
 func (b *dailyBundle) race(t *testing.T, first, second func(tx pgx.Tx) error) {
 	t.Helper()
+	flushed := func(write func(tx pgx.Tx) error) func(tx pgx.Tx) error {
+		return func(tx pgx.Tx) error {
+			if err := write(tx); err != nil {
+				return err
+			}
+			_, err := tx.Exec(b.ctx, `set constraints all immediate`)
+			return err
+		}
+	}
+	first, second = flushed(first), flushed(second)
 	tx1, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx1.Rollback(b.ctx) }()
