@@ -412,7 +412,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (*Report, error) {
 // session cookie without Secure, as the console is reached over plain HTTP on loopback.
 func admitEnv(env []string, addr string) []string {
 	return append(env, "ADMIT_ADDR="+addr, "ADMIT_NODE=demo", "REDIS_TIMEOUT=5s",
-		"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken, "CONSOLE_INSECURE_COOKIES=true")
+		"ADMIT_SERVICE_TOKEN="+serviceToken, "ADMIT_ADMIN_TOKEN="+adminToken, "CONSOLE_INSECURE_COOKIES=true",
+		"PORTAL_ENABLED=true", "PORTAL_BRAND_NAME=Demo Cloud")
 }
 
 // serveConsole starts admit again on the demo's data and serves its console until ctx
@@ -431,6 +432,17 @@ func serveConsole(ctx context.Context, cfg Config, env []string, out io.Writer) 
 		return err
 	}
 	fmt.Fprintf(out, "\nThe console of the demo's data: %s/console/\nSign in with the admin token %s (or a staff token: admit staff -create NAME -role ROLE,\nwith DATABASE_URL of the demo's database). Ctrl-C stops it.\n", p.URL(), adminToken)
+	// acme's customer portal, as the seller's backend would open it (docs/portal.md).
+	admin := sandbox.Admin{Base: p.URL(), Token: adminToken, HTTP: &http.Client{Timeout: 10 * time.Second}}
+	var link struct {
+		URL string `json:"url"`
+	}
+	if err := admin.Do(ctx, http.MethodPost, "/v1/admin/portal-sessions", map[string]any{"account": "acme",
+		"scopes": []string{"usage:read", "billing:read", "keys:write", "accounts:write"}, "return_url": p.URL() + "/console/"},
+		http.StatusCreated, &link); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "acme's customer portal, a link that opens once within 5 minutes: %s%s\n", p.URL(), link.URL)
 	<-ctx.Done()
 	return p.Stop(30 * time.Second)
 }
