@@ -36,15 +36,17 @@
 --    rather than through usage_events) are not in it until usage_daily_rebuild() runs.
 
 -- Accounts sort bytewise ("C"): the fold sorts and looks up hundreds of them per batch of
--- the meter, and a locale's comparisons cost several times as much.
+-- the meter, and a locale's comparisons cost several times as much. Units are numeric, as
+-- usage_of's sums: a day's sum past bigint (2^63 - 1) is stored, not an error that would
+-- stop the meter writing the rows it sums (finance.md, "One org's failed invoice").
 CREATE TABLE usage_daily_totals (
-    account     text   COLLATE "C" NOT NULL,
-    day         date   NOT NULL,
-    events      bigint NOT NULL,
-    requests    bigint NOT NULL,
-    tokens      bigint NOT NULL,
-    credits     bigint NOT NULL,
-    cost_micros bigint NOT NULL,
+    account     text    COLLATE "C" NOT NULL,
+    day         date    NOT NULL,
+    events      bigint  NOT NULL,
+    requests    numeric NOT NULL,
+    tokens      numeric NOT NULL,
+    credits     numeric NOT NULL,
+    cost_micros numeric NOT NULL,
     PRIMARY KEY (account, day)
 );
 
@@ -52,13 +54,13 @@ CREATE TABLE usage_daily_totals (
 -- statement of the meter, and removed all at once by the fold; a reader scans the few
 -- thousand not folded yet.
 CREATE TABLE usage_daily_changes (
-    account     text   COLLATE "C" NOT NULL,
-    day         date   NOT NULL,
-    events      bigint NOT NULL,
-    requests    bigint NOT NULL,
-    tokens      bigint NOT NULL,
-    credits     bigint NOT NULL,
-    cost_micros bigint NOT NULL
+    account     text    COLLATE "C" NOT NULL,
+    day         date    NOT NULL,
+    events      bigint  NOT NULL,
+    requests    numeric NOT NULL,
+    tokens      numeric NOT NULL,
+    credits     numeric NOT NULL,
+    cost_micros numeric NOT NULL
 );
 
 COMMENT ON TABLE usage_daily_totals IS 'Folded part of usage_daily: one row per account and UTC day, written only by the fold (usage_daily_add) and usage_daily_rebuild.';
@@ -100,8 +102,8 @@ CREATE TYPE usage_daily_change AS (
 
 -- The view reads like a table: a row per account and day that has any usage.
 CREATE VIEW usage_daily AS
-SELECT account, day, sum(events)::bigint AS events, sum(requests)::bigint AS requests,
-       sum(tokens)::bigint AS tokens, sum(credits)::bigint AS credits, sum(cost_micros)::bigint AS cost_micros
+SELECT account, day, sum(events)::bigint AS events, sum(requests) AS requests,
+       sum(tokens) AS tokens, sum(credits) AS credits, sum(cost_micros) AS cost_micros
 FROM (SELECT account, day, events, requests, tokens, credits, cost_micros FROM usage_daily_totals
       UNION ALL
       SELECT account, day, events, requests, tokens, credits, cost_micros FROM usage_daily_changes) u

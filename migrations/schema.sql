@@ -3526,10 +3526,10 @@ CREATE TABLE usage_daily_changes (
     account text NOT NULL COLLATE pg_catalog."C",
     day date NOT NULL,
     events bigint NOT NULL,
-    requests bigint NOT NULL,
-    tokens bigint NOT NULL,
-    credits bigint NOT NULL,
-    cost_micros bigint NOT NULL
+    requests numeric NOT NULL,
+    tokens numeric NOT NULL,
+    credits numeric NOT NULL,
+    cost_micros numeric NOT NULL
 );
 
 
@@ -3548,10 +3548,10 @@ CREATE TABLE usage_daily_totals (
     account text NOT NULL COLLATE pg_catalog."C",
     day date NOT NULL,
     events bigint NOT NULL,
-    requests bigint NOT NULL,
-    tokens bigint NOT NULL,
-    credits bigint NOT NULL,
-    cost_micros bigint NOT NULL
+    requests numeric NOT NULL,
+    tokens numeric NOT NULL,
+    credits numeric NOT NULL,
+    cost_micros numeric NOT NULL
 );
 
 
@@ -3570,10 +3570,10 @@ CREATE VIEW usage_daily AS
  SELECT u.account,
     u.day,
     (sum(u.events))::bigint AS events,
-    (sum(u.requests))::bigint AS requests,
-    (sum(u.tokens))::bigint AS tokens,
-    (sum(u.credits))::bigint AS credits,
-    (sum(u.cost_micros))::bigint AS cost_micros
+    sum(u.requests) AS requests,
+    sum(u.tokens) AS tokens,
+    sum(u.credits) AS credits,
+    sum(u.cost_micros) AS cost_micros
    FROM ( SELECT usage_daily_totals.account,
             usage_daily_totals.day,
             usage_daily_totals.events,

@@ -34,7 +34,7 @@ type DayUsage struct {
 // from until before the day of to (their UTC dates: the time of day is ignored), ordered by
 // account and day. Days without usage have no row. It reads the rollup usage_daily
 // (migration 00028), exact at every commit: a year of an account is at most 366 rows
-// whatever its events.
+// whatever its events. A day's sum past int64 (the rollup keeps it) is an error.
 func Daily(ctx context.Context, q Querier, accounts []string, from, to time.Time) ([]DayUsage, error) {
 	rows, err := q.Query(ctx, usageDailySQL, pgx.StrictNamedArgs{
 		"accounts": accounts, "from": utcDate(from), "to": utcDate(to),

@@ -549,3 +549,20 @@ func TestUsageDailyConcurrentWritesOfOneEvent(t *testing.T) {
 		b.requireExact(t, c.name)
 	}
 }
+
+// A day's usage past bigint, which the log holds row by row, is kept (the meter is not
+// stopped by its sum): the view has it, and Daily says it cannot be an int64.
+func TestUsageDailyPastBigint(t *testing.T) {
+	t.Parallel()
+	b := setupDaily(t)
+	_, err := b.pool.Exec(b.ctx, `insert into usage_events (event_id, billing_period, event_time, charged_period, org, account,
+	  account_kind, path, source, tokens, kafka_partition, kafka_offset)
+	select $1 || '-e' || i, '2031-01-01', '2031-01-30T12:00:00Z', '2031-01-01', $1, $1, 'org', array[$1], 'test', 4000000000000000000, 0, i
+	from generate_series(1, 3) i`, b.org)
+	require.NoError(t, err)
+	var tokens string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `select tokens::text from usage_daily where account = $1`, b.org).Scan(&tokens))
+	require.Equal(t, "12000000000000000000", tokens)
+	_, err = billinglog.Daily(b.ctx, b.pool, []string{b.org}, b.start, b.start.AddDate(0, 0, 1))
+	require.Error(t, err)
+}
