@@ -540,9 +540,16 @@ func (c *Console) creditNote(w http.ResponseWriter, r *http.Request, v *view) {
 		return
 	}
 	v.Title, v.Nav = "Credit note "+n.Number, "credit-notes"
-	c.render(w, r, v, http.StatusOK, "credit_note", struct {
-		invoice.CreditNote
-		TaxRate       string
-		Seller, Buyer []string
-	}{n, taxRate(n.TaxRateBP), partyLines(n.Seller), partyLines(n.Buyer)})
+	c.render(w, r, v, http.StatusOK, "credit_note", newCreditNotePage(n))
+}
+
+// creditNotePage is a credit note as its page (the console's and the portal's) shows it.
+type creditNotePage struct {
+	invoice.CreditNote
+	TaxRate       string
+	Seller, Buyer []string
+}
+
+func newCreditNotePage(n invoice.CreditNote) creditNotePage {
+	return creditNotePage{n, taxRate(n.TaxRateBP), partyLines(n.Seller), partyLines(n.Buyer)}
 }

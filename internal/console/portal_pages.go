@@ -616,11 +616,7 @@ func (p *Portal) creditNote(w http.ResponseWriter, r *http.Request, v *portalVie
 		return
 	}
 	v.Title, v.Nav = "Credit note "+n.Number, "invoices"
-	p.render(w, r, v, http.StatusOK, "portal_credit_note", struct {
-		invoice.CreditNote
-		TaxRate       string
-		Seller, Buyer []string
-	}{n, taxRate(n.TaxRateBP), partyLines(n.Seller), partyLines(n.Buyer)})
+	p.render(w, r, v, http.StatusOK, "portal_credit_note", newCreditNotePage(n))
 }
 
 // documentPDF serves the customer API's PDF of a document (below apiPrefix, named what in
