@@ -2,10 +2,11 @@
 -- before @to: the rows of the view usage_daily (migration 00028), the days without usage
 -- left out. The view groups every row of its two tables; this groups only the changes not
 -- folded yet (a few thousand rows, scanned) and joins them to the folded days, which
--- usage_daily_totals' primary key (account, day) finds in order.
+-- usage_daily_totals' primary key (account, day) finds in order. Units are numeric in the
+-- rollup; a day past bigint is an error here (decoding numerics costs the reader more).
 with changes as (
-  select account, day, sum(events)::bigint as events, sum(requests)::bigint as requests, sum(tokens)::bigint as tokens,
-         sum(credits)::bigint as credits, sum(cost_micros)::bigint as cost_micros
+  select account, day, sum(events)::bigint as events, sum(requests) as requests, sum(tokens) as tokens,
+         sum(credits) as credits, sum(cost_micros) as cost_micros
   from usage_daily_changes
   where account = any(@accounts::text[]) and day >= @from::date and day < @to::date
   group by account, day
@@ -16,10 +17,10 @@ with changes as (
 )
 select account, day,
        coalesce(t.events, 0) + coalesce(c.events, 0),
-       coalesce(t.requests, 0) + coalesce(c.requests, 0),
-       coalesce(t.tokens, 0) + coalesce(c.tokens, 0),
-       coalesce(t.credits, 0) + coalesce(c.credits, 0),
-       coalesce(t.cost_micros, 0) + coalesce(c.cost_micros, 0)
+       (coalesce(t.requests, 0) + coalesce(c.requests, 0))::bigint,
+       (coalesce(t.tokens, 0) + coalesce(c.tokens, 0))::bigint,
+       (coalesce(t.credits, 0) + coalesce(c.credits, 0))::bigint,
+       (coalesce(t.cost_micros, 0) + coalesce(c.cost_micros, 0))::bigint
 from totals t
 full join changes c using (account, day)
 where (coalesce(t.events, 0) + coalesce(c.events, 0), coalesce(t.requests, 0) + coalesce(c.requests, 0),
