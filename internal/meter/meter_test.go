@@ -609,7 +609,8 @@ func TestUsageLogMigrationDownWithPartitions(t *testing.T) {
 	tables := func() int64 {
 		return count(t, ctx, pool, `select count(*) from pg_tables where schemaname = $1 and tablename like 'usage%'`, schema)
 	}
-	require.EqualValues(t, 5+4, tables(), "usage_events, usage_outcomes, usage_voids, usage_borrowings, usage_alerts and four partitions")
+	require.EqualValues(t, 8+4, tables(), "usage_events, usage_outcomes, usage_voids, usage_borrowings, usage_alerts, "+
+		"usage_daily_totals, usage_daily_changes, usage_daily_queue and four partitions")
 
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = db.Close() })
@@ -622,7 +623,7 @@ func TestUsageLogMigrationDownWithPartitions(t *testing.T) {
 		where n.nspname = $1 and p.proname in ('usage_of', 'usage_events_partition')`, schema))
 	_, err = migrations.Up(ctx, pool)
 	require.NoError(t, err)
-	require.EqualValues(t, 5, tables())
+	require.EqualValues(t, 8, tables())
 }
 
 // An unreachable Kafka makes the meter retry, not stop.
