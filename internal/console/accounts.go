@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -349,19 +348,10 @@ func (c *Console) keys(r *http.Request, account string) ([]key, error) {
 }
 
 // usageCharts charts what account and those below it used per day since since, a chart
-// per unit used. The days before today come from daysCache when it read them within
-// pastDaysTTL; today is read every time.
+// per unit used, from the billing log's daily rollup (a row per day: read on every view).
 func (c *Console) usageCharts(r *http.Request, account string, since time.Time) ([]chart, error) {
 	today := c.now().UTC().Truncate(24 * time.Hour)
-	byDay, ok := c.days.get(account, since, c.now())
-	if !ok {
-		var err error
-		if byDay, err = c.dailyUsage(r.Context(), account, since, today); err != nil {
-			return nil, err
-		}
-		c.days.put(account, since, c.now(), byDay)
-	}
-	todays, err := c.dailyUsage(r.Context(), account, today, today.AddDate(0, 0, 1))
+	byDay, err := c.dailyUsage(r.Context(), account, since, today.AddDate(0, 0, 1))
 	if err != nil {
 		return nil, err
 	}
@@ -375,9 +365,6 @@ func (c *Console) usageCharts(r *http.Request, account string, since time.Time) 
 		var total int64
 		for j, l := range labels {
 			values[j] = byDay[l][i]
-			if l == today.Format(time.DateOnly) {
-				values[j] = todays[l][i]
-			}
 			total += values[j]
 		}
 		if total > 0 {
@@ -401,43 +388,6 @@ func (c *Console) dailyUsage(ctx context.Context, account string, since, until t
 		byDay[d.Day.Format(time.DateOnly)] = [4]int64{d.Requests, d.Tokens, d.Credits, d.CostMicros}
 	}
 	return byDay, nil
-}
-
-// pastDaysTTL is how long the account page keeps an account's days before today: they
-// change only by late events and corrections.
-const pastDaysTTL = 10 * time.Minute
-
-// maxCachedAccounts bounds daysCache: past it, it starts again empty.
-const maxCachedAccounts = 10_000
-
-// daysCache keeps accounts' usage per day before today (usageCharts).
-type daysCache struct {
-	mu sync.Mutex
-	m  map[string]cachedDays
-}
-
-type cachedDays struct {
-	since, read time.Time
-	byDay       map[string][4]int64
-}
-
-func (d *daysCache) get(account string, since, now time.Time) (map[string][4]int64, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	e, ok := d.m[account]
-	if !ok || !e.since.Equal(since) || now.Sub(e.read) > pastDaysTTL {
-		return nil, false
-	}
-	return e.byDay, true
-}
-
-func (d *daysCache) put(account string, since, now time.Time, byDay map[string][4]int64) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.m == nil || len(d.m) >= maxCachedAccounts {
-		d.m = map[string]cachedDays{}
-	}
-	d.m[account] = cachedDays{since: since, read: now, byDay: byDay}
 }
 
 func (c *Console) recentEvents(r *http.Request, account string, since time.Time, limit int) ([]event, error) {

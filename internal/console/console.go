@@ -91,7 +91,6 @@ type Console struct {
 	mux *http.ServeMux
 
 	minutes minuteSamples // this node's counters per minute (overview.go)
-	days    daysCache     // accounts' usage per day before today (accounts.go)
 
 	mu   sync.Mutex
 	last sample // this node's counters at the overview's last sample (overview.go)

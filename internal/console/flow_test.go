@@ -77,9 +77,8 @@ func TestAChangedLimitRefusesTheNextAdmission(t *testing.T) {
 	require.Equal(t, 1, audited, "the change is an audit row with its before and after")
 }
 
-// TestAccountChartReadsTodayLive: the account page's usage per day reads today's events on
-// every view, and keeps the days before for a while (pastDaysTTL): a late event of
-// yesterday shows on a view after that, not at once.
+// TestAccountChartReadsTodayLive: the account page's usage per day reads the billing log's
+// daily rollup on every view: today's events and a late event of yesterday show at once.
 func TestAccountChartReadsTodayLive(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
@@ -109,7 +108,7 @@ func TestAccountChartReadsTodayLive(t *testing.T) {
 	opsEvents(t, b, org, yesterday.Add(2*time.Hour), time.Second, 5)
 	r = br.get("/console/accounts/" + org)
 	require.Contains(t, r.body, bar(today, 7), "today is read on every view")
-	require.Contains(t, r.body, bar(yesterday, 2), "the days before are kept for a while")
+	require.Contains(t, r.body, bar(yesterday, 7), "and so are the days before: a late event shows at once")
 }
 
 var grantKey = regexp.MustCompile(`name="idempotency_key" value="([^"]+)"`)
