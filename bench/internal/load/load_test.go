@@ -132,14 +132,15 @@ func TestOpenLoopHoldsTheRate(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "open", res.Mode)
 	require.Equal(t, 200.0, res.TargetRate)
+	// A loaded CI machine (-race, 2 cores, every package at once) sends the last slots of
+	// the window late or not at all (two runs: 189 sent, 3 unsent): 15 % is its allowance.
+	// A closed loop on this fast server would send thousands, and a stalled one none.
 	require.InEpsilon(t, 200, res.Rate, 0.25)
-	require.InDelta(t, 200, res.Requests, 10)
-	// The warmup slots went out too, and nothing beyond the schedule did.
-	require.InDelta(t, 240, b.served.Load(), 10)
-	// A fast server leaves nothing unsent but the last few slots a loaded CI machine
-	// (-race, 2 cores, every package at once) had no worker for in time: the same
-	// tolerance as Requests, never the 100 of a server slower than the schedule.
-	require.LessOrEqual(t, res.Unsent, int64(10))
+	require.InDelta(t, 200, res.Requests, 30)
+	// Nothing beyond the schedule went out: the warmup's 40 slots and the window's 200.
+	require.LessOrEqual(t, b.served.Load(), int64(240+10))
+	require.Greater(t, b.served.Load(), int64(240-30))
+	require.LessOrEqual(t, res.Unsent, int64(30), "a fast server leaves at most the late few unsent")
 }
 
 // A server slower than the schedule: latency is counted from when each request was due, so
