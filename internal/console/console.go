@@ -21,7 +21,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"time"
 
@@ -123,18 +122,24 @@ func (c *Console) Mount(mux *http.ServeMux) {
 // ServeHTTP serves a console page with the console's security headers; a panic in a page
 // is a logged 500, never a crash.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	servePage(w, r, c.mux, c.cfg.Log, "console")
+}
+
+// servePage serves a page of mux (the console's or the portal's, named what in the log)
+// with the pages' security headers, a bounded form, and a panic made a logged 500.
+func servePage(w http.ResponseWriter, r *http.Request, mux *http.ServeMux, log *slog.Logger, what string) {
 	pageHeaders(w.Header())
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value, compared as net/http does
 				panic(v)
 			}
-			c.cfg.Log.Error("console page panicked", "path", r.URL.Path, "panic", v)
+			log.Error(what+" page panicked", "path", r.URL.Path, "panic", v)
 			http.Error(w, "internal error", http.StatusInternalServerError)
 		}
 	}()
 	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
-	c.mux.ServeHTTP(&timed{ResponseWriter: w, start: time.Now()}, r)
+	mux.ServeHTTP(&timed{ResponseWriter: w, start: time.Now()}, r)
 }
 
 // pageHeaders sets the security headers of every page of the console and the portal: no
@@ -251,6 +256,20 @@ func (r *reply) WriteHeader(status int) {
 
 // raw calls the admin API as the signed-in member and returns its reply.
 func (v *view) raw(ctx context.Context, method, path string, body any) (*reply, error) {
+	// Served in this process, never sent: path is one of the admin API's.
+	return inProcess(api.AsStaff(ctx, v.s.Member), v.c.cfg.API, method, path, body, nil)
+}
+
+// call calls the admin API as the signed-in member and decodes its JSON reply into out
+// (when not nil); an error reply is an *apiError.
+func (v *view) call(ctx context.Context, method, path string, body, out any) error {
+	rep, err := v.raw(ctx, method, path, body)
+	return decodeReply(rep, err, method, path, out)
+}
+
+// inProcess serves method path with a JSON body (nil: none) by api, in this process, and
+// returns its reply; prepare (when not nil) adds to the request (its credentials).
+func inProcess(ctx context.Context, api http.Handler, method, path string, body any, prepare func(*http.Request)) (*reply, error) {
 	var in io.Reader = http.NoBody
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -259,37 +278,32 @@ func (v *view) raw(ctx context.Context, method, path string, body any) (*reply, 
 		}
 		in = bytes.NewReader(b)
 	}
-	// Served in this process, never sent: path is one of the admin API's.
-	req, err := http.NewRequestWithContext(api.AsStaff(ctx, v.s.Member), method, path, in) //nolint:gosec // G704: not sent over a network
-
+	req, err := http.NewRequestWithContext(ctx, method, path, in) //nolint:gosec // G704: served in process, not sent over a network
 	if err != nil {
 		return nil, err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if prepare != nil {
+		prepare(req)
+	}
 	rep := &reply{header: http.Header{}}
-	v.c.cfg.API.ServeHTTP(rep, req)
+	api.ServeHTTP(rep, req)
 	if rep.status == 0 {
 		rep.status = http.StatusOK
 	}
 	return rep, nil
 }
 
-// call calls the admin API as the signed-in member and decodes its JSON reply into out
-// (when not nil); an error reply is an *apiError.
-func (v *view) call(ctx context.Context, method, path string, body, out any) error {
-	rep, err := v.raw(ctx, method, path, body)
+// decodeReply decodes rep, the reply of method path (or err, the call's failure), into
+// out (when not nil); an error reply is an *apiError (replyError).
+func decodeReply(rep *reply, err error, method, path string, out any) error {
 	if err != nil {
 		return err
 	}
 	if rep.status >= 300 {
-		var e struct{ Error apiError }
-		if json.Unmarshal(rep.body.Bytes(), &e) != nil || e.Error.Code == "" {
-			return &apiError{Status: rep.status, Code: "error", Message: strings.TrimSpace(rep.body.String())}
-		}
-		e.Error.Status = rep.status
-		return &e.Error
+		return replyError(rep)
 	}
 	if out == nil {
 		return nil

@@ -6,11 +6,9 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
-	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -108,18 +106,7 @@ func (p *Portal) Mount(mux *http.ServeMux) {
 // ServeHTTP serves a portal page with the console's security headers; a panic in a page
 // is a logged 500, never a crash.
 func (p *Portal) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	pageHeaders(w.Header())
-	defer func() {
-		if v := recover(); v != nil {
-			if v == http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value, compared as net/http does
-				panic(v)
-			}
-			p.cfg.Log.Error("portal page panicked", "path", r.URL.Path, "panic", v)
-			http.Error(w, "internal error", http.StatusInternalServerError)
-		}
-	}()
-	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
-	p.mux.ServeHTTP(&timed{ResponseWriter: w, start: time.Now()}, r)
+	servePage(w, r, p.mux, p.cfg.Log, "portal")
 }
 
 // portalPage is a portal page's handler: v is the request's session.
@@ -276,48 +263,17 @@ func (p *Portal) apiFailed(w http.ResponseWriter, r *http.Request, v *portalView
 
 // raw calls the customer API with the session's token and returns its reply.
 func (v *portalView) raw(ctx context.Context, method, path string, body any) (*reply, error) {
-	var in io.Reader = http.NoBody
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		in = bytes.NewReader(b)
-	}
 	// Served in this process, never sent: path is one of the customer API's.
-	req, err := http.NewRequestWithContext(ctx, method, path, in) //nolint:gosec // G704: not sent over a network
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+v.secret)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	rep := &reply{header: http.Header{}}
-	v.p.cfg.API.ServeHTTP(rep, req)
-	if rep.status == 0 {
-		rep.status = http.StatusOK
-	}
-	return rep, nil
+	return inProcess(ctx, v.p.cfg.API, method, path, body, func(req *http.Request) {
+		req.Header.Set("Authorization", "Bearer "+v.secret)
+	})
 }
 
 // call calls the customer API with the session's token and decodes its JSON reply into
 // out (when not nil); an error reply is an *apiError.
 func (v *portalView) call(ctx context.Context, method, path string, body, out any) error {
 	rep, err := v.raw(ctx, method, path, body)
-	if err != nil {
-		return err
-	}
-	if rep.status >= 300 {
-		return replyError(rep)
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(rep.body.Bytes(), out); err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	return nil
+	return decodeReply(rep, err, method, path, out)
 }
 
 // portalPages are the portal's templates, one per page: portal_layout.html with the page's
