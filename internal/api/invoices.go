@@ -368,11 +368,16 @@ func (s *Server) getInvoice(w http.ResponseWriter, r *http.Request, store Invoic
 		writeJSON(w, http.StatusOK, rec)
 		return
 	}
-	name := rec.Number
-	if name == "" { // issued before numbering
-		name = "invoice-" + strconv.FormatInt(rec.ID, 10)
+	s.writeDocument(w, format, rec.fileName(), rec.Document())
+}
+
+// fileName names the record's renderings: its number, or invoice-<id> for an invoice
+// issued before numbering.
+func (r InvoiceRecord) fileName() string {
+	if r.Number == "" {
+		return "invoice-" + strconv.FormatInt(r.ID, 10)
 	}
-	s.writeDocument(w, format, name, rec.Document())
+	return r.Number
 }
 
 // statusBody is the body of POST /v1/admin/invoices/{id}/status; voidBody of .../void and

@@ -127,43 +127,43 @@ func (s *Server) portalChildren(w http.ResponseWriter, r *http.Request, tok cust
 		writeError(w, e)
 		return
 	}
-	after, limit, e := childPage(r)
+	kids, next, e := s.children(r, id)
 	if e != nil {
 		writeError(w, e)
 		return
 	}
-	kids, err := s.cfg.Admin.Children(r.Context(), id, after, limit+1)
-	if err != nil {
-		s.cfg.Log.Error("portal: list children", "account", id, "err", err)
-		writeError(w, unavailable("the accounts cannot be read now; retry later"))
-		return
-	}
-	page := childrenPage{Accounts: []portalNode{}}
-	if len(kids) > limit {
-		kids, page.Next = kids[:limit], kids[limit-1].ID
-	}
+	page := childrenPage{Accounts: []portalNode{}, Next: next}
 	for _, k := range kids {
 		page.Accounts = append(page.Accounts, portalNode{ID: k.ID, Kind: k.Kind, Parent: k.Parent, Plan: k.Plan, Concurrency: k.Concurrency})
 	}
 	writeJSON(w, http.StatusOK, page)
 }
 
-// childPage reads after (an account id, "" for the first page) and limit (1 to
-// policy.MaxPage-1, 50 when absent).
-func childPage(r *http.Request) (after string, limit int, e *Error) {
+// children reads a page of account id's children: after (an account id, "" for the first
+// page) and limit (1 to policy.MaxPage-1, 50 when absent) from r's query; next is the
+// after of the page that follows ("" on the last).
+func (s *Server) children(r *http.Request, id string) (kids []policy.Account, next string, e *Error) {
 	q := r.URL.Query()
-	after, limit = q.Get("after"), 50
+	after, limit := q.Get("after"), 50
 	if after != "" && !policy.ValidID(after) {
-		return "", 0, badRequest("invalid_after", "after must be the next of the previous page, an account id")
+		return nil, "", badRequest("invalid_after", "after must be the next of the previous page, an account id")
 	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n >= policy.MaxPage {
-			return "", 0, badRequest("invalid_limit", "limit must be a whole number from 1 to %d", policy.MaxPage-1)
+			return nil, "", badRequest("invalid_limit", "limit must be a whole number from 1 to %d", policy.MaxPage-1)
 		}
 		limit = n
 	}
-	return after, limit, nil
+	kids, err := s.cfg.Admin.Children(r.Context(), id, after, limit+1)
+	if err != nil {
+		s.cfg.Log.Error("portal: list children", "account", id, "err", err)
+		return nil, "", unavailable("the accounts cannot be read now; retry later")
+	}
+	if len(kids) > limit {
+		kids, next = kids[:limit], kids[limit-1].ID
+	}
+	return kids, next, nil
 }
 
 // portalAccountBody is the body of POST and PUT /v1/portal/accounts: what a customer may

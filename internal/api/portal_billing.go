@@ -160,11 +160,7 @@ func (s *Server) portalGetInvoice(w http.ResponseWriter, r *http.Request, tok cu
 		return
 	}
 	if format != "" {
-		name := rec.Number
-		if name == "" {
-			name = "invoice-" + strconv.FormatInt(rec.ID, 10)
-		}
-		s.writeDocument(w, format, name, rec.Document())
+		s.writeDocument(w, format, rec.fileName(), rec.Document())
 		return
 	}
 	rec.IssuedBy = ""

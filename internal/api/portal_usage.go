@@ -107,20 +107,12 @@ func (s *Server) portalUsage(w http.ResponseWriter, r *http.Request, tok custome
 	v.From, v.To = from.Format(time.DateOnly), to.Format(time.DateOnly)
 	accounts := []string{id}
 	if v.By == "child" {
-		after, limit, e := childPage(r)
+		kids, next, e := s.children(r, id)
 		if e != nil {
 			writeError(w, e)
 			return
 		}
-		kids, err := s.cfg.Admin.Children(r.Context(), id, after, limit+1)
-		if err != nil {
-			s.cfg.Log.Error("portal: list children", "account", id, "err", err)
-			writeError(w, unavailable("the accounts cannot be read now; retry later"))
-			return
-		}
-		if len(kids) > limit {
-			kids, v.Next = kids[:limit], kids[limit-1].ID
-		}
+		v.Next = next
 		for _, k := range kids {
 			accounts = append(accounts, k.ID)
 		}
