@@ -169,6 +169,23 @@ fetch_axe() {
   rm -rf "$tmp"
 }
 
+# The Python SDK's test environment (sdk/python, run by sdk/sdk_test.go): a virtualenv
+# with the pinned requirements of its tests, from PyPI, remade when they change.
+python_venv() { echo "$CACHE/sdk-python-venv"; }
+
+make_python_venv() {
+  local venv req stamp; venv=$(python_venv); req="$ROOT/sdk/python/requirements-test.txt"
+  stamp="$venv/.requirements"
+  [ -f "$req" ] || return 0
+  if [ -x "$venv/bin/python" ] && cmp -s "$req" "$stamp"; then return 0; fi
+  command -v python3 >/dev/null || apt_install python3 python3-venv
+  log "making the Python SDK's virtualenv in $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv" || die "python3 -m venv $venv failed (package python3-venv?)"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$req" || die "pip could not install $req"
+  cp "$req" "$stamp"
+}
+
 # ---------------------------------------------------------------------------------------
 # Redis
 
@@ -588,6 +605,8 @@ write_env() {
     [ ! -f "$(kafka_libs)/.complete" ] || echo "export KAFKA_LIBS=$(kafka_libs)"
     # axe-core for the browser tests' accessibility check (internal/testenv).
     [ ! -f "$(axe_js)" ] || echo "export METERGATE_AXE=$(axe_js)"
+    # The Python SDK's virtualenv for its tests against admit (sdk/sdk_test.go).
+    [ ! -x "$(python_venv)/bin/python" ] || echo "export METERGATE_PYTHON=$(python_venv)/bin/python"
     # The Cluster and Sentinel setups under the tests' own names (internal/testenv): the
     # binaries refuse REDIS_URL beside REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS, so a
     # shell that sourced this file starts them against the one Redis of REDIS_URL.
@@ -704,6 +723,7 @@ case "${1:-}" in
     up_postgres
     up_kafka
     fetch_axe
+    make_python_venv
     write_env
     ;;
   up-cluster)
