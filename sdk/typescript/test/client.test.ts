@@ -120,6 +120,28 @@ describe("admit", () => {
     assert.equal(seen[1]!.body["idempotency_key"], seen[0]!.body["idempotency_key"]);
   });
 
+  it("retries a try that times out, with the same idempotency key", async () => {
+    const keys: unknown[] = [];
+    let tries = 0;
+    const client = new Client({
+      baseUrl: "http://admit.test",
+      token: "t",
+      timeoutMs: 20,
+      sleep: async () => {},
+      fetch: async (req) => {
+        keys.push(((await req.clone().json()) as Record<string, unknown>)["idempotency_key"]);
+        if (++tries === 1) {
+          // Hang until the client's per-try timeout aborts the request.
+          return new Promise((_, reject) => req.signal.addEventListener("abort", () => reject(req.signal.reason)));
+        }
+        return Response.json(allowed);
+      },
+    });
+    await client.admit({ account: "acme-alice" });
+    assert.equal(tries, 2);
+    assert.equal(keys[1], keys[0]);
+  });
+
   it("waits Retry-After before a retry", async () => {
     const { client, sleeps } = setup([unavailable("3"), { status: 200, body: allowed }]);
     await client.admit({ account: "acme-alice", units: { tokens: 10 } });
