@@ -131,8 +131,16 @@ describe("admit", () => {
       fetch: async (req) => {
         keys.push(((await req.clone().json()) as Record<string, unknown>)["idempotency_key"]);
         if (++tries === 1) {
-          // Hang until the client's per-try timeout aborts the request.
-          return new Promise((_, reject) => req.signal.addEventListener("abort", () => reject(req.signal.reason)));
+          // Hang until the client's per-try timeout aborts the request. AbortSignal.timeout's
+          // timer does not hold the event loop open (a real request's socket does): this
+          // interval does, or node --test would end the test as pending.
+          const hold = setInterval(() => {}, 1000);
+          return new Promise((_, reject) =>
+            req.signal.addEventListener("abort", () => {
+              clearInterval(hold);
+              reject(req.signal.reason);
+            }),
+          );
         }
         return Response.json(allowed);
       },
