@@ -5,7 +5,9 @@ package sdk_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/metergate/metergate/internal/testenv"
@@ -22,7 +25,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.RunWithBinaries(m, &bin, "../cmd/admit"))
+	os.Exit(testenv.RunWithBinaries(m, &bin, "../cmd/admit", "../cmd/meter"))
 }
 
 const (
@@ -30,41 +33,47 @@ const (
 	adminToken   = "test-admin-token-0123456789"
 )
 
-// admit starts admit on the stack with an org of its own (rate and quota ample for a
-// suite) and returns its URL and the org.
+// services is an admit (and, for examples, a meter) on the stack with an org of its own
+// (rate and quota ample for a suite).
+type services struct {
+	url, org string
+	db       *pgxpool.Pool // the services' schema
+}
+
+// admit starts admit on the stack with an org of its own and returns its URL and the org.
 func admit(t *testing.T) (url, org string) {
+	s := start(t, false)
+	return s.url, s.org
+}
+
+// start starts admit, and a meter on the same schema and topic when metered, and makes the org.
+func start(t *testing.T, metered bool) services {
 	t.Helper()
 	ctx := testenv.Context(t, 2*time.Minute)
-	_, schema := testenv.EmptySchema(t)
+	db, schema := testenv.EmptySchema(t)
 	name := testenv.Name(t)
+	common := []string{"DATABASE_URL=" + testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema),
+		"REDIS_URL=" + testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
+		"KAFKA_BROKERS=" + strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC=" + testenv.Topic(t, 1),
+		"LOG_LEVEL=warn", "METER_GROUP=g-" + name}
+	if metered {
+		addr := testenv.FreeAddr(t)
+		testenv.Start(t, filepath.Join(bin, "meter"), append(common, "METER_ADDR="+addr), "-migrate")
+		_, err := testenv.WaitHTTP(ctx, "http://"+addr+"/readyz", 200)
+		require.NoError(t, err, "meter ready")
+	}
 	addr := testenv.FreeAddr(t)
-	env := append(testenv.AdmitTokens(),
-		"DATABASE_URL="+testenv.WithSearchPath(t, testenv.DatabaseURL(t), schema),
-		"REDIS_URL="+testenv.RedisURL(t), "REDIS_CLUSTER_ADDRS=", "REDIS_SENTINEL_ADDRS=", "REDIS_SENTINEL_MASTER=",
-		"KAFKA_BROKERS="+strings.Join(testenv.KafkaBrokers(t), ","), "KAFKA_TOPIC="+testenv.Topic(t, 1),
-		"LOG_LEVEL=warn", "ADMIT_ADDR="+addr, "ADMIT_NODE=sdk", "ADMIT_KEY_PREFIX=t:"+name+":mg")
+	env := append(append(testenv.AdmitTokens(), common...), "ADMIT_ADDR="+addr, "ADMIT_NODE=sdk", "ADMIT_KEY_PREFIX=t:"+name+":mg")
 	testenv.Start(t, filepath.Join(bin, "admit"), env, "-migrate")
-	url = "http://" + addr
-	_, err := testenv.WaitHTTP(ctx, url+"/readyz", 200)
+	s := services{url: "http://" + addr, org: strings.ReplaceAll(name, "_", "-"), db: db}
+	_, err := testenv.WaitHTTP(ctx, s.url+"/readyz", 200)
 	require.NoError(t, err, "admit ready")
-	org = strings.ReplaceAll(name, "_", "-")
-	body, _ := json.Marshal(map[string]any{"id": org, "kind": "org", "plan": "pro",
+	status, reply := call(t, ctx, http.MethodPost, s.url+"/v1/admin/accounts", adminToken, map[string]any{"id": s.org, "kind": "org", "plan": "pro",
 		"limits": map[string]any{"requests": map[string]any{"rate_per_s": 1000, "burst": 1000}}})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/admin/accounts", bytes.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	r, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	r.Body.Close()
-	require.Equal(t, http.StatusCreated, r.StatusCode)
+	require.Equal(t, http.StatusCreated, status, "%s", reply)
 	for { // the account reaches admit's policies (LISTEN/NOTIFY, < 1 s)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/usage/"+org, nil)
-		req.Header.Set("Authorization", "Bearer "+serviceToken)
-		r, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		r.Body.Close()
-		if r.StatusCode == http.StatusOK {
-			return url, org
+		if status, _ := call(t, ctx, http.MethodGet, s.url+"/v1/usage/"+s.org, serviceToken, nil); status == http.StatusOK {
+			return s
 		}
 		select {
 		case <-ctx.Done():
@@ -74,21 +83,81 @@ func admit(t *testing.T) (url, org string) {
 	}
 }
 
-// TestPython runs sdk/python's pytest suite against a real admit, in the virtualenv the
-// stack made (METERGATE_PYTHON, deploy/local/stack.sh).
-func TestPython(t *testing.T) {
-	t.Parallel()
-	python := os.Getenv("METERGATE_PYTHON")
-	if python == "" {
+// call sends body (JSON; nil for none) with token and returns the status and the reply.
+func call(t *testing.T, ctx context.Context, method, url, token string, body any) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		require.NoError(t, err)
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, r)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	reply, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, reply
+}
+
+// suiteEnv is the environment of an SDK's suite against a real admit of its own.
+func suiteEnv(t *testing.T) []string {
+	url, org := admit(t)
+	return append(os.Environ(), "METERGATE_URL="+url, "METERGATE_SERVICE_TOKEN="+serviceToken,
+		"METERGATE_ADMIN_TOKEN="+adminToken, "METERGATE_ACCOUNT="+org)
+}
+
+// python is the interpreter of the stack's virtualenv for the Python SDK
+// (METERGATE_PYTHON, deploy/local/stack.sh).
+func python(t *testing.T) string {
+	p := os.Getenv("METERGATE_PYTHON")
+	if p == "" {
 		testenv.SkipOrFail(t, "METERGATE_PYTHON is not set: `make up` makes the Python SDK's virtualenv and names it in .run/env")
 	}
-	url, org := admit(t)
-	cmd := exec.Command(python, "-m", "pytest", "-q", "-p", "no:cacheprovider")
-	cmd.Dir = "python"
-	cmd.Env = append(os.Environ(), "PYTHONPATH=src", "PYTHONDONTWRITEBYTECODE=1", "METERGATE_URL="+url, "METERGATE_SERVICE_TOKEN="+serviceToken,
-		"METERGATE_ADMIN_TOKEN="+adminToken, "METERGATE_ACCOUNT="+org)
+	return p
+}
+
+// npm checks that the stack installed dir's packages (deploy/local/stack.sh, `npm ci`).
+func npm(t *testing.T, dir string) {
+	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
+		testenv.SkipOrFail(t, dir+"/node_modules is missing: `make up` installs it")
+	}
+}
+
+// run runs a suite's command in dir and fails on an error or on anything skipped: a real
+// admit is given, so every test runs.
+func run(t *testing.T, dir string, env []string, skipped string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Env = env
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "pytest:\n%s", out)
-	require.Contains(t, string(out), "passed")
-	require.NotContains(t, string(out), "skipped", "a real admit is given: nothing is skipped")
+	require.NoError(t, err, "%s %s:\n%s", name, strings.Join(args, " "), out)
+	if skipped != "" {
+		require.NotRegexp(t, skipped, string(out), "a real admit is given: nothing is skipped\n%s", out)
+	}
+	return string(out)
+}
+
+// TestPython runs sdk/python's pytest suite against a real admit.
+func TestPython(t *testing.T) {
+	t.Parallel()
+	py := python(t)
+	env := append(suiteEnv(t), "PYTHONPATH=src", "PYTHONDONTWRITEBYTECODE=1")
+	out := run(t, "python", env, `\d+ skipped`, py, "-m", "pytest", "-q", "-p", "no:cacheprovider")
+	require.Contains(t, out, "passed")
+	run(t, "python", env, "", py, "-m", "mypy")
+}
+
+// TestTypeScript runs sdk/typescript's suite (node --test, after tsc --strict) against a
+// real admit.
+func TestTypeScript(t *testing.T) {
+	t.Parallel()
+	npm(t, "typescript")
+	out := run(t, "typescript", suiteEnv(t), `(?m)^# skip [1-9]`, "npm", "test")
+	require.Regexp(t, `(?m)^# pass [1-9]`, out)
+	require.Regexp(t, `(?m)^# fail 0$`, out)
 }

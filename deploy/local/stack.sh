@@ -186,6 +186,22 @@ make_python_venv() {
   cp "$req" "$stamp"
 }
 
+# The TypeScript SDK's and the examples' packages (sdk/typescript, examples/*, run by
+# sdk/sdk_test.go and examples/examples_test.go): `npm ci` from the npm registry, into each
+# directory's node_modules, again when its package-lock.json changes.
+make_node_modules() {
+  local dir lock stamp
+  for dir in "$ROOT/sdk/typescript" "$ROOT"/examples/*/; do
+    dir=${dir%/}; lock="$dir/package-lock.json"; stamp="$dir/node_modules/.metergate-lock"
+    [ -f "$lock" ] || continue
+    if [ -d "$dir/node_modules" ] && cmp -s "$lock" "$stamp"; then continue; fi
+    command -v npm >/dev/null || apt_install nodejs npm
+    log "installing the npm packages of ${dir#"$ROOT"/}"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci failed in $dir"
+    cp "$lock" "$stamp"
+  done
+}
+
 # ---------------------------------------------------------------------------------------
 # Redis
 
@@ -724,6 +740,7 @@ case "${1:-}" in
     up_kafka
     fetch_axe
     make_python_venv
+    make_node_modules
     write_env
     ;;
   up-cluster)
