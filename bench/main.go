@@ -90,7 +90,7 @@ type Config struct {
 	// one org; PortalRequests the timed reads of each kind.
 	PortalEvents, PortalRequests int
 	// Only names the measurements to take (throughput, idle, e2e, pipeline, memory,
-	// redismem, waiters, credits, alerts, gateway, replicas, console, portal, go);
+	// redismem, waiters, credits, alerts, gateway, replicas, console, portal, sdk, go);
 	// empty: all of them.
 	Only []string
 	// MeterEvents is the events of the meter benchmark (its -benchtime Nx), and
@@ -141,7 +141,7 @@ func parse(args []string) (Config, error) {
 	fs.DurationVar(&cfg.ConsoleDuration, "console-duration", 4*time.Second, "load windows of the console's effect on admission")
 	fs.IntVar(&cfg.PortalEvents, "portal-events", 10_000_000, "billing-log events of the year of one org the portal section loads")
 	fs.IntVar(&cfg.PortalRequests, "portal-requests", 100, "timed reads of each kind of the portal's usage page (after 5 warm-ups)")
-	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, gateway, replicas, console, portal, go (default: all)")
+	only := fs.String("only", "", "comma-separated measurements to take: throughput, idle, e2e, pipeline, memory, redismem, waiters, credits, alerts, gateway, replicas, console, portal, sdk, go (default: all)")
 	fs.StringVar(&cfg.MeterEvents, "meter-events", "100000", "events of the meter benchmark")
 	fs.StringVar(&cfg.ReconcileBenchtime, "reconcile-benchtime", "3x", "-benchtime of the reconcile benchmark")
 	if err := fs.Parse(args); err != nil {

@@ -84,6 +84,7 @@ func run(ctx context.Context, cfg Config, out io.Writer) (*Results, error) {
 		{"replicas", "decisions with ADMIT_REDIS_WAIT_REPLICAS=1 against without, on the Sentinel setup", s.replicas},
 		{"console", "the console: each page's server time over a seeded billing log, its effect on admission", s.consoleBench},
 		{"portal", "the portal's usage page over a year of one org's events (usage_daily)", s.portalBench},
+		{"sdk", "the SDKs' client overhead against a raw HTTP call of the same admit", s.sdkBench},
 		{"go", "Go benchmarks: meter vs INSERT … SELECT, reconcile, the decision path", s.goBenchmarks},
 	}
 	for _, st := range steps {

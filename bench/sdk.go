@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// sdkGoalMS is issue 34's goal: an SDK's client adds at most 0.1 ms to an admit's p50.
+const sdkGoalMS = 0.1
+
+// Each run of an SDK's script times sdkPairs pairs of calls of each client, after
+// sdkWarmup untimed pairs; a run of each SDK is a round (Config.Rounds of them).
+const (
+	sdkPairs  = 500
+	sdkWarmup = 100
+)
+
+// sdkTree is benchTree's shape under an org of its own: the SDKs admit its agent by
+// account, with the service token, as an app's backend does.
+var sdkTree = []map[string]any{
+	{"id": "sdk-org", "kind": "org", "plan": "enterprise", "limits": highLimits(true)},
+	{"id": "sdk-team", "kind": "team", "parent": "sdk-org", "limits": highLimits(false)},
+	{"id": "sdk-user", "kind": "user", "parent": "sdk-team", "limits": highLimits(false)},
+	{"id": "sdk-agent", "kind": "agent", "parent": "sdk-user", "limits": highLimits(false)},
+}
+
+// sdkScript is one SDK's benchmark: a program that prints one JSON line (sdkOutput).
+type sdkScript struct {
+	SDK  string
+	Dir  string // its working directory
+	Env  []string
+	Argv []string
+}
+
+// sdkOutput is what a script prints: for each of its measures, the latency of every timed
+// call of the subject and of the baseline, in ms, taken in pairs in a random order.
+type sdkOutput struct {
+	SDK      string       `json:"sdk"`
+	Version  string       `json:"version"` // the runtime's
+	Measures []sdkMeasure `json:"measures"`
+}
+
+type sdkMeasure struct {
+	Name     string    `json:"name"`
+	Subject  string    `json:"subject"`
+	Baseline string    `json:"baseline"`
+	SDKMS    []float64 `json:"sdk_ms"`
+	RawMS    []float64 `json:"raw_ms"`
+}
+
+// sdkOverhead is a measure's figures: the subject's and the baseline's p50 and p95, the
+// p50 the subject adds and the ratio of the p50s.
+type sdkOverhead struct {
+	N        int     `json:"n"`
+	P50      float64 `json:"p50_ms"`
+	P95      float64 `json:"p95_ms"`
+	RawP50   float64 `json:"raw_p50_ms"`
+	RawP95   float64 `json:"raw_p95_ms"`
+	AddedP50 float64 `json:"added_p50_ms"`
+	Ratio    float64 `json:"ratio"`
+}
+
+// overhead is m's figures; m must hold as many samples of each side, at least one.
+func (m sdkMeasure) overhead() (sdkOverhead, error) {
+	if len(m.SDKMS) == 0 || len(m.SDKMS) != len(m.RawMS) {
+		return sdkOverhead{}, fmt.Errorf("%s: %d samples of the subject, %d of the baseline: want as many, at least one", m.Name, len(m.SDKMS), len(m.RawMS))
+	}
+	sdk, raw := slices.Sorted(slices.Values(m.SDKMS)), slices.Sorted(slices.Values(m.RawMS))
+	o := sdkOverhead{N: len(sdk), P50: nearestRank(sdk, 50), P95: nearestRank(sdk, 95), RawP50: nearestRank(raw, 50), RawP95: nearestRank(raw, 95)}
+	o.AddedP50 = o.P50 - o.RawP50
+	if o.RawP50 > 0 {
+		o.Ratio = o.P50 / o.RawP50
+	}
+	return o, nil
+}
+
+// parseSDKOutput reads a script's output: its last non-empty line.
+func parseSDKOutput(stdout []byte) (sdkOutput, error) {
+	var out sdkOutput
+	lines := strings.Split(strings.TrimSpace(string(stdout)), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
+		return out, fmt.Errorf("output %q: %w", lines[len(lines)-1], err)
+	}
+	if len(out.Measures) == 0 {
+		return out, errors.New("output without measures")
+	}
+	return out, nil
+}
+
+// run runs the script and reads its output.
+func (sc sdkScript) run(ctx context.Context) (sdkOutput, error) {
+	cmd := exec.CommandContext(ctx, sc.Argv[0], sc.Argv[1:]...)
+	cmd.Dir, cmd.Env = sc.Dir, append(os.Environ(), sc.Env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return sdkOutput{}, fmt.Errorf("%s: %w: %s", strings.Join(sc.Argv, " "), err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return parseSDKOutput(stdout.Bytes())
+}
+
+// sdkBench is issue 34's proof of the SDKs' cost: each SDK's client against a raw HTTP
+// call of the same admit (the same body, a fresh idempotency key each), interleaved in
+// one process, in Config.Rounds rounds of each SDK in turn.
+func (s *stack) sdkBench(ctx context.Context, res *Results) error {
+	if _, err := s.createTree(ctx, sdkTree); err != nil {
+		return fmt.Errorf("accounts: %w", err)
+	}
+	scripts, err := s.sdkScripts(ctx)
+	if err != nil {
+		return err
+	}
+	type round struct {
+		Runtime  string                 `json:"runtime"`
+		Measures map[string]sdkOverhead `json:"measures"`
+	}
+	rounds := map[string][]round{}
+	var order []string // the measures' names, as first seen
+	info := map[string]sdkMeasure{}
+	per := map[string][]sdkOverhead{}
+	for r := range s.cfg.Rounds {
+		for i := range scripts {
+			sc := scripts[(r+i)%len(scripts)] // who goes first turns each round
+			out, err := sc.run(ctx)
+			if err != nil {
+				return fmt.Errorf("%s SDK: %w", sc.SDK, err)
+			}
+			rd := round{Runtime: out.Version, Measures: map[string]sdkOverhead{}}
+			for _, m := range out.Measures {
+				o, err := m.overhead()
+				if err != nil {
+					return fmt.Errorf("%s SDK: %w", sc.SDK, err)
+				}
+				if _, seen := info[m.Name]; !seen {
+					order = append(order, m.Name)
+				}
+				info[m.Name] = sdkMeasure{Name: m.Name, Subject: m.Subject, Baseline: m.Baseline}
+				per[m.Name] = append(per[m.Name], o)
+				rd.Measures[m.Name] = o
+				fmt.Fprintf(s.out, "  round %d %-22s p50 %.3f ms (raw %.3f), p95 %.3f (raw %.3f): +%.3f ms, %.3f×, n %d\n",
+					r+1, m.Name, o.P50, o.RawP50, o.P95, o.RawP95, o.AddedP50, o.Ratio, o.N)
+			}
+			rounds[sc.SDK] = append(rounds[sc.SDK], rd)
+		}
+	}
+	res.Raw["sdk_rounds"] = rounds
+	for _, name := range order {
+		m, all := info[name], per[name]
+		pick := func(f func(sdkOverhead) float64) spread {
+			var v []float64
+			for _, o := range all {
+				v = append(v, f(o))
+			}
+			return spreadOf(v)
+		}
+		p50, raw50 := pick(func(o sdkOverhead) float64 { return o.P50 }).Median, pick(func(o sdkOverhead) float64 { return o.RawP50 }).Median
+		p95, raw95 := pick(func(o sdkOverhead) float64 { return o.P95 }).Median, pick(func(o sdkOverhead) float64 { return o.RawP95 }).Median
+		against := fmt.Sprintf("%s against %s, the same admit (POST /v1/admit, the same body, a fresh idempotency key each, 4 levels × requests+tokens) in one process, %d pairs per round after %d warm-ups, each pair's order random; p50 %.3f ms (raw %.3f), p95 %.3f (raw %.3f) (medians)",
+			m.Subject, m.Baseline, sdkPairs, sdkWarmup, p50, raw50, p95, raw95)
+		res.addSpread("sdk_added_p50_ms_"+name, pick(func(o sdkOverhead) float64 { return o.AddedP50 }), "ms",
+			"≤ "+strconv.FormatFloat(sdkGoalMS, 'f', -1, 64), "each round's p50 − the same round's raw p50: "+against)
+		res.addSpread("sdk_p50_vs_raw_"+name, pick(func(o sdkOverhead) float64 { return o.Ratio }), "×", "",
+			"each round's p50 ÷ the same round's raw p50 (sdk_added_p50_ms_"+name+")")
+	}
+	return nil
+}
+
+// sdkScripts are the SDKs' client-overhead scripts against the bench's admit and
+// sdkTree's agent; the TypeScript SDK is built first when its dist is missing or older
+// than its src.
+func (s *stack) sdkScripts(ctx context.Context) ([]sdkScript, error) {
+	py := os.Getenv("METERGATE_PYTHON")
+	if py == "" {
+		return nil, errors.New("METERGATE_PYTHON is not set: `make up` makes the Python SDK's virtualenv and names it in .run/env")
+	}
+	if err := buildTypeScript(ctx, "sdk/typescript"); err != nil {
+		return nil, err
+	}
+	args := []string{"--url", s.admit.URL(), "--token", serviceToken, "--account", sdkTree[len(sdkTree)-1]["id"].(string),
+		"--pairs", strconv.Itoa(sdkPairs), "--warmup", strconv.Itoa(sdkWarmup)}
+	return []sdkScript{
+		{SDK: "python", Dir: "sdk/python", Env: []string{"PYTHONPATH=src", "PYTHONDONTWRITEBYTECODE=1"},
+			Argv: append([]string{py, "bench/overhead.py"}, args...)},
+		{SDK: "typescript", Dir: "sdk/typescript", Argv: append([]string{"node", "bench/overhead.mjs"}, args...)},
+	}, nil
+}
+
+// buildTypeScript runs `npm run build` in dir when dist/esm/index.js is missing or older
+// than a file of src.
+func buildTypeScript(ctx context.Context, dir string) error {
+	built, err := os.Stat(filepath.Join(dir, "dist", "esm", "index.js"))
+	stale := err != nil
+	if !stale {
+		err = filepath.WalkDir(filepath.Join(dir, "src"), func(_ string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			info, err := d.Info()
+			if err == nil && info.ModTime().After(built.ModTime()) {
+				stale = true
+				return filepath.SkipAll
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("typescript SDK: %w", err)
+		}
+	}
+	if !stale {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
+		return fmt.Errorf("%s/node_modules is missing: `make up` installs it (npm ci)", dir)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "npm", "run", "build")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("npm run build in %s: %w: %s", dir, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
