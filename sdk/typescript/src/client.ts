@@ -1,7 +1,8 @@
-// The admission client: POST /v1/admit and /v1/outcomes over fetch (openapi-fetch, typed by
-// src/schema.d.ts, which `npm run generate` makes from internal/api/openapi.yaml).
+// The client of metergate's APIs over fetch (openapi-fetch, typed by src/schema.d.ts, which
+// `npm run generate` makes from internal/api/openapi.yaml): admit and outcomes with their
+// retries, and every other route through `api`, typed from the same document.
 
-import createClient from "openapi-fetch";
+import createClient, { type ClientPathsWithMethod, type FetchResponse, type MaybeOptionalInit } from "openapi-fetch";
 import type { components, paths } from "./schema.js";
 import { errorFor, type MetergateError } from "./errors.js";
 
@@ -30,7 +31,9 @@ export const defaultRetry: RetryPolicy = { attempts: 4, baseMs: 50, capMs: 2000 
 export interface ClientOptions {
   /** admit's address, e.g. http://127.0.0.1:8080. */
   baseUrl: string;
-  /** The service token (ADMIT_SERVICE_TOKEN), sent as `Authorization: Bearer <token>`. */
+  /** Sent as `Authorization: Bearer <token>` on every call: the service token
+   * (ADMIT_SERVICE_TOKEN) for admit, outcomes and usage; the admin token for /v1/admin; a
+   * customer token (mgc_…) for /v1/portal. One client per token. */
   token: string;
   /** Milliseconds per try (5000). */
   timeoutMs?: number;
@@ -52,6 +55,8 @@ export type AdmitOptions = ({ account: string; apiKey?: never } | { apiKey: stri
   tool?: string;
   maxWaitMs?: number;
   estimate?: AdmitRequest["estimate"];
+  /** Aborts the call (and its retries), e.g. when the caller hangs up. */
+  signal?: AbortSignal;
 };
 
 export interface OutcomeOptions {
@@ -73,6 +78,8 @@ export interface Admission {
    * request must not be served twice. */
   replayed: boolean;
   reply: AdmitAllowed;
+  /** The reply's headers: RateLimit and RateLimit-Policy, for the answer to the end customer. */
+  headers: Headers;
 }
 
 /** Retry-After in seconds: a whole number or an HTTP date; undefined when absent or unreadable. */
@@ -90,13 +97,12 @@ export function backoffMs(p: RetryPolicy, attempt: number, retryAfter: number | 
   return random() * Math.min(p.capMs, p.baseMs * 2 ** (attempt - 1));
 }
 
-// A random UUID: Web Crypto's, global in browsers, edge runtimes, Deno, Bun and Node >= 19;
-// node:crypto's on Node 18, loaded only there.
-async function randomKey(): Promise<string> {
+// A random UUID from Web Crypto: global in browsers, edge runtimes, Deno, Bun and Node >= 19.
+// No node: import, so the client runs on edge runtimes as it is.
+export function randomKey(): string {
   const webCrypto = (globalThis as { crypto?: { randomUUID?: () => string } }).crypto;
-  if (webCrypto?.randomUUID) return webCrypto.randomUUID();
-  const { randomUUID } = await import("node:crypto");
-  return randomUUID();
+  if (!webCrypto?.randomUUID) throw new TypeError("no globalThis.crypto.randomUUID: give ClientOptions.newKey");
+  return webCrypto.randomUUID();
 }
 
 // A fetch that failed before a reply: a connection refused or reset (TypeError in every
@@ -105,9 +111,52 @@ function isTransportError(e: unknown): boolean {
   return e instanceof TypeError || (e instanceof Error && (e.name === "TimeoutError" || e.name === "AbortError"));
 }
 
-type Reply<T> = { data?: T; error?: unknown; response: Response };
+type Sent<T> = { data?: T; error?: unknown; response: Response };
+
+/** The methods of the API's routes, as openapi-fetch names them. */
+export type Method = "get" | "put" | "post" | "delete" | "options" | "head" | "patch";
+
+// Methods whose retry cannot do the work twice (RFC 9110, 9.2.2): retried like admit. POST and
+// PATCH are not, except admit's and outcomes' own (one idempotency key, one event id).
+const idempotent = new Set<string>(["get", "head", "options", "put", "delete"]);
+
+type RequiredKeysOf<T> = { [K in keyof T]-?: {} extends Pick<T, K> ? never : K }[keyof T];
+// openapi-fetch's InitParam: the init is optional when none of its keys is required.
+type InitParam<I> = RequiredKeysOf<I> extends never ? [(I & { [key: string]: unknown })?] : [I & { [key: string]: unknown }];
+type Ok<R> = Extract<R, { error?: never }>;
+
+/** One method of `Client.api`: openapi-fetch's, whose reply is the success only (`data`,
+ * `response`); an error status throws its typed error (MetergateError and kin). */
+export type ApiMethod<M extends Method> = <
+  P extends ClientPathsWithMethod<ReturnType<typeof createClient<paths>>, M>,
+  I extends MaybeOptionalInit<paths[P], M>,
+>(
+  url: P,
+  ...init: InitParam<I>
+) => Promise<Ok<Reply<paths[P][M], I>>>;
+type Reply<O, I> = O extends Record<string | number, any> ? FetchResponse<O, I, `${string}/${string}`> : never;
+
+/**
+ * Every route of the API (admin, service, portal), typed from the OpenAPI document: the path
+ * and its parameters, the body, the reply's `data`. It is openapi-fetch's client with the
+ * client's token, per-try timeout and retries (GET, HEAD, OPTIONS, PUT and DELETE are retried
+ * like admit; POST and PATCH are sent once), and an error status thrown as its typed error.
+ * No reply is validated at run time: a field or an enum value the document does not know yet
+ * reaches `data` as it came.
+ */
+export interface Api {
+  GET: ApiMethod<"get">;
+  PUT: ApiMethod<"put">;
+  POST: ApiMethod<"post">;
+  DELETE: ApiMethod<"delete">;
+  OPTIONS: ApiMethod<"options">;
+  HEAD: ApiMethod<"head">;
+  PATCH: ApiMethod<"patch">;
+}
 
 export class Client {
+  /** Every route of the API, typed: `client.api.GET("/v1/admin/accounts/{id}", {params: {path: {id}}})`. */
+  readonly api: Api;
   private readonly http: ReturnType<typeof createClient<paths>>;
   private readonly retry: RetryPolicy;
   private readonly timeoutMs: number;
@@ -126,6 +175,19 @@ export class Client {
     this.sleep = opts.sleep ?? ((ms) => new Promise((resolve) => setTimeout(resolve, ms)));
     this.random = opts.random ?? Math.random;
     this.newKey = opts.newKey ?? randomKey;
+    const method =
+      (m: Method) =>
+      (url: string, init?: Record<string, unknown>): Promise<unknown> =>
+        this.call(m, url, init);
+    this.api = {
+      GET: method("get"),
+      PUT: method("put"),
+      POST: method("post"),
+      DELETE: method("delete"),
+      OPTIONS: method("options"),
+      HEAD: method("head"),
+      PATCH: method("patch"),
+    } as Api;
   }
 
   /**
@@ -148,7 +210,7 @@ export class Client {
     if (opts.estimate !== undefined) body.estimate = opts.estimate;
     // A wait in admit's queue counts against the per-try timeout.
     const timeoutMs = this.timeoutMs + (opts.maxWaitMs ?? 0);
-    const reply = await this.send((signal) => this.http.POST("/v1/admit", { body, signal }), timeoutMs);
+    const reply = await this.send((signal) => this.http.POST("/v1/admit", { body, signal }), timeoutMs, true, opts.signal);
     const data = reply.data as AdmitAllowed;
     return {
       eventId: data.event_id,
@@ -157,6 +219,7 @@ export class Client {
       period: data.period,
       replayed: data.replayed === true,
       reply: data,
+      headers: reply.response.headers,
     };
   }
 
@@ -165,20 +228,34 @@ export class Client {
   async outcome(opts: OutcomeOptions): Promise<OutcomeReply> {
     const body: components["schemas"]["OutcomeRequest"] = { event_id: opts.eventId, status: opts.status };
     if (opts.units !== undefined) body.units = opts.units;
-    const reply = await this.send((signal) => this.http.POST("/v1/outcomes", { body, signal }), this.timeoutMs);
+    const reply = await this.send((signal) => this.http.POST("/v1/outcomes", { body, signal }), this.timeoutMs, true);
     return reply.data as OutcomeReply;
   }
 
+  private async call(method: Method, url: string, init: Record<string, unknown> = {}): Promise<{ data: unknown; response: Response }> {
+    const caller = init["signal"] instanceof AbortSignal ? init["signal"] : undefined;
+    const request = this.http.request as (m: Method, u: string, i: Record<string, unknown>) => Promise<Sent<unknown>>;
+    const reply = await this.send((signal) => request(method, url, { ...init, signal }), this.timeoutMs, idempotent.has(method), caller);
+    return { data: reply.data, response: reply.response };
+  }
+
   // send makes one try after another of the same request (the same body, hence the same
-  // idempotency key) while admit could not decide, and throws the typed error of a refusal.
-  private async send<T>(attempt: (signal: AbortSignal) => Promise<Reply<T>>, timeoutMs: number): Promise<Reply<T>> {
-    const { attempts } = this.retry;
+  // idempotency key) while admit could not decide and the request may be retried, and throws
+  // the typed error of a refusal. The caller's signal ends it, and is never retried.
+  private async send<T>(
+    attempt: (signal: AbortSignal) => Promise<Sent<T>>,
+    timeoutMs: number,
+    retryable: boolean,
+    caller?: AbortSignal,
+  ): Promise<Sent<T>> {
+    const attempts = retryable ? this.retry.attempts : 1;
     for (let n = 1; ; n++) {
-      let reply: Reply<T>;
+      const timeout = AbortSignal.timeout(timeoutMs);
+      let reply: Sent<T>;
       try {
-        reply = await attempt(AbortSignal.timeout(timeoutMs));
+        reply = await attempt(caller ? AbortSignal.any([caller, timeout]) : timeout);
       } catch (e) {
-        if (!isTransportError(e) || n >= attempts) throw e;
+        if (caller?.aborted || !isTransportError(e) || n >= attempts) throw e;
         await this.sleep(backoffMs(this.retry, n, undefined, this.random));
         continue;
       }
@@ -189,7 +266,7 @@ export class Client {
         await this.sleep(backoffMs(this.retry, n, retryAfter, this.random));
         continue;
       }
-      throw errorFor(response.status, reply.error, retryAfter) satisfies MetergateError;
+      throw errorFor(response.status, reply.error, retryAfter, response.headers) satisfies MetergateError;
     }
   }
 }

@@ -7,13 +7,16 @@ export class MetergateError extends Error {
   readonly status: number;
   readonly code: string;
   readonly body: Record<string, unknown>;
+  /** The reply's headers (RateLimit, RateLimit-Policy, Retry-After, Idempotent-Replayed). */
+  readonly headers: Headers;
 
-  constructor(status: number, code: string, message: string, body: Record<string, unknown> = {}) {
+  constructor(status: number, code: string, message: string, body: Record<string, unknown> = {}, headers: Headers = new Headers()) {
     super(`${status} ${code}: ${message}`);
     this.name = new.target.name;
     this.status = status;
     this.code = code;
     this.body = body;
+    this.headers = headers;
   }
 }
 
@@ -22,8 +25,15 @@ export class RateLimitedError extends MetergateError {
   /** Seconds to wait (the Retry-After header); undefined when the request can never pass. */
   readonly retryAfter: number | undefined;
 
-  constructor(status: number, code: string, message: string, body: Record<string, unknown>, retryAfter: number | undefined) {
-    super(status, code, message, body);
+  constructor(
+    status: number,
+    code: string,
+    message: string,
+    body: Record<string, unknown>,
+    retryAfter: number | undefined,
+    headers: Headers = new Headers(),
+  ) {
+    super(status, code, message, body, headers);
     this.retryAfter = retryAfter;
   }
 }
@@ -50,26 +60,26 @@ function isRecord(v: unknown): v is Record<string, unknown> {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
-/** The typed error of a reply with this status, JSON body and Retry-After (seconds). */
-export function errorFor(status: number, body: unknown, retryAfter: number | undefined): MetergateError {
+/** The typed error of a reply with this status, JSON body, Retry-After (seconds) and headers. */
+export function errorFor(status: number, body: unknown, retryAfter: number | undefined, headers: Headers = new Headers()): MetergateError {
   const b = isRecord(body) ? body : {};
   const err = isRecord(b["error"]) ? b["error"] : undefined;
   const code = String(err?.["code"] ?? b["decision"] ?? "error");
   const message = String(err?.["message"] ?? b["message"] ?? code);
   switch (status) {
     case 429:
-      return new RateLimitedError(status, code, message, b, retryAfter);
+      return new RateLimitedError(status, code, message, b, retryAfter, headers);
     case 402:
-      if (code === "quota_exceeded") return new QuotaExceededError(status, code, message, b);
-      if (code === "insufficient_balance") return new InsufficientBalanceError(status, code, message, b);
-      return new PaymentRequiredError(status, code, message, b);
+      if (code === "quota_exceeded") return new QuotaExceededError(status, code, message, b, headers);
+      if (code === "insufficient_balance") return new InsufficientBalanceError(status, code, message, b, headers);
+      return new PaymentRequiredError(status, code, message, b, headers);
     case 401:
-      return new UnauthorizedError(status, code, message, b);
+      return new UnauthorizedError(status, code, message, b, headers);
     case 403:
-      return new ForbiddenError(status, code, message, b);
+      return new ForbiddenError(status, code, message, b, headers);
     case 503:
-      return new UnavailableError(status, code, message, b);
+      return new UnavailableError(status, code, message, b, headers);
     default:
-      return new MetergateError(status, code, message, b);
+      return new MetergateError(status, code, message, b, headers);
   }
 }
