@@ -51,27 +51,42 @@ type sdkOutput struct {
 	Measures []sdkMeasure `json:"measures"`
 }
 
+// The kinds of measure: an SDK's client against a raw call of the same admit, or an app's
+// route behind the SDK's middleware against the same app's route without it.
+const (
+	kindClient     = "client"
+	kindMiddleware = "middleware"
+)
+
 type sdkMeasure struct {
 	Name     string    `json:"name"`
+	Kind     string    `json:"kind"` // kindClient when empty
 	Subject  string    `json:"subject"`
 	Baseline string    `json:"baseline"`
 	SDKMS    []float64 `json:"sdk_ms"`
 	RawMS    []float64 `json:"raw_ms"`
+	// AdmitMS, of a middleware's measure, are a raw admit of the same kind timed in the
+	// same rounds: what the middleware adds beyond it is its own.
+	AdmitMS []float64 `json:"admit_ms,omitempty"`
 }
 
 // sdkOverhead is a measure's figures: the subject's and the baseline's p50 and p95, the
-// p50 the subject adds and the ratio of the p50s.
+// p50 the subject adds and the ratio of the p50s; for a middleware, the raw admit's p50
+// and what the middleware adds beyond it.
 type sdkOverhead struct {
-	N        int     `json:"n"`
-	P50      float64 `json:"p50_ms"`
-	P95      float64 `json:"p95_ms"`
-	RawP50   float64 `json:"raw_p50_ms"`
-	RawP95   float64 `json:"raw_p95_ms"`
-	AddedP50 float64 `json:"added_p50_ms"`
-	Ratio    float64 `json:"ratio"`
+	N              int     `json:"n"`
+	P50            float64 `json:"p50_ms"`
+	P95            float64 `json:"p95_ms"`
+	RawP50         float64 `json:"raw_p50_ms"`
+	RawP95         float64 `json:"raw_p95_ms"`
+	AddedP50       float64 `json:"added_p50_ms"`
+	Ratio          float64 `json:"ratio"`
+	AdmitP50       float64 `json:"admit_p50_ms,omitempty"`
+	BeyondAdmitP50 float64 `json:"beyond_admit_p50_ms,omitempty"`
 }
 
-// overhead is m's figures; m must hold as many samples of each side, at least one.
+// overhead is m's figures; m must hold as many samples of each side, at least one, and a
+// middleware's as many of the raw admit.
 func (m sdkMeasure) overhead() (sdkOverhead, error) {
 	if len(m.SDKMS) == 0 || len(m.SDKMS) != len(m.RawMS) {
 		return sdkOverhead{}, fmt.Errorf("%s: %d samples of the subject, %d of the baseline: want as many, at least one", m.Name, len(m.SDKMS), len(m.RawMS))
@@ -81,6 +96,17 @@ func (m sdkMeasure) overhead() (sdkOverhead, error) {
 	o.AddedP50 = o.P50 - o.RawP50
 	if o.RawP50 > 0 {
 		o.Ratio = o.P50 / o.RawP50
+	}
+	switch m.Kind {
+	case "", kindClient:
+	case kindMiddleware:
+		if len(m.AdmitMS) != len(m.SDKMS) {
+			return o, fmt.Errorf("%s: %d samples of the raw admit, %d of the subject: want as many", m.Name, len(m.AdmitMS), len(m.SDKMS))
+		}
+		o.AdmitP50 = nearestRank(slices.Sorted(slices.Values(m.AdmitMS)), 50)
+		o.BeyondAdmitP50 = o.AddedP50 - o.AdmitP50
+	default:
+		return o, fmt.Errorf("%s: unknown kind %q", m.Name, m.Kind)
 	}
 	return o, nil
 }
@@ -114,21 +140,22 @@ func (sc sdkScript) run(ctx context.Context) (sdkOutput, error) {
 // call of the same admit (the same body, a fresh idempotency key each), interleaved in
 // one process, in Config.Rounds rounds of each SDK in turn.
 func (s *stack) sdkBench(ctx context.Context, res *Results) error {
-	if _, err := s.createTree(ctx, sdkTree); err != nil {
+	key, err := s.createTree(ctx, sdkTree)
+	if err != nil {
 		return fmt.Errorf("accounts: %w", err)
 	}
-	scripts, err := s.sdkScripts(ctx)
+	scripts, err := s.sdkScripts(ctx, key)
 	if err != nil {
 		return err
 	}
-	type round struct {
-		Runtime  string                 `json:"runtime"`
-		Measures map[string]sdkOverhead `json:"measures"`
+	type series struct {
+		SDK     string        `json:"sdk"`
+		Runtime string        `json:"runtime"`
+		Rounds  []sdkOverhead `json:"rounds"`
 	}
-	rounds := map[string][]round{}
+	raw := map[string]*series{}
 	var order []string // the measures' names, as first seen
 	info := map[string]sdkMeasure{}
-	per := map[string][]sdkOverhead{}
 	for r := range s.cfg.Rounds {
 		for i := range scripts {
 			sc := scripts[(r+i)%len(scripts)] // who goes first turns each round
@@ -136,7 +163,6 @@ func (s *stack) sdkBench(ctx context.Context, res *Results) error {
 			if err != nil {
 				return fmt.Errorf("%s SDK: %w", sc.SDK, err)
 			}
-			rd := round{Runtime: out.Version, Measures: map[string]sdkOverhead{}}
 			for _, m := range out.Measures {
 				o, err := m.overhead()
 				if err != nil {
@@ -144,19 +170,22 @@ func (s *stack) sdkBench(ctx context.Context, res *Results) error {
 				}
 				if _, seen := info[m.Name]; !seen {
 					order = append(order, m.Name)
+					raw[m.Name] = &series{SDK: out.SDK, Runtime: out.Version}
 				}
-				info[m.Name] = sdkMeasure{Name: m.Name, Subject: m.Subject, Baseline: m.Baseline}
-				per[m.Name] = append(per[m.Name], o)
-				rd.Measures[m.Name] = o
-				fmt.Fprintf(s.out, "  round %d %-22s p50 %.3f ms (raw %.3f), p95 %.3f (raw %.3f): +%.3f ms, %.3f×, n %d\n",
-					r+1, m.Name, o.P50, o.RawP50, o.P95, o.RawP95, o.AddedP50, o.Ratio, o.N)
+				info[m.Name] = sdkMeasure{Name: m.Name, Kind: m.Kind, Subject: m.Subject, Baseline: m.Baseline}
+				raw[m.Name].Rounds = append(raw[m.Name].Rounds, o)
+				admit := ""
+				if m.Kind == kindMiddleware {
+					admit = fmt.Sprintf(", raw admit %.3f", o.AdmitP50)
+				}
+				fmt.Fprintf(s.out, "  round %d %-22s p50 %.3f ms (baseline %.3f%s), p95 %.3f (%.3f): %+.3f ms, %.3f×, n %d\n",
+					r+1, m.Name, o.P50, o.RawP50, admit, o.P95, o.RawP95, o.AddedP50, o.Ratio, o.N)
 			}
-			rounds[sc.SDK] = append(rounds[sc.SDK], rd)
 		}
 	}
-	res.Raw["sdk_rounds"] = rounds
+	res.Raw["sdk"] = raw
 	for _, name := range order {
-		m, all := info[name], per[name]
+		m, all := info[name], raw[name].Rounds
 		pick := func(f func(sdkOverhead) float64) spread {
 			var v []float64
 			for _, o := range all {
@@ -164,11 +193,21 @@ func (s *stack) sdkBench(ctx context.Context, res *Results) error {
 			}
 			return spreadOf(v)
 		}
-		p50, raw50 := pick(func(o sdkOverhead) float64 { return o.P50 }).Median, pick(func(o sdkOverhead) float64 { return o.RawP50 }).Median
-		p95, raw95 := pick(func(o sdkOverhead) float64 { return o.P95 }).Median, pick(func(o sdkOverhead) float64 { return o.RawP95 }).Median
+		med := func(f func(sdkOverhead) float64) float64 { return pick(f).Median }
+		p50, raw50 := med(func(o sdkOverhead) float64 { return o.P50 }), med(func(o sdkOverhead) float64 { return o.RawP50 })
+		p95, raw95 := med(func(o sdkOverhead) float64 { return o.P95 }), med(func(o sdkOverhead) float64 { return o.RawP95 })
+		added := pick(func(o sdkOverhead) float64 { return o.AddedP50 })
+		if m.Kind == kindMiddleware {
+			against := fmt.Sprintf("%s against %s, interleaved with a raw admit of the same kind (POST /v1/admit, the caller's API key, the same units) from the client's process, %d rounds after %d warm-ups, each round's order random; p50 %.3f ms (without %.3f), p95 %.3f (without %.3f), the raw admit's p50 %.3f (medians)",
+				m.Subject, m.Baseline, sdkPairs, sdkWarmup, p50, raw50, p95, raw95, med(func(o sdkOverhead) float64 { return o.AdmitP50 }))
+			res.addSpread("sdk_middleware_added_p50_ms_"+name, added, "ms", "", "each round's p50 − the same round's p50 without the middleware: "+against)
+			res.addSpread("sdk_middleware_beyond_admit_p50_ms_"+name, pick(func(o sdkOverhead) float64 { return o.BeyondAdmitP50 }), "ms", "",
+				"sdk_middleware_added_p50_ms_"+name+" − the same round's raw admit p50: the middleware's own work (its client, resolvers, the outcome in the background)")
+			continue
+		}
 		against := fmt.Sprintf("%s against %s, the same admit (POST /v1/admit, the same body, a fresh idempotency key each, 4 levels × requests+tokens) in one process, %d pairs per round after %d warm-ups, each pair's order random; p50 %.3f ms (raw %.3f), p95 %.3f (raw %.3f) (medians)",
 			m.Subject, m.Baseline, sdkPairs, sdkWarmup, p50, raw50, p95, raw95)
-		res.addSpread("sdk_added_p50_ms_"+name, pick(func(o sdkOverhead) float64 { return o.AddedP50 }), "ms",
+		res.addSpread("sdk_added_p50_ms_"+name, added, "ms",
 			"≤ "+strconv.FormatFloat(sdkGoalMS, 'f', -1, 64), "each round's p50 − the same round's raw p50: "+against)
 		res.addSpread("sdk_p50_vs_raw_"+name, pick(func(o sdkOverhead) float64 { return o.Ratio }), "×", "",
 			"each round's p50 ÷ the same round's raw p50 (sdk_added_p50_ms_"+name+")")
@@ -176,10 +215,10 @@ func (s *stack) sdkBench(ctx context.Context, res *Results) error {
 	return nil
 }
 
-// sdkScripts are the SDKs' client-overhead scripts against the bench's admit and
-// sdkTree's agent; the TypeScript SDK is built first when its dist is missing or older
-// than its src.
-func (s *stack) sdkScripts(ctx context.Context) ([]sdkScript, error) {
+// sdkScripts are the SDKs' scripts against the bench's admit: the clients' admit
+// sdkTree's agent by account, the middlewares' callers send its API key. The TypeScript
+// SDK is built first when its dist is missing or older than its src.
+func (s *stack) sdkScripts(ctx context.Context, apiKey string) ([]sdkScript, error) {
 	py := os.Getenv("METERGATE_PYTHON")
 	if py == "" {
 		return nil, errors.New("METERGATE_PYTHON is not set: `make up` makes the Python SDK's virtualenv and names it in .run/env")
@@ -187,12 +226,14 @@ func (s *stack) sdkScripts(ctx context.Context) ([]sdkScript, error) {
 	if err := buildTypeScript(ctx, "sdk/typescript"); err != nil {
 		return nil, err
 	}
-	args := []string{"--url", s.admit.URL(), "--token", serviceToken, "--account", sdkTree[len(sdkTree)-1]["id"].(string),
-		"--pairs", strconv.Itoa(sdkPairs), "--warmup", strconv.Itoa(sdkWarmup)}
+	common := []string{"--url", s.admit.URL(), "--token", serviceToken, "--pairs", strconv.Itoa(sdkPairs), "--warmup", strconv.Itoa(sdkWarmup)}
+	client := slices.Concat(common, []string{"--account", sdkTree[len(sdkTree)-1]["id"].(string)})
+	middleware := slices.Concat(common, []string{"--api-key", apiKey})
+	pyEnv := []string{"PYTHONPATH=src", "PYTHONDONTWRITEBYTECODE=1"}
 	return []sdkScript{
-		{SDK: "python", Dir: "sdk/python", Env: []string{"PYTHONPATH=src", "PYTHONDONTWRITEBYTECODE=1"},
-			Argv: append([]string{py, "bench/overhead.py"}, args...)},
-		{SDK: "typescript", Dir: "sdk/typescript", Argv: append([]string{"node", "bench/overhead.mjs"}, args...)},
+		{SDK: "python", Dir: "sdk/python", Env: pyEnv, Argv: slices.Concat([]string{py, "bench/overhead.py"}, client)},
+		{SDK: "python", Dir: "sdk/python", Env: pyEnv, Argv: slices.Concat([]string{py, "bench/middleware.py"}, middleware)},
+		{SDK: "typescript", Dir: "sdk/typescript", Argv: slices.Concat([]string{"node", "bench/overhead.mjs"}, client)},
 	}, nil
 }
 

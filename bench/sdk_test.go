@@ -25,6 +25,22 @@ func TestSDKOverhead(t *testing.T) {
 	require.InDelta(t, 0.05, o.AddedP50, 1e-9)
 	require.InDelta(t, 1.95/1.9, o.Ratio, 1e-9)
 
+	// A middleware's: the raw admit's p50 is taken off what the middleware adds.
+	m.Kind, m.AdmitMS = kindMiddleware, []float64{0.01}
+	_, err = m.overhead()
+	require.ErrorContains(t, err, "x: 1 samples of the raw admit, 20 of the subject")
+	m.AdmitMS = nil
+	for i := range 20 {
+		m.AdmitMS = append(m.AdmitMS, 0.02-float64(i)/1000) // p50: the 10th smallest, 0.01
+	}
+	o, err = m.overhead()
+	require.NoError(t, err)
+	require.InDelta(t, 0.01, o.AdmitP50, 1e-9)
+	require.InDelta(t, 0.04, o.BeyondAdmitP50, 1e-9)
+	m.Kind = "other"
+	_, err = m.overhead()
+	require.ErrorContains(t, err, `unknown kind "other"`)
+
 	_, err = sdkMeasure{Name: "short", SDKMS: []float64{1, 2}, RawMS: []float64{1}}.overhead()
 	require.ErrorContains(t, err, "short: 2 samples of the subject, 1 of the baseline")
 	_, err = sdkMeasure{Name: "empty"}.overhead()

@@ -76,7 +76,7 @@ def sync_client(a: argparse.Namespace) -> dict[str, Any]:
         samples = interleave(a.pairs, a.warmup,
                              lambda: client.admit(account=a.account, units=UNITS),
                              lambda: check(http.post("/v1/admit", json=raw_body(a.account))))
-    return {"name": "python_client", "subject": "metergate.Client.admit",
+    return {"name": "python_client", "kind": "client", "subject": "metergate.Client.admit",
             "baseline": "httpx.Client.post (keep-alive), status checked, JSON decoded", **samples}
 
 
@@ -87,7 +87,7 @@ async def async_client(a: argparse.Namespace) -> dict[str, Any]:
         async def raw() -> dict[str, Any]:
             return check(await http.post("/v1/admit", json=raw_body(a.account)))
         samples = await ainterleave(a.pairs, a.warmup, lambda: client.admit(account=a.account, units=UNITS), raw)
-    return {"name": "python_async_client", "subject": "metergate.AsyncClient.admit",
+    return {"name": "python_async_client", "kind": "client", "subject": "metergate.AsyncClient.admit",
             "baseline": "httpx.AsyncClient.post (keep-alive), status checked, JSON decoded", **samples}
 
 

@@ -60,6 +60,6 @@ process.stdout.write(
   JSON.stringify({
     sdk: "typescript",
     version: process.version,
-    measures: [{ name: "typescript_client", subject: "Client.admit (@metergate/client)", baseline: "fetch (keep-alive), status checked, JSON decoded", ...out }],
+    measures: [{ name: "typescript_client", kind: "client", subject: "Client.admit (@metergate/client)", baseline: "fetch (keep-alive), status checked, JSON decoded", ...out }],
   }) + "\n",
 );
