@@ -1,17 +1,28 @@
-"""The clients: Client (sync) and AsyncClient, over httpx."""
+"""The clients: Client (sync) and AsyncClient, over httpx. Both run the operations of
+_api.py; this module sends them: the URL, the body, retries, and the reply's decoding."""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import random
 import time
-import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from datetime import date, datetime
+from typing import Any, Awaitable, Callable, TypeVar, cast
 
 import httpx
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
+from ._api import Admin, Admission, Portal, Service
+from ._operation import Async, Call, Operation, Sync
 from .errors import MetergateError, error_for
+
+T = TypeVar("T")
+
+# Failures before the request left: retried whatever the operation, since admit never saw it.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 @dataclass(frozen=True)
@@ -31,33 +42,6 @@ class Retry:
         return random.uniform(0, min(self.cap, self.base * 2 ** (attempt - 1)))
 
 
-@dataclass(frozen=True)
-class Admission:
-    """An admitted request: its event id (report its outcome with it) and the reply."""
-
-    event_id: str
-    account: str
-    org: str
-    period: str
-    replayed: bool
-    reply: dict[str, Any]
-
-
-def _admit_body(account: str | None, api_key: str | None, units: Mapping[str, int] | None,
-                idempotency_key: str | None, extra: Mapping[str, Any]) -> dict[str, Any]:
-    if (account is None) == (api_key is None):
-        raise ValueError("give exactly one of account and api_key")
-    body: dict[str, Any] = {"idempotency_key": idempotency_key or uuid.uuid4().hex}
-    if account is not None:
-        body["account"] = account
-    else:
-        body["api_key"] = api_key
-    if units:
-        body["units"] = dict(units)
-    body.update(extra)
-    return body
-
-
 def _retry_after(r: httpx.Response) -> float | None:
     v = r.headers.get("Retry-After")
     try:
@@ -66,33 +50,111 @@ def _retry_after(r: httpx.Response) -> float | None:
         return None
 
 
-def _result(r: httpx.Response) -> dict[str, Any]:
-    body: dict[str, Any] = {}
-    try:
-        decoded = r.json()
-        if isinstance(decoded, dict):
-            body = decoded
-    except ValueError:
-        body = {"error": {"code": "error", "message": r.text[:200]}}
+def _query_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, enum.Enum):
+        return str(v.value)
+    if isinstance(v, (date, datetime)):
+        return v.isoformat()
+    return str(v)
+
+
+def _build(http: httpx.Client | httpx.AsyncClient, op: Operation[Any, Any], call: Call[Any]) -> httpx.Request:
+    body = call.body
+    if isinstance(body, BaseModel):
+        body = body.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    elif body is not None:
+        body = to_jsonable_python(body)
+    params = {k: _query_value(v) for k, v in call.query.items() if v is not None}
+    return http.build_request(op.method, op.url(call), params=params or None, json=body)
+
+
+def _decode(call: Call[T], r: httpx.Response) -> T:
+    """The reply of a call, or its typed error."""
     if r.status_code >= 300:
-        raise error_for(r.status_code, body, _retry_after(r))
-    return body
+        body: dict[str, Any] = {}
+        try:
+            decoded = r.json()
+            if isinstance(decoded, dict):
+                body = decoded
+        except ValueError:
+            body = {"error": {"code": "error", "message": r.text[:200]}}
+        raise error_for(r.status_code, body, _retry_after(r), r.headers)
+    reply: type[Any] = call.reply
+    if reply is type(None):
+        return cast(T, None)
+    if reply is bytes:
+        return cast(T, r.content)
+    if reply is Admission:
+        return cast(T, Admission.of(r.json(), r.headers))
+    return cast(T, cast(type[BaseModel], reply).model_validate_json(r.content))
 
 
-def _admission(body: dict[str, Any]) -> Admission:
-    return Admission(event_id=str(body["event_id"]), account=str(body.get("account", "")), org=str(body.get("org", "")),
-                     period=str(body.get("period", "")), replayed=bool(body.get("replayed", False)), reply=body)
+def _retryable(op: Operation[Any, Any], call: Call[Any], attempt: int, attempts: int,
+               error: httpx.TransportError | None, r: httpx.Response | None) -> bool:
+    if attempt >= attempts:
+        return False
+    if error is not None:
+        return isinstance(error, _NOT_SENT) or op.retries(call)
+    return r is not None and r.status_code == 503 and op.retries(call)
 
 
-class Client:
-    """metergate's APIs over HTTP, synchronously. token is the service token for admit and
-    outcomes (or a customer token for the customer API)."""
+class _SyncRunner(Sync):
+    def __init__(self, http: httpx.Client, retry: Retry, sleep: Callable[[float], None]) -> None:
+        self.http, self.retry, self.sleep = http, retry, sleep
+
+    def run(self, op: Operation[Any, T], call: Call[T]) -> T:
+        request = _build(self.http, op, call)
+        attempt = 1
+        while True:
+            try:
+                r = self.http.send(request)
+            except httpx.TransportError as e:
+                if not _retryable(op, call, attempt, self.retry.attempts, e, None):
+                    raise
+                self.sleep(self.retry.delay(attempt, None))
+            else:
+                if not _retryable(op, call, attempt, self.retry.attempts, None, r):
+                    return _decode(call, r)
+                self.sleep(self.retry.delay(attempt, _retry_after(r)))
+            attempt += 1
+
+
+class _AsyncRunner(Async):
+    def __init__(self, http: httpx.AsyncClient, retry: Retry, sleep: Callable[[float], Awaitable[Any]]) -> None:
+        self.http, self.retry, self.sleep = http, retry, sleep
+
+    async def run(self, op: Operation[Any, T], call: Call[T]) -> T:
+        request = _build(self.http, op, call)
+        attempt = 1
+        while True:
+            try:
+                r = await self.http.send(request)
+            except httpx.TransportError as e:
+                if not _retryable(op, call, attempt, self.retry.attempts, e, None):
+                    raise
+                await self.sleep(self.retry.delay(attempt, None))
+            else:
+                if not _retryable(op, call, attempt, self.retry.attempts, None, r):
+                    return _decode(call, r)
+                await self.sleep(self.retry.delay(attempt, _retry_after(r)))
+            attempt += 1
+
+
+class Client(Service[Sync]):
+    """metergate's APIs over HTTP, synchronously: the service API on the client itself
+    (admit, outcome, estimate, usage, balance), the admin API on client.admin, the
+    customer API on client.portal. token is the token the calls need: the service token,
+    the admin token (or a staff member's), or a customer token."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 5.0, retry: Retry = Retry(),
                  transport: httpx.BaseTransport | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
         self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport,
                                   headers={"Authorization": f"Bearer {token}"})
-        self._retry, self._sleep = retry, sleep
+        super().__init__(_SyncRunner(self._http, retry, sleep))
+        self.admin = Admin(self._runner)
+        self.portal = Portal(self._runner)
 
     def close(self) -> None:
         self._http.close()
@@ -103,47 +165,18 @@ class Client:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        for attempt in range(1, self._retry.attempts + 1):
-            try:
-                r = self._http.post(path, json=body)
-            except httpx.TransportError:
-                if attempt == self._retry.attempts:
-                    raise
-                self._sleep(self._retry.delay(attempt, None))
-                continue
-            if r.status_code == 503 and attempt < self._retry.attempts:
-                self._sleep(self._retry.delay(attempt, _retry_after(r)))
-                continue
-            return _result(r)
-        raise AssertionError("unreachable")
 
-    def admit(self, *, account: str | None = None, api_key: str | None = None, units: Mapping[str, int] | None = None,
-              idempotency_key: str | None = None, **extra: Any) -> Admission:
-        """Asks admit to admit one request (POST /v1/admit). One idempotency key per call,
-        made when not given, is sent on every retry: a retry is never charged twice.
-        Raises RateLimited (429), PaymentRequired (402), Unauthorized, Forbidden, or
-        Unavailable once the retries are spent."""
-        return _admission(self._post("/v1/admit", _admit_body(account, api_key, units, idempotency_key, extra)))
-
-    def outcome(self, event_id: str, status: int, units: Mapping[str, int] | None = None) -> None:
-        """Reports how an admitted request ended upstream (POST /v1/outcomes): its status and
-        its actual units (tokens)."""
-        body: dict[str, Any] = {"event_id": event_id, "status": status}
-        if units:
-            body["units"] = dict(units)
-        self._post("/v1/outcomes", body)
-
-
-class AsyncClient:
-    """Client's twin for asyncio."""
+class AsyncClient(Service[Async]):
+    """Client's twin for asyncio: the same methods, awaited."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 5.0, retry: Retry = Retry(),
                  transport: httpx.AsyncBaseTransport | None = None,
-                 sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport,
                                        headers={"Authorization": f"Bearer {token}"})
-        self._retry, self._sleep = retry, sleep
+        super().__init__(_AsyncRunner(self._http, retry, sleep))
+        self.admin = Admin(self._runner)
+        self.portal = Portal(self._runner)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -153,34 +186,6 @@ class AsyncClient:
 
     async def __aexit__(self, *_: object) -> None:
         await self.aclose()
-
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        for attempt in range(1, self._retry.attempts + 1):
-            try:
-                r = await self._http.post(path, json=body)
-            except httpx.TransportError:
-                if attempt == self._retry.attempts:
-                    raise
-                await self._sleep(self._retry.delay(attempt, None))
-                continue
-            if r.status_code == 503 and attempt < self._retry.attempts:
-                await self._sleep(self._retry.delay(attempt, _retry_after(r)))
-                continue
-            return _result(r)
-        raise AssertionError("unreachable")
-
-    async def admit(self, *, account: str | None = None, api_key: str | None = None,
-                    units: Mapping[str, int] | None = None, idempotency_key: str | None = None,
-                    **extra: Any) -> Admission:
-        """Client.admit, awaited."""
-        return _admission(await self._post("/v1/admit", _admit_body(account, api_key, units, idempotency_key, extra)))
-
-    async def outcome(self, event_id: str, status: int, units: Mapping[str, int] | None = None) -> None:
-        """Client.outcome, awaited."""
-        body: dict[str, Any] = {"event_id": event_id, "status": status}
-        if units:
-            body["units"] = dict(units)
-        await self._post("/v1/outcomes", body)
 
 
 __all__ = ["Admission", "AsyncClient", "Client", "MetergateError", "Retry"]
