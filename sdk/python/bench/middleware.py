@@ -5,8 +5,8 @@ admits and for its route that the middleware skips, interleaved from this proces
 bench/sdk.go runs it (make bench BENCH_FLAGS=-only=sdk, docs/bench.md) with PYTHONPATH
 naming sdk/python/src, and reads the one JSON line it prints: the latency of every timed
 request of each route, in ms, and of a raw admit of the same kind (POST /v1/admit with
-the caller's API key, the same units) from this process, the admit's cost without an app
-around it. The three calls of a round run in a random order; the figures are the bench's.
+the caller's API key, the same units, httpx.AsyncClient as the middleware's client) from
+this process: the middleware's call without the middleware. The three calls of a round run in a random order; the figures are the bench's.
 
 The app's two routes answer the same small JSON; the metered one is admitted with the
 caller's API key (its Authorization header, the middleware's default) and one request and
@@ -16,6 +16,7 @@ caller's API key (its Authorization header, the middleware's default) and one re
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import signal
@@ -64,7 +65,7 @@ def measure(a: argparse.Namespace) -> None:
                               pass_fds=[sock.fileno()])
     sock.close()
     try:
-        samples = timed(a, f"http://127.0.0.1:{port}")
+        samples = asyncio.run(timed(a, f"http://127.0.0.1:{port}"))
     finally:
         server.send_signal(signal.SIGTERM)  # the lifespan's shutdown sends the queued outcomes
         try:
@@ -79,26 +80,28 @@ def measure(a: argparse.Namespace) -> None:
     sys.stdout.write("\n")
 
 
-def timed(a: argparse.Namespace, app_url: str) -> dict[str, list[float]]:
+async def timed(a: argparse.Namespace, app_url: str) -> dict[str, list[float]]:
+    # httpx.AsyncClient for all three, as the middleware's client is one: the raw admit
+    # is the middleware's call without the middleware.
     auth = {"Authorization": f"Bearer {a.api_key}"}
-    with httpx.Client(base_url=app_url, headers=auth, timeout=5.0) as app, \
-            httpx.Client(base_url=a.url, headers={"Authorization": f"Bearer {a.token}"}, timeout=5.0) as admit:
+    async with httpx.AsyncClient(base_url=app_url, headers=auth, timeout=5.0) as app, \
+            httpx.AsyncClient(base_url=a.url, headers={"Authorization": f"Bearer {a.token}"}, timeout=5.0) as admit:
         deadline = time.monotonic() + 30
         while True:  # the app is up
             try:
-                if app.get("/plain").status_code == 200:
+                if (await app.get("/plain")).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
                 raise SystemExit("the app did not answer within 30 s")
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
 
-        def call(name: str) -> None:
+        async def call(name: str) -> None:
             if name == "admit":
-                r = admit.post("/v1/admit", json={"idempotency_key": uuid.uuid4().hex, "api_key": a.api_key, "units": UNITS})
+                r = await admit.post("/v1/admit", json={"idempotency_key": uuid.uuid4().hex, "api_key": a.api_key, "units": UNITS})
             else:
-                r = app.get("/" + name)
+                r = await app.get("/" + name)
             if r.status_code != 200:
                 raise SystemExit(f"{name}: {r.status_code} {r.text[:200]}")
             r.json()
@@ -109,7 +112,7 @@ def timed(a: argparse.Namespace, app_url: str) -> dict[str, list[float]]:
             random.shuffle(names)
             for name in names:
                 begin = time.perf_counter_ns()
-                call(name)
+                await call(name)
                 took = (time.perf_counter_ns() - begin) / 1e6
                 if i >= a.warmup:
                     out[name].append(round(took, 4))
