@@ -37,14 +37,13 @@ import hashlib
 import inspect
 import json
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, MutableMapping, TypeVar, Union
 
 import httpx
 
 from ._client import Admission, AsyncClient
-from .errors import MetergateError, RateLimited
+from .errors import MetergateError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -257,20 +256,10 @@ async def _resolve(resolver: Resolver[T] | None, scope: Scope) -> T | None:
     return v
 
 
-def _reply_headers(reply: object) -> list[tuple[bytes, bytes]]:
-    """The RateLimit, RateLimit-Policy and Retry-After headers of admit's reply (an
-    Admission or an error), when the client kept them; Retry-After from a 429's
-    retry_after otherwise."""
-    out: list[tuple[bytes, bytes]] = []
-    headers = getattr(reply, "headers", None)
-    if isinstance(headers, Mapping) or isinstance(headers, httpx.Headers):
-        for name in _PASSED_HEADERS:
-            v = headers.get(name)
-            if v:
-                out.append((name.encode("latin-1"), str(v).encode("latin-1")))
-    if isinstance(reply, RateLimited) and reply.retry_after is not None and all(k != b"retry-after" for k, _ in out):
-        out.append((b"retry-after", str(max(0, math.ceil(reply.retry_after))).encode()))
-    return out
+def _reply_headers(reply: Admission | MetergateError) -> list[tuple[bytes, bytes]]:
+    """The RateLimit, RateLimit-Policy and Retry-After headers of admit's reply."""
+    headers = {k.lower(): v for k, v in reply.headers.items()}
+    return [(name.encode("latin-1"), str(v).encode("latin-1")) for name in _PASSED_HEADERS if (v := headers.get(name))]
 
 
 async def _send_json(send: Send, status: int, body: Mapping[str, Any],
