@@ -142,16 +142,19 @@ class _AsyncRunner(Async):
             attempt += 1
 
 
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 class Client(Service[Sync]):
     """metergate's APIs over HTTP, synchronously: the service API on the client itself
     (admit, outcome, estimate, usage, balance), the admin API on client.admin, the
     customer API on client.portal. token is the token the calls need: the service token,
-    the admin token (or a staff member's), or a customer token."""
+    the admin token (or a staff member's), or a customer token ("" for none: openapi())."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 5.0, retry: Retry = Retry(),
                  transport: httpx.BaseTransport | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport,
-                                  headers={"Authorization": f"Bearer {token}"})
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport, headers=_auth(token))
         super().__init__(_SyncRunner(self._http, retry, sleep))
         self.admin = Admin(self._runner)
         self.portal = Portal(self._runner)
@@ -172,8 +175,7 @@ class AsyncClient(Service[Async]):
     def __init__(self, base_url: str, token: str, *, timeout: float = 5.0, retry: Retry = Retry(),
                  transport: httpx.AsyncBaseTransport | None = None,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport,
-                                       headers={"Authorization": f"Bearer {token}"})
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport, headers=_auth(token))
         super().__init__(_AsyncRunner(self._http, retry, sleep))
         self.admin = Admin(self._runner)
         self.portal = Portal(self._runner)

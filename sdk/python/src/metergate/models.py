@@ -9,7 +9,8 @@ from enum import Enum
 from typing import Annotated, Any, Literal
 
 from metergate._open import OpenEnum
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypeAliasType
 
 
 class Kind(OpenEnum):
@@ -440,6 +441,13 @@ class UsageReply(BaseModel):
     units: UsageReplyUnits
 
 
+class CreditUnit(OpenEnum):
+    requests = "requests"
+    tokens = "tokens"
+    credits = "credits"
+    cost_micros = "cost_micros"
+
+
 class GrantCreateSource(OpenEnum):
     purchase = "purchase"
     promotional = "promotional"
@@ -450,7 +458,7 @@ class GrantCreate(BaseModel):
     model_config = ConfigDict(
         extra="allow",
     )
-    unit: BalancesBalanceUnit
+    unit: CreditUnit
     amount: Annotated[int, Field(ge=1, le=1000000000000000)]
     effective_at: Annotated[
         datetime | None,
@@ -494,6 +502,13 @@ class AlertKind(OpenEnum):
     balance_percent = "balance_percent"
 
 
+class AlertUpdateUnit(OpenEnum):
+    requests = "requests"
+    tokens = "tokens"
+    credits = "credits"
+    cost_micros = "cost_micros"
+
+
 class AlertUpdatePeriod(OpenEnum):
     """
     The quota a quota_percent rule watches; balances: month.
@@ -503,8 +518,9 @@ class AlertUpdatePeriod(OpenEnum):
     day = "day"
 
 
-class AlertUpdateThreshold(RootModel[int]):
-    root: Annotated[int, Field(ge=1, le=1000000000000000)]
+AlertUpdateThreshold = TypeAliasType(
+    "AlertUpdateThreshold", Annotated[int, Field(ge=1, le=1000000000000000)]
+)
 
 
 class AlertUpdate(BaseModel):
@@ -512,7 +528,7 @@ class AlertUpdate(BaseModel):
         extra="allow",
     )
     kind: AlertKind
-    unit: BalancesBalanceUnit
+    unit: AlertUpdateUnit
     period: Annotated[
         AlertUpdatePeriod | None,
         Field(description="The quota a quota_percent rule watches; balances: month."),
@@ -522,8 +538,25 @@ class AlertUpdate(BaseModel):
     ]
 
 
-class AlertCreateThreshold(RootModel[int]):
-    root: Annotated[int, Field(ge=1, le=1000000000000000)]
+class AlertCreateUnit(OpenEnum):
+    requests = "requests"
+    tokens = "tokens"
+    credits = "credits"
+    cost_micros = "cost_micros"
+
+
+class AlertCreatePeriod(OpenEnum):
+    """
+    The quota a quota_percent rule watches; balances: month.
+    """
+
+    month = "month"
+    day = "day"
+
+
+AlertCreateThreshold = TypeAliasType(
+    "AlertCreateThreshold", Annotated[int, Field(ge=1, le=1000000000000000)]
+)
 
 
 class AlertCreate(BaseModel):
@@ -549,14 +582,21 @@ class AlertCreate(BaseModel):
         ),
     ] = None
     kind: AlertKind
-    unit: BalancesBalanceUnit
+    unit: AlertCreateUnit
     period: Annotated[
-        AlertUpdatePeriod | None,
+        AlertCreatePeriod | None,
         Field(description="The quota a quota_percent rule watches; balances: month."),
-    ] = AlertUpdatePeriod.month
+    ] = AlertCreatePeriod.month
     thresholds: Annotated[
         list[AlertCreateThreshold], Field(max_length=10, min_length=1)
     ]
+
+
+class AlertRuleUnit(OpenEnum):
+    requests = "requests"
+    tokens = "tokens"
+    credits = "credits"
+    cost_micros = "cost_micros"
 
 
 class AlertRulePeriod(OpenEnum):
@@ -564,8 +604,7 @@ class AlertRulePeriod(OpenEnum):
     day = "day"
 
 
-class AlertRuleThreshold(RootModel[int]):
-    root: Annotated[int, Field(ge=1)]
+AlertRuleThreshold = TypeAliasType("AlertRuleThreshold", Annotated[int, Field(ge=1)])
 
 
 class AlertRule(BaseModel):
@@ -588,13 +627,19 @@ class AlertRule(BaseModel):
         ),
     ] = None
     kind: AlertKind
-    unit: BalancesBalanceUnit
+    unit: AlertRuleUnit
     period: AlertRulePeriod
     thresholds: Annotated[
         list[AlertRuleThreshold], Field(description="Sorted, each once.")
     ]
     created_at: datetime
     updated_at: datetime
+
+
+class GrantSource(OpenEnum):
+    purchase = "purchase"
+    promotional = "promotional"
+    plan = "plan"
 
 
 class Grant(BaseModel):
@@ -616,12 +661,12 @@ class Grant(BaseModel):
             pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
         ),
     ]
-    unit: BalancesBalanceUnit
+    unit: CreditUnit
     amount: Annotated[int, Field(ge=1)]
     effective_at: datetime
     expires_at: datetime | None = None
     priority: Annotated[int, Field(ge=0, le=100)]
-    source: GrantCreateSource
+    source: GrantSource
     idempotency_key: Annotated[str | None, Field(pattern="^[!-~]{1,255}$")] = None
     created_at: datetime
     voided_at: datetime | None = None
@@ -649,6 +694,12 @@ class CreditLedger(BaseModel):
     remaining: int
 
 
+class GrantBalanceSource(OpenEnum):
+    purchase = "purchase"
+    promotional = "promotional"
+    plan = "plan"
+
+
 class GrantBalance(BaseModel):
     """
     A grant (the fields of Grant) with what remains of it.
@@ -672,12 +723,12 @@ class GrantBalance(BaseModel):
             pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
         ),
     ]
-    unit: BalancesBalanceUnit
+    unit: CreditUnit
     amount: Annotated[int, Field(ge=1)]
     effective_at: datetime
     expires_at: datetime | None = None
     priority: Annotated[int, Field(ge=0, le=100)]
-    source: GrantCreateSource
+    source: GrantBalanceSource
     idempotency_key: Annotated[str | None, Field(pattern="^[!-~]{1,255}$")] = None
     created_at: datetime
     voided_at: datetime | None = None
@@ -756,6 +807,11 @@ class LimitAlgorithm(OpenEnum):
     sliding_window = "sliding_window"
 
 
+class LimitQuotaPeriod(OpenEnum):
+    month = "month"
+    day = "day"
+
+
 class Limit(BaseModel):
     """
     A token bucket (rate_per_s and burst, or limit per window_s) or a sliding window
@@ -786,7 +842,7 @@ class Limit(BaseModel):
         int | None,
         Field(description="-1 = uncapped (still counted)", ge=-1, le=1000000000000000),
     ] = None
-    quota_period: AlertRulePeriod | None = None
+    quota_period: LimitQuotaPeriod | None = None
     ceiling: Annotated[
         int | None,
         Field(
@@ -880,8 +936,19 @@ class LevelReserved(BaseModel):
     cost_micros: Reservation | None = None
 
 
-class LevelAlertThreshold(RootModel[int]):
-    root: Annotated[int, Field(ge=1)]
+class LevelAlertUnit(OpenEnum):
+    requests = "requests"
+    tokens = "tokens"
+    credits = "credits"
+    cost_micros = "cost_micros"
+
+
+class LevelAlertPeriod(OpenEnum):
+    month = "month"
+    day = "day"
+
+
+LevelAlertThreshold = TypeAliasType("LevelAlertThreshold", Annotated[int, Field(ge=1)])
 
 
 class LevelAlert(BaseModel):
@@ -889,8 +956,8 @@ class LevelAlert(BaseModel):
         extra="allow",
     )
     kind: AlertKind
-    unit: BalancesBalanceUnit
-    period: AlertRulePeriod
+    unit: LevelAlertUnit
+    period: LevelAlertPeriod
     thresholds: list[LevelAlertThreshold]
 
 
@@ -943,7 +1010,7 @@ class Level(BaseModel):
         ),
     ] = None
     credits: Annotated[
-        list[BalancesBalanceUnit] | None,
+        list[CreditUnit] | None,
         Field(
             description="The units this node has credit grants of; a request carrying one draws it from the node's balance (docs/credits.md)."
         ),
@@ -1211,25 +1278,29 @@ class WebhookAttempt(BaseModel):
     outcome: WebhookAttemptOutcome
 
 
-class DocumentID(RootModel[str]):
-    root: Annotated[
+DocumentID = TypeAliasType(
+    "DocumentID",
+    Annotated[
         str,
         Field(
             description="An invoice's or a credit note's id.",
             pattern="^[1-9][0-9]{0,17}$",
         ),
-    ]
+    ],
+)
 
 
-class DocumentPath(RootModel[str]):
-    root: Annotated[
+DocumentPath = TypeAliasType(
+    "DocumentPath",
+    Annotated[
         str,
         Field(
             description="A document's id (its JSON), or its id with .pdf, .html or .csv (a rendering).",
             examples=["123.pdf"],
             pattern="^[1-9][0-9]{0,17}(\\.(pdf|html|csv))?$",
         ),
-    ]
+    ],
+)
 
 
 class InvoiceStatus(OpenEnum):
@@ -1237,18 +1308,6 @@ class InvoiceStatus(OpenEnum):
     paid = "paid"
     void = "void"
     uncollectible = "uncollectible"
-
-
-class Reason(RootModel[str]):
-    root: Annotated[
-        str,
-        Field(
-            description="Why; at most 1000 bytes, not blank, no control character but a line break.",
-            max_length=1000,
-            min_length=1,
-            pattern="^[^\\u0000-\\u0009\\u000B-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\u0000-\\u0009\\u000B-\\u001F\\u007F-\\u009F]*$",
-        ),
-    ]
 
 
 class Party(BaseModel):
@@ -1460,8 +1519,10 @@ class AmendmentRequestAmendmentRequest1(BaseModel):
     action: AmendmentRequestAmendmentRequest1Action | None = None
 
 
-class AmendmentRequestEventId(RootModel[str]):
-    root: Annotated[str, Field(max_length=255, min_length=1, pattern="^[!-~]+$")]
+AmendmentRequestEventId = TypeAliasType(
+    "AmendmentRequestEventId",
+    Annotated[str, Field(max_length=255, min_length=1, pattern="^[!-~]+$")],
+)
 
 
 class AmendmentRequestAction(OpenEnum):
@@ -1536,10 +1597,12 @@ class Amended(BaseModel):
     credit_note: CreditNote | None = None
 
 
-class BillingDetailsWriteAddressItem(RootModel[str]):
-    root: Annotated[
+BillingDetailsWriteAddressItem = TypeAliasType(
+    "BillingDetailsWriteAddressItem",
+    Annotated[
         str, Field(max_length=200, pattern="^[^\\u0000-\\u001F\\u007F-\\u009F]*$")
-    ]
+    ],
+)
 
 
 class BillingDetailsWrite(BaseModel):
@@ -2032,8 +2095,12 @@ class APIKey(BaseModel):
     revoked_at: datetime | None = None
 
 
-class PortalInvoiceCreditNote(InvoiceRecordCreditNote):
-    pass
+class PortalInvoiceCreditNote(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    id: int
+    number: str
 
 
 class PortalInvoice(BaseModel):
@@ -2647,8 +2714,7 @@ class StoreUnavailableError(BaseModel):
     error: StoreUnavailableErrorError
 
 
-class AdmitResponse(RootModel[AdmitQuotaExceeded | AdmitInsufficientBalance]):
-    root: AdmitQuotaExceeded | AdmitInsufficientBalance
+AdmitResponse = TypeAliasType("AdmitResponse", AdmitQuotaExceeded | AdmitInsufficientBalance)
 
 
 class VoidGrantResponse(Grant):
@@ -2772,12 +2838,26 @@ class VoidInvoiceResponse(BaseModel):
     credit_note: CreditNote
 
 
-class ReissueInvoiceRequest(VoidInvoiceRequest):
-    pass
+class ReissueInvoiceRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    reason: Annotated[
+        str,
+        Field(
+            description="Why; at most 1000 bytes, not blank, no control character but a line break.",
+            max_length=1000,
+            min_length=1,
+            pattern="^[^\\u0000-\\u0009\\u000B-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F\\u00A0\\u1680\\u2000-\\u200A\\u2028\\u2029\\u202F\\u205F\\u3000][^\\u0000-\\u0009\\u000B-\\u001F\\u007F-\\u009F]*$",
+        ),
+    ]
 
 
-class ReissueInvoiceResponse(SetInvoiceStatusResponse):
-    pass
+class ReissueInvoiceResponse(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    invoice: Invoice
 
 
 class ListCreditNotesResponse(BaseModel):
@@ -2824,6 +2904,16 @@ class PortalChildrenResponse(BaseModel):
     ]
 
 
+class PortalUsageParametersQueryGranularity(OpenEnum):
+    day = "day"
+    month = "month"
+
+
+class PortalUsageParametersQueryBy(OpenEnum):
+    unit = "unit"
+    child = "child"
+
+
 class PortalKeysResponse(BaseModel):
     model_config = ConfigDict(
         extra="allow",
@@ -2831,12 +2921,20 @@ class PortalKeysResponse(BaseModel):
     api_keys: list[APIKey]
 
 
-class PortalInvoicesResponse(ListInvoicesResponse):
-    pass
+class PortalInvoicesResponse(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    invoices: list[Invoice]
+    next_after: int
 
 
-class PortalCreditNotesResponse(ListCreditNotesResponse):
-    pass
+class PortalCreditNotesResponse(BaseModel):
+    model_config = ConfigDict(
+        extra="allow",
+    )
+    credit_notes: list[CreditNote]
+    next_after: int
 
 
 class OpenapiResponse(BaseModel):
@@ -2948,13 +3046,15 @@ class AdmitRequestAdmitRequest1(BaseModel):
     ] = None
 
 
-class AdmitRequest(RootModel[AdmitRequestAdmitRequest | AdmitRequestAdmitRequest1]):
-    root: Annotated[
+AdmitRequest = TypeAliasType(
+    "AdmitRequest",
+    Annotated[
         AdmitRequestAdmitRequest | AdmitRequestAdmitRequest1,
         Field(
             description="Give api_key, or account for a trusted caller; not both. Give units.tokens or\nestimate, not both. The body is bounded by 64 KiB, or 1 MiB with an estimate.\n"
         ),
-    ]
+    ],
+)
 
 
 class AdmitAllowed(BaseModel):
@@ -3119,10 +3219,7 @@ class AccountCreateAccountCreate1(BaseModel):
     ] = None
 
 
-class AccountCreate(
-    RootModel[AccountCreateAccountCreate | AccountCreateAccountCreate1]
-):
-    root: AccountCreateAccountCreate | AccountCreateAccountCreate1
+AccountCreate = TypeAliasType("AccountCreate", AccountCreateAccountCreate | AccountCreateAccountCreate1)
 
 
 class AccountUpdate(BaseModel):
@@ -3575,22 +3672,21 @@ class AmendmentRequestAmendmentRequest4(
     settle: AmendmentRequestSettle
 
 
-class AmendmentRequest(
-    RootModel[AmendmentRequestAmendmentRequest3 | AmendmentRequestAmendmentRequest4]
-):
-    """
-    The events (`event_ids`, or the filter `org` and `period` with an optional `account`,
-    not both), the action (`void` without units, `set_units` with at least one unit), why,
-    and how the difference is settled.
-
-    """
-
-    root: Annotated[
+AmendmentRequest = TypeAliasType(
+    "AmendmentRequest",
+    Annotated[
         AmendmentRequestAmendmentRequest3 | AmendmentRequestAmendmentRequest4,
         Field(
             description="The events (`event_ids`, or the filter `org` and `period` with an optional `account`,\nnot both), the action (`void` without units, `set_units` with at least one unit), why,\nand how the difference is settled.\n"
         ),
-    ]
+    ],
+)
+"""
+The events (`event_ids`, or the filter `org` and `period` with an optional `account`,
+not both), the action (`void` without units, `set_units` with at least one unit), why,
+and how the difference is settled.
+
+"""
 
 
 class ListWebhookDeliveriesResponse(BaseModel):
