@@ -1,5 +1,5 @@
 """The clients' retry, idempotency and error behaviour, against httpx's mock transport (the
-tests against a real admit are tests/test_admit.py, to come)."""
+tests against a real admit are tests/test_admit.py and tests/test_api.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Recorder:
         self.bodies: list[dict[str, Any]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.bodies.append(json.loads(request.content))
+        self.bodies.append(json.loads(request.content) if request.content else {})
         r = self.replies.pop(0)
         if isinstance(r, Exception):
             raise r
@@ -77,6 +77,8 @@ def test_unavailable_once_the_retries_are_spent() -> None:
      metergate.PaymentRequired),
     (401, {"error": {"code": "unknown_api_key", "message": "m"}}, metergate.Unauthorized),
     (403, {"error": {"code": "revoked_api_key", "message": "m"}}, metergate.Forbidden),
+    (400, {"error": {"code": "invalid_units", "message": "m"}}, metergate.BadRequest),
+    (409, {"error": {"code": "idempotency_key_exhausted", "message": "m"}}, metergate.Conflict),
 ])
 def test_refusals_are_typed_and_never_retried(status: int, body: dict[str, Any], cls: type[Exception]) -> None:
     headers = {"Retry-After": "2"} if status == 429 else {}
@@ -105,3 +107,34 @@ def test_async_client_retries_with_the_same_key() -> None:
     assert asyncio.run(run()).event_id == "ev-1"
     assert rec.bodies[0]["idempotency_key"] == rec.bodies[1]["idempotency_key"]
     assert len(slept) == 1
+
+
+RATELIMIT = {"RateLimit-Policy": '"acme-requests";q=300;w=3', "RateLimit": '"acme-requests";r=12;t=1'}
+
+
+def test_reply_headers_are_kept() -> None:
+    rec = Recorder(httpx.Response(200, headers=RATELIMIT, json=ALLOW),
+                   httpx.Response(429, headers={**RATELIMIT, "Retry-After": "1"},
+                                  json={"decision": "rate_limited", "retry_after_ms": 900}))
+    c = client(rec, [])
+    assert c.admit(account="acme").headers["ratelimit"] == RATELIMIT["RateLimit"], "any case"
+    with pytest.raises(metergate.RateLimited) as e:
+        c.admit(account="acme")
+    assert e.value.headers["ratelimit-policy"] == RATELIMIT["RateLimit-Policy"] and e.value.retry_after == 1.0
+
+
+def test_a_connection_never_made_is_retried_even_for_a_create() -> None:
+    key = {"id": "key_0123456789abcdef", "account": "acme", "api_key": "mgk_" + "k" * 43,
+           "created_at": "2026-11-02T10:00:00Z"}
+    rec = Recorder(httpx.ConnectError("refused"), httpx.Response(201, json=key))
+    assert client(rec, []).admin.create_api_key("acme").id == "key_0123456789abcdef"
+    assert len(rec.bodies) == 2, "admit never saw the first: sent again"
+
+    rec = Recorder(httpx.ReadTimeout("sent, no reply"), httpx.Response(201, json=key))
+    with pytest.raises(httpx.ReadTimeout):
+        client(rec, []).admin.create_api_key("acme")
+    assert len(rec.bodies) == 1, "it may have been written: not sent again"
+
+    rec = Recorder(httpx.ReadTimeout("sent, no reply"), httpx.Response(200, json=ALLOW))
+    assert client(rec, []).admit(account="acme").event_id == "ev-1"
+    assert len(rec.bodies) == 2 and rec.bodies[0]["idempotency_key"] == rec.bodies[1]["idempotency_key"]
