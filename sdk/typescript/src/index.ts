@@ -28,4 +28,23 @@ export {
   UnavailableError,
   errorFor,
 } from "./errors.js";
+export {
+  Gate,
+  Metering,
+  bearerOrApiKey,
+  checkUnits,
+  fromRequest,
+  maxAmount,
+  meteringOf,
+  readBounded,
+  unitNames,
+  type GateOptions,
+  type Incoming,
+  type IncomingRequest,
+  type Resolver,
+  type RouteOptions,
+} from "./gate.js";
+export { withMetergate, type HandlerOptions } from "./handler.js";
+export { openaiUsage, trackUsage, usageUnits, type Usage } from "./openai.js";
+export { OutcomeQueue, type Logger, type QueueOptions, type QueueStats } from "./queue.js";
 export type { components, paths } from "./schema.js";
