@@ -456,5 +456,5 @@ class MetergateMiddleware:
                          [(b"retry-after", b"1")])
 
 
-__all__ = ["MetergateMiddleware", "OutcomeQueue", "RequestMeter", "Stats", "bearer_or_api_key", "check_units",
-           "header", "meter", "report_units"]
+__all__ = ["MetergateMiddleware", "OutcomeQueue", "RequestMeter", "Resolver", "Scope", "Stats", "bearer_or_api_key",
+           "check_units", "header", "meter", "report_units"]
