@@ -99,6 +99,7 @@ class Operation(Generic[P, T]):
             return runner.run(self, self.build(ns, *args, **kwargs))
 
         method.__signature__ = self.signature  # type: ignore[attr-defined]
+        vars(ns)[self.name] = method  # bound once: the next lookups find it on the instance
         return method
 
 
