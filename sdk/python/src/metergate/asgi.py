@@ -199,8 +199,10 @@ class OutcomeQueue:
             return True
         except asyncio.QueueFull:
             self.stats.dropped += 1
-            self._log.warning("metergate: outcome queue full, outcome dropped",
-                              extra={"event_id": event_id, "status": status})
+            n = self.stats.dropped
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...: an overload does not flood the log
+                self._log.warning("metergate: outcome queue full: %d outcomes dropped so far", n,
+                                  extra={"event_id": event_id, "status": status})
             return False
 
     def _start(self) -> asyncio.Queue[tuple[str, int, dict[str, int]]]:
