@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,10 +143,11 @@ func (s *stack) sdkBench(ctx context.Context, res *Results) error {
 	if err != nil {
 		return fmt.Errorf("accounts: %w", err)
 	}
-	scripts, err := s.sdkScripts(ctx, key)
+	scripts, cleanup, err := s.sdkScripts(ctx, key)
 	if err != nil {
 		return err
 	}
+	defer cleanup()
 	type series struct {
 		SDK     string        `json:"sdk"`
 		Runtime string        `json:"runtime"`
@@ -217,14 +217,15 @@ func (s *stack) sdkBench(ctx context.Context, res *Results) error {
 
 // sdkScripts are the SDKs' scripts against the bench's admit: the clients' admit
 // sdkTree's agent by account, the middlewares' callers send its API key. The TypeScript
-// SDK is built first when its dist is missing or older than its src.
-func (s *stack) sdkScripts(ctx context.Context, apiKey string) ([]sdkScript, error) {
+// SDK's run from a build of their own (typescriptBuild); cleanup removes it.
+func (s *stack) sdkScripts(ctx context.Context, apiKey string) (scripts []sdkScript, cleanup func(), err error) {
 	py := os.Getenv("METERGATE_PYTHON")
 	if py == "" {
-		return nil, errors.New("METERGATE_PYTHON is not set: `make up` makes the Python SDK's virtualenv and names it in .run/env")
+		return nil, nil, errors.New("METERGATE_PYTHON is not set: `make up` makes the Python SDK's virtualenv and names it in .run/env")
 	}
-	if err := buildTypeScript(ctx, "sdk/typescript"); err != nil {
-		return nil, err
+	ts, err := typescriptBuild(ctx, "sdk/typescript")
+	if err != nil {
+		return nil, nil, err
 	}
 	common := []string{"--url", s.admit.URL(), "--token", serviceToken, "--pairs", strconv.Itoa(sdkPairs), "--warmup", strconv.Itoa(sdkWarmup)}
 	client := slices.Concat(common, []string{"--account", sdkTree[len(sdkTree)-1]["id"].(string)})
@@ -233,43 +234,58 @@ func (s *stack) sdkScripts(ctx context.Context, apiKey string) ([]sdkScript, err
 	return []sdkScript{
 		{SDK: "python", Dir: "sdk/python", Env: pyEnv, Argv: slices.Concat([]string{py, "bench/overhead.py"}, client)},
 		{SDK: "python", Dir: "sdk/python", Env: pyEnv, Argv: slices.Concat([]string{py, "bench/middleware.py"}, middleware)},
-		{SDK: "typescript", Dir: "sdk/typescript", Argv: slices.Concat([]string{"node", "bench/overhead.mjs"}, client)},
-	}, nil
+		{SDK: "typescript", Dir: ts, Argv: slices.Concat([]string{"node", "bench/overhead.mjs"}, client)},
+		{SDK: "typescript", Dir: ts, Argv: slices.Concat([]string{"node", "bench/middleware.mjs"}, middleware)},
+	}, func() { _ = os.RemoveAll(ts) }, nil
 }
 
-// buildTypeScript runs `npm run build` in dir when dist/esm/index.js is missing or older
-// than a file of src.
-func buildTypeScript(ctx context.Context, dir string) error {
-	built, err := os.Stat(filepath.Join(dir, "dist", "esm", "index.js"))
-	stale := err != nil
-	if !stale {
-		err = filepath.WalkDir(filepath.Join(dir, "src"), func(_ string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
-				return err
-			}
-			info, err := d.Info()
-			if err == nil && info.ModTime().After(built.ModTime()) {
-				stale = true
-				return filepath.SkipAll
-			}
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("typescript SDK: %w", err)
+// typescriptBuild copies the package in dir (its src, bench, scripts, package.json and
+// tsconfig files) into a temporary directory beside a link to its node_modules, runs
+// `npm run build` there, and returns the directory: the run measures the src of the
+// moment, and nobody's build (whose first step empties dist) pulls dist from under it.
+func typescriptBuild(ctx context.Context, dir string) (string, error) {
+	modules, err := filepath.Abs(filepath.Join(dir, "node_modules"))
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(modules); err != nil {
+		return "", fmt.Errorf("%s/node_modules is missing: `make up` installs it (npm ci)", dir)
+	}
+	tmp, err := os.MkdirTemp("", "metergate-bench-ts-")
+	if err != nil {
+		return "", err
+	}
+	fail := func(err error) (string, error) {
+		_ = os.RemoveAll(tmp)
+		return "", fmt.Errorf("typescript SDK: %w", err)
+	}
+	for _, d := range []string{"src", "bench", "scripts"} {
+		if err := os.CopyFS(filepath.Join(tmp, d), os.DirFS(filepath.Join(dir, d))); err != nil {
+			return fail(err)
 		}
 	}
-	if !stale {
-		return nil
+	files, err := filepath.Glob(filepath.Join(dir, "tsconfig*.json"))
+	if err != nil {
+		return fail(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
-		return fmt.Errorf("%s/node_modules is missing: `make up` installs it (npm ci)", dir)
+	for _, f := range append(files, filepath.Join(dir, "package.json")) {
+		b, err := os.ReadFile(f)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(tmp, filepath.Base(f)), b, 0o644)
+		}
+		if err != nil {
+			return fail(err)
+		}
+	}
+	if err := os.Symlink(modules, filepath.Join(tmp, "node_modules")); err != nil {
+		return fail(err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "npm", "run", "build")
-	cmd.Dir = dir
+	cmd.Dir = tmp
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("npm run build in %s: %w: %s", dir, err, bytes.TrimSpace(out))
+		return fail(fmt.Errorf("npm run build: %w: %s", err, bytes.TrimSpace(out)))
 	}
-	return nil
+	return tmp, nil
 }
