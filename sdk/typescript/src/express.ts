@@ -1,7 +1,17 @@
 // Express (4 and 5) middleware, also for Connect and node:http handlers of the same shape:
 // `app.use(express(gate))`. Typed by the shapes it uses, so it needs no express package.
 
-import { type Gate, type IncomingRequest, type RouteOptions } from "./gate.js";
+import { type Gate, type IncomingRequest, type Metering, type RouteOptions } from "./gate.js";
+
+declare global {
+  // Express's res.locals (@types/express merges this interface into it).
+  namespace Express {
+    interface Locals {
+      /** The request's Metering (set by @metergate/client/express's middleware). */
+      metergate: Metering;
+    }
+  }
+}
 
 /** What the middleware reads of Express's req (a node:http IncomingMessage). */
 export interface NodeRequest {

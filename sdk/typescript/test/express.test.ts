@@ -26,7 +26,7 @@ describe("express middleware", () => {
     app.use(expressApp.json());
     app.use("/v1", express(f.gate, { units: () => ({ tokens: 500 }) }));
     app.post("/v1/chat", (req, res) => {
-      const m = res.locals["metergate"] as Metering;
+      const m = res.locals.metergate;
       served.push(m);
       fromReq.push(meteringOf(req));
       m.reportUnits({ tokens: 7 });
