@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -153,11 +154,38 @@ func TestPython(t *testing.T) {
 }
 
 // TestTypeScript runs sdk/typescript's suite (node --test, after tsc --strict) against a
-// real admit.
+// real admit, and checks its types are what the document admit serves makes.
 func TestTypeScript(t *testing.T) {
 	t.Parallel()
 	npm(t, "typescript")
-	out := run(t, "typescript", suiteEnv(t), `(?m)^# skip [1-9]`, "npm", "test")
+	env := suiteEnv(t)
+	out := run(t, "typescript", env, `(?m)^# skipped [1-9]`, "npm", "test")
 	require.Regexp(t, `(?m)^# pass [1-9]`, out)
 	require.Regexp(t, `(?m)^# fail 0$`, out)
+	url := strings.TrimPrefix(env[slices.IndexFunc(env, func(e string) bool { return strings.HasPrefix(e, "METERGATE_URL=") })], "METERGATE_URL=")
+	run(t, "typescript", env, "", "npm", "run", "--silent", "generate:check", "--", url+"/openapi.yaml")
+}
+
+// TestPackages builds what each SDK publishes, a wheel and an npm tarball, and uses it as
+// an installer would: the wheel's modules imported from the wheel alone, the tarball
+// installed into a fresh project and loaded by require and import (scripts/pack-check.mjs).
+func TestPackages(t *testing.T) {
+	t.Parallel()
+	t.Run("wheel", func(t *testing.T) {
+		t.Parallel()
+		py, dir := python(t), t.TempDir()
+		run(t, "python", os.Environ(), "", py, "-m", "pip", "wheel", "--no-deps", "--quiet", "--disable-pip-version-check", "-w", dir, ".")
+		wheels, err := filepath.Glob(filepath.Join(dir, "metergate-*-py3-none-any.whl"))
+		require.NoError(t, err)
+		require.Len(t, wheels, 1)
+		out := run(t, dir, append(os.Environ(), "PYTHONPATH="+wheels[0]), "", py, "-c",
+			"import metergate, metergate.asgi, metergate.llm, metergate.models, metergate.webhooks, importlib.resources as r; "+
+				"print(metergate.__file__); assert r.files('metergate').joinpath('py.typed').is_file()")
+		require.Contains(t, out, wheels[0]+"/metergate/__init__.py", "imported from the wheel")
+	})
+	t.Run("npm", func(t *testing.T) {
+		t.Parallel()
+		npm(t, "typescript")
+		run(t, "typescript", os.Environ(), "", "npm", "run", "--silent", "pack:check")
+	})
 }
