@@ -169,15 +169,29 @@ class _Tracker:
             self.usage = _openai(_get(chunk, "usage"))
 
 
-class UsageStream(Generic[T]):
+class _Recorder:
+    """What UsageStream and AsyncUsageStream share: the tracker, and recording its usage once."""
+
+    def __init__(self, on_usage: Callable[[Usage], object] | None) -> None:
+        self.usage: Usage | None = None
+        self._on_usage, self._tracker, self._done = on_usage, _Tracker(), False
+
+    def _finish(self) -> None:
+        if self._done or self._tracker.usage is None:
+            return
+        self._done, self.usage = True, self._tracker.usage
+        if self._on_usage is not None:
+            self._on_usage(self.usage)
+
+
+class UsageStream(_Recorder, Generic[T]):
     """An iterator over stream's chunks, unchanged, that records their usage in .usage (and
     calls on_usage with it) once, when the stream ends or is closed after its usage came.
     Other attributes are the stream's."""
 
     def __init__(self, stream: Iterable[T], on_usage: Callable[[Usage], object] | None = None) -> None:
-        self.usage: Usage | None = None
-        self._stream, self._it, self._on_usage = stream, iter(stream), on_usage
-        self._tracker, self._done = _Tracker(), False
+        super().__init__(on_usage)
+        self._stream, self._it = stream, iter(stream)
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -192,13 +206,6 @@ class UsageStream(Generic[T]):
         if self._tracker.ended:
             self._finish()
         return chunk
-
-    def _finish(self) -> None:
-        if self._done or self._tracker.usage is None:
-            return
-        self._done, self.usage = True, self._tracker.usage
-        if self._on_usage is not None:
-            self._on_usage(self.usage)
 
     def close(self) -> None:
         """Closes the stream (its close, if it has one); records the usage if it came."""
@@ -217,13 +224,12 @@ class UsageStream(Generic[T]):
         return getattr(self._stream, name)
 
 
-class AsyncUsageStream(Generic[T]):
+class AsyncUsageStream(_Recorder, Generic[T]):
     """UsageStream for async iterators (AsyncOpenAI, AsyncAnthropic streams)."""
 
     def __init__(self, stream: AsyncIterable[T], on_usage: Callable[[Usage], object] | None = None) -> None:
-        self.usage: Usage | None = None
-        self._stream, self._it, self._on_usage = stream, stream.__aiter__(), on_usage
-        self._tracker, self._done = _Tracker(), False
+        super().__init__(on_usage)
+        self._stream, self._it = stream, stream.__aiter__()
 
     def __aiter__(self) -> AsyncIterator[T]:
         return self
@@ -238,13 +244,6 @@ class AsyncUsageStream(Generic[T]):
         if self._tracker.ended:
             self._finish()
         return chunk
-
-    def _finish(self) -> None:
-        if self._done or self._tracker.usage is None:
-            return
-        self._done, self.usage = True, self._tracker.usage
-        if self._on_usage is not None:
-            self._on_usage(self.usage)
 
     async def aclose(self) -> None:
         """Closes the stream (its close or aclose, if it has one); records the usage if it
