@@ -1,6 +1,6 @@
-// The client of metergate's APIs over fetch (openapi-fetch, typed by src/schema.d.ts, which
-// `npm run generate` makes from internal/api/openapi.yaml): admit and outcomes with their
-// retries, and every other route through `api`, typed from the same document.
+// The client of metergate's APIs over fetch, typed by src/schema.d.ts (`npm run generate`
+// makes it from internal/api/openapi.yaml): admit and outcomes with their retries, and every
+// other route through `api` (openapi-fetch), typed from the same document.
 
 import createClient, { type ClientPathsWithMethod, type FetchResponse, type MaybeOptionalInit } from "openapi-fetch";
 import type { components, paths } from "./schema.js";
@@ -38,8 +38,9 @@ export interface ClientOptions {
   /** Milliseconds per try (5000). */
   timeoutMs?: number;
   retry?: Partial<RetryPolicy>;
-  /** For tests and runtimes without a global fetch. */
-  fetch?: (input: Request) => Promise<Response>;
+  /** For tests and runtimes without a global fetch: called as fetch is, with a URL and an
+   * init (admit, outcomes) or with a Request (`api`). */
+  fetch?: Fetch;
   /** For tests: how the client waits between tries. */
   sleep?: (ms: number) => Promise<void>;
   /** For tests: a number in [0, 1), Math.random by default. */
@@ -47,6 +48,9 @@ export interface ClientOptions {
   /** Makes an idempotency key when the caller gives none (crypto.randomUUID). */
   newKey?: () => string | Promise<string>;
 }
+
+/** A fetch as the client calls it: `fetch(url, init)` or `fetch(request)`. */
+export type Fetch = (input: string | Request, init?: RequestInit) => Promise<Response>;
 
 export type AdmitOptions = ({ account: string; apiKey?: never } | { apiKey: string; account?: never }) & {
   units?: Units;
@@ -113,6 +117,20 @@ function isTransportError(e: unknown): boolean {
 
 type Sent<T> = { data?: T; error?: unknown; response: Response };
 
+// read reads a reply as openapi-fetch does: a success's JSON as data (none when the body is
+// empty), an error's JSON (or its text) as error.
+async function read(response: Response): Promise<Sent<unknown>> {
+  const text = await response.text();
+  if (response.ok) return { data: text === "" ? undefined : JSON.parse(text), response };
+  let error: unknown = text;
+  try {
+    error = JSON.parse(text);
+  } catch {
+    // Not JSON (a proxy's page): errorFor reads no code from it.
+  }
+  return { error, response };
+}
+
 /** The methods of the API's routes, as openapi-fetch names them. */
 export type Method = "get" | "put" | "post" | "delete" | "options" | "head" | "patch";
 
@@ -158,6 +176,11 @@ export class Client {
   /** Every route of the API, typed: `client.api.GET("/v1/admin/accounts/{id}", {params: {path: {id}}})`. */
   readonly api: Api;
   private readonly http: ReturnType<typeof createClient<paths>>;
+  private readonly fetch: Fetch;
+  private readonly baseUrl: string;
+  // admit's and outcomes' headers, made once: those calls skip openapi-fetch, whose Request
+  // per call cost more than the rest of the client (docs/bench.md, "The SDKs").
+  private readonly headers: Record<string, string>;
   private readonly retry: RetryPolicy;
   private readonly timeoutMs: number;
   private readonly sleep: (ms: number) => Promise<void>;
@@ -170,6 +193,11 @@ export class Client {
       headers: { Authorization: `Bearer ${opts.token}` },
       ...(opts.fetch ? { fetch: opts.fetch } : {}),
     });
+    // The global fetch is looked up at each call and called as a function, not as a method
+    // of the client (browsers refuse that).
+    this.fetch = opts.fetch ?? ((input, init) => fetch(input, init));
+    this.baseUrl = opts.baseUrl.replace(/\/+$/, "");
+    this.headers = { Authorization: `Bearer ${opts.token}`, "Content-Type": "application/json" };
     this.retry = { ...defaultRetry, ...opts.retry };
     this.timeoutMs = opts.timeoutMs ?? 5000;
     this.sleep = opts.sleep ?? ((ms) => new Promise((resolve) => setTimeout(resolve, ms)));
@@ -210,7 +238,7 @@ export class Client {
     if (opts.estimate !== undefined) body.estimate = opts.estimate;
     // A wait in admit's queue counts against the per-try timeout.
     const timeoutMs = this.timeoutMs + (opts.maxWaitMs ?? 0);
-    const reply = await this.send((signal) => this.http.POST("/v1/admit", { body, signal }), timeoutMs, true, opts.signal);
+    const reply = await this.post("/v1/admit", body, timeoutMs, opts.signal);
     const data = reply.data as AdmitAllowed;
     return {
       eventId: data.event_id,
@@ -228,8 +256,21 @@ export class Client {
   async outcome(opts: OutcomeOptions): Promise<OutcomeReply> {
     const body: components["schemas"]["OutcomeRequest"] = { event_id: opts.eventId, status: opts.status };
     if (opts.units !== undefined) body.units = opts.units;
-    const reply = await this.send((signal) => this.http.POST("/v1/outcomes", { body, signal }), this.timeoutMs, true);
+    const reply = await this.post("/v1/outcomes", body, this.timeoutMs);
     return reply.data as OutcomeReply;
+  }
+
+  // post sends admit's and outcomes' POSTs: fetch(url, init) with the headers made once and
+  // the body encoded once for every try.
+  private post(path: "/v1/admit" | "/v1/outcomes", body: unknown, timeoutMs: number, caller?: AbortSignal): Promise<Sent<unknown>> {
+    const url = this.baseUrl + path;
+    const json = JSON.stringify(body);
+    return this.send(
+      async (signal) => read(await this.fetch(url, { method: "POST", headers: this.headers, body: json, signal })),
+      timeoutMs,
+      true,
+      caller,
+    );
   }
 
   private async call(method: Method, url: string, init: Record<string, unknown> = {}): Promise<{ data: unknown; response: Response }> {
@@ -250,10 +291,9 @@ export class Client {
   ): Promise<Sent<T>> {
     const attempts = retryable ? this.retry.attempts : 1;
     for (let n = 1; ; n++) {
-      const timeout = AbortSignal.timeout(timeoutMs);
       let reply: Sent<T>;
       try {
-        reply = await attempt(caller ? AbortSignal.any([caller, timeout]) : timeout);
+        reply = await once(attempt, timeoutMs, caller);
       } catch (e) {
         if (caller?.aborted || !isTransportError(e) || n >= attempts) throw e;
         await this.sleep(backoffMs(this.retry, n, undefined, this.random));
@@ -268,5 +308,18 @@ export class Client {
       }
       throw errorFor(response.status, reply.error, retryAfter, response.headers) satisfies MetergateError;
     }
+  }
+}
+
+// once makes one try, aborted with a TimeoutError when its reply is not read within timeoutMs,
+// or when the caller's signal aborts. A timer cleared once the reply is read costs less than
+// an AbortSignal.timeout per try (docs/bench.md, "The SDKs").
+async function once<T>(attempt: (signal: AbortSignal) => Promise<Sent<T>>, timeoutMs: number, caller?: AbortSignal): Promise<Sent<T>> {
+  const timeout = new AbortController();
+  const timer = setTimeout(() => timeout.abort(new DOMException(`no reply within ${timeoutMs} ms`, "TimeoutError")), timeoutMs);
+  try {
+    return await attempt(caller ? AbortSignal.any([caller, timeout.signal]) : timeout.signal);
+  } finally {
+    clearTimeout(timer);
   }
 }

@@ -11,6 +11,7 @@ export {
   type Api,
   type ApiMethod,
   type ClientOptions,
+  type Fetch,
   type Method,
   type OutcomeOptions,
   type OutcomeReply,

@@ -117,7 +117,8 @@ function setup(reply: () => Response = () => Response.json({})) {
     baseUrl: "http://admit.test",
     token: "admin-token",
     sleep: async () => {},
-    fetch: async (req) => {
+    fetch: async (input, init) => {
+      const req = new Request(input, init);
       seen.push({ method: req.method, path: new URL(req.url).pathname, authorization: req.headers.get("Authorization") });
       return reply();
     },

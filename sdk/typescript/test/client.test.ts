@@ -40,7 +40,8 @@ const allowed = {
 function setup(steps: Step[], opts: Partial<ClientOptions> = {}) {
   const seen: Seen[] = [];
   const sleeps: number[] = [];
-  const fetch = async (req: Request): Promise<Response> => {
+  const fetch = async (input: string | Request, init?: RequestInit): Promise<Response> => {
+    const req = new Request(input, init);
     seen.push({
       method: req.method,
       url: req.url,
@@ -128,19 +129,12 @@ describe("admit", () => {
       token: "t",
       timeoutMs: 20,
       sleep: async () => {},
-      fetch: async (req) => {
+      fetch: async (input, init) => {
+        const req = new Request(input, init);
         keys.push(((await req.clone().json()) as Record<string, unknown>)["idempotency_key"]);
         if (++tries === 1) {
-          // Hang until the client's per-try timeout aborts the request. AbortSignal.timeout's
-          // timer does not hold the event loop open (a real request's socket does): this
-          // interval does, or node --test would end the test as pending.
-          const hold = setInterval(() => {}, 1000);
-          return new Promise((_, reject) =>
-            req.signal.addEventListener("abort", () => {
-              clearInterval(hold);
-              reject(req.signal.reason);
-            }),
-          );
+          // Hang until the client's per-try timeout aborts the request.
+          return new Promise((_, reject) => req.signal.addEventListener("abort", () => reject(req.signal.reason)));
         }
         return Response.json(allowed);
       },
@@ -148,6 +142,74 @@ describe("admit", () => {
     await client.admit({ account: "acme-alice" });
     assert.equal(tries, 2);
     assert.equal(keys[1], keys[0]);
+  });
+
+  it("throws the timeout once every try has timed out", async () => {
+    let tries = 0;
+    const client = new Client({
+      baseUrl: "http://admit.test",
+      token: "t",
+      timeoutMs: 10,
+      retry: { attempts: 2 },
+      sleep: async () => {},
+      fetch: async (_input, init) => {
+        tries++;
+        const signal = init!.signal!;
+        return new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason)));
+      },
+    });
+    await assert.rejects(client.admit({ account: "acme-alice" }), (e: unknown) => {
+      assert.ok(e instanceof DOMException, `got ${String(e)}`);
+      assert.equal(e.name, "TimeoutError");
+      return true;
+    });
+    assert.equal(tries, 2);
+  });
+
+  it("ends on the caller's signal, without a retry", async () => {
+    let tries = 0;
+    const caller = new AbortController();
+    const client = new Client({
+      baseUrl: "http://admit.test",
+      token: "t",
+      sleep: async () => {},
+      fetch: async (_input, init) => {
+        tries++;
+        const signal = init!.signal!;
+        setImmediate(() => caller.abort(new Error("hung up")));
+        return new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason)));
+      },
+    });
+    await assert.rejects(client.admit({ account: "acme-alice", signal: caller.signal }), /hung up/);
+    assert.equal(tries, 1);
+  });
+
+  it("leaves no timer behind once the reply is read", async () => {
+    const timers = () => process.getActiveResourcesInfo().filter((r) => r === "Timeout").length;
+    const { client } = setup([unavailable(), { status: 200, body: allowed }, { status: 202, body: {} }]);
+    const before = timers();
+    await client.admit({ account: "acme-alice" });
+    await client.outcome({ eventId: allowed.event_id, status: 200 });
+    assert.equal(timers(), before);
+  });
+
+  it("calls fetch with the URL and an init, the headers made once", async () => {
+    const inits: [unknown, RequestInit | undefined][] = [];
+    const client = new Client({
+      baseUrl: "http://admit.test/",
+      token: "svc-token",
+      fetch: async (input, init) => {
+        inits.push([input, init]);
+        return Response.json(allowed);
+      },
+    });
+    await client.admit({ account: "acme-alice" });
+    await client.admit({ account: "acme-alice" });
+    assert.equal(inits[0]![0], "http://admit.test/v1/admit");
+    assert.equal(inits[0]![1]!.method, "POST");
+    assert.deepEqual(inits[0]![1]!.headers, { Authorization: "Bearer svc-token", "Content-Type": "application/json" });
+    assert.equal(inits[1]![1]!.headers, inits[0]![1]!.headers);
+    assert.equal(typeof inits[0]![1]!.body, "string");
   });
 
   it("waits Retry-After before a retry", async () => {

@@ -34,7 +34,8 @@ export function fakeAdmit(opts: { admit?: Step[]; outcomes?: Step[]; gate?: Part
   const outcomeSteps = [...(opts.outcomes ?? [])];
   const calls: Call[] = [];
   const hung: (() => void)[] = [];
-  const fetch = async (req: Request): Promise<Response> => {
+  const fetch = async (input: string | Request, init?: RequestInit): Promise<Response> => {
+    const req = new Request(input, init);
     const path = new URL(req.url).pathname;
     const body = (await req.clone().json()) as Record<string, unknown>;
     calls.push({ path, body });
