@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -19,27 +18,19 @@ import (
 	"github.com/metergate/metergate/internal/testenv"
 )
 
-// example is one of examples/: how to start it on a port with admit's URL and token.
-type example struct {
-	start func(t *testing.T, url, port string)
-}
-
-var examples = map[string]example{
-	"fastapi": {start: func(t *testing.T, url, port string) {
-		testenv.Start(t, python(t), append(exampleEnv(url), "PYTHONPATH="+abs(t, "python/src"), "PYTHONDONTWRITEBYTECODE=1"),
+// examples starts each app of examples/ on port, with env naming admit and its token.
+var examples = map[string]func(t *testing.T, env []string, port string){
+	"fastapi": func(t *testing.T, env []string, port string) {
+		testenv.Start(t, python(t), append(env, "PYTHONPATH="+abs(t, "python/src"), "PYTHONDONTWRITEBYTECODE=1"),
 			"-m", "uvicorn", "--app-dir", abs(t, "../examples/fastapi"), "app:app", "--host", "127.0.0.1", "--port", port,
 			"--log-level", "warning")
-	}},
-	"hono": {start: func(t *testing.T, url, port string) {
+	},
+	"hono": func(t *testing.T, env []string, port string) {
 		npm(t, "../examples/hono")
 		path, err := exec.LookPath("npm")
 		require.NoError(t, err)
-		testenv.Start(t, path, append(exampleEnv(url), "PORT="+port), "--prefix", abs(t, "../examples/hono"), "start", "--silent")
-	}},
-}
-
-func exampleEnv(url string) []string {
-	return append(os.Environ(), "METERGATE_URL="+url, "METERGATE_SERVICE_TOKEN="+serviceToken)
+		testenv.Start(t, path, append(env, "PORT="+port), "--prefix", abs(t, "../examples/hono"), "start", "--silent")
+	},
 }
 
 func abs(t *testing.T, path string) string {
@@ -105,14 +96,14 @@ func ask(t *testing.T, ctx context.Context, base, key, idem, prompt string, stre
 // one Idempotency-Key many times is served, and billed, once per request.
 func TestExamples(t *testing.T) {
 	t.Parallel()
-	for name, ex := range examples {
+	for name, startApp := range examples {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			s := start(t, true)
 			ctx := testenv.Context(t, 2*time.Minute)
 			key := s.apiKey(t, ctx)
 			port := strings.TrimPrefix(testenv.FreeAddr(t), "127.0.0.1:")
-			ex.start(t, s.url, port)
+			startApp(t, s.env(), port)
 			base := "http://127.0.0.1:" + port
 			_, err := testenv.WaitHTTP(ctx, base+"/healthz", 200)
 			require.NoError(t, err, "%s ready", name)

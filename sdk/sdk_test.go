@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,12 +38,6 @@ const (
 type services struct {
 	url, org string
 	db       *pgxpool.Pool // the services' schema
-}
-
-// admit starts admit on the stack with an org of its own and returns its URL and the org.
-func admit(t *testing.T) (url, org string) {
-	s := start(t, false)
-	return s.url, s.org
 }
 
 // start starts admit, and a meter on the same schema and topic when metered, and makes the org.
@@ -104,11 +97,11 @@ func call(t *testing.T, ctx context.Context, method, url, token string, body any
 	return resp.StatusCode, reply
 }
 
-// suiteEnv is the environment of an SDK's suite against a real admit of its own.
-func suiteEnv(t *testing.T) []string {
-	url, org := admit(t)
-	return append(os.Environ(), "METERGATE_URL="+url, "METERGATE_SERVICE_TOKEN="+serviceToken,
-		"METERGATE_ADMIN_TOKEN="+adminToken, "METERGATE_ACCOUNT="+org)
+// env is the environment of an SDK's suite against these services: admit's address, the
+// tokens and the org.
+func (s services) env() []string {
+	return append(os.Environ(), "METERGATE_URL="+s.url, "METERGATE_SERVICE_TOKEN="+serviceToken,
+		"METERGATE_ADMIN_TOKEN="+adminToken, "METERGATE_ACCOUNT="+s.org)
 }
 
 // python is the interpreter of the stack's virtualenv for the Python SDK
@@ -147,7 +140,7 @@ func run(t *testing.T, dir string, env []string, skipped string, name string, ar
 func TestPython(t *testing.T) {
 	t.Parallel()
 	py := python(t)
-	env := append(suiteEnv(t), "PYTHONPATH=src", "PYTHONDONTWRITEBYTECODE=1")
+	env := append(start(t, false).env(), "PYTHONPATH=src", "PYTHONDONTWRITEBYTECODE=1")
 	out := run(t, "python", env, `\d+ skipped`, py, "-m", "pytest", "-q", "-p", "no:cacheprovider")
 	require.Contains(t, out, "passed")
 	run(t, "python", env, "", py, "-m", "mypy")
@@ -158,12 +151,11 @@ func TestPython(t *testing.T) {
 func TestTypeScript(t *testing.T) {
 	t.Parallel()
 	npm(t, "typescript")
-	env := suiteEnv(t)
-	out := run(t, "typescript", env, `(?m)^# skipped [1-9]`, "npm", "test")
+	s := start(t, false)
+	out := run(t, "typescript", s.env(), `(?m)^# skipped [1-9]`, "npm", "test")
 	require.Regexp(t, `(?m)^# pass [1-9]`, out)
 	require.Regexp(t, `(?m)^# fail 0$`, out)
-	url := strings.TrimPrefix(env[slices.IndexFunc(env, func(e string) bool { return strings.HasPrefix(e, "METERGATE_URL=") })], "METERGATE_URL=")
-	run(t, "typescript", env, "", "npm", "run", "--silent", "generate:check", "--", url+"/openapi.yaml")
+	run(t, "typescript", s.env(), "", "npm", "run", "--silent", "generate:check", "--", s.url+"/openapi.yaml")
 }
 
 // TestPackages builds what each SDK publishes, a wheel and an npm tarball, and uses it as

@@ -176,6 +176,11 @@ class _Recorder:
         self.usage: Usage | None = None
         self._on_usage, self._tracker, self._done = on_usage, _Tracker(), False
 
+    def _see(self, chunk: object) -> None:
+        self._tracker.feed(chunk)
+        if self._tracker.ended:
+            self._finish()
+
     def _finish(self) -> None:
         if self._done or self._tracker.usage is None:
             return
@@ -202,9 +207,7 @@ class UsageStream(_Recorder, Generic[T]):
         except StopIteration:
             self._finish()
             raise
-        self._tracker.feed(chunk)
-        if self._tracker.ended:
-            self._finish()
+        self._see(chunk)
         return chunk
 
     def close(self) -> None:
@@ -240,9 +243,7 @@ class AsyncUsageStream(_Recorder, Generic[T]):
         except StopAsyncIteration:
             self._finish()
             raise
-        self._tracker.feed(chunk)
-        if self._tracker.ended:
-            self._finish()
+        self._see(chunk)
         return chunk
 
     async def aclose(self) -> None:
